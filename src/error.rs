@@ -1,0 +1,80 @@
+//! The one error type for captures that cannot be read: what happened, where, what to do.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// Why a capture could not be read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The file ends early (may still be being written: the server retries on the next change).
+    Truncated,
+    /// The bytes are not a valid capture of the expected format.
+    Invalid,
+    /// A valid file of a shape memlsp does not support (a pickle global, an unknown variant).
+    Unsupported,
+    /// Input exceeds a resource limit (size, depth, memo, length).
+    Limit,
+    /// The file could not be opened or read.
+    Io,
+    /// Nothing to analyse (empty file, directory without captures).
+    Empty,
+}
+
+/// A capture that could not be read. `Display` is one line: file, byte offset, what, what to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CaptureError {
+    pub path: PathBuf,
+    pub offset: Option<u64>,
+    pub kind: ErrorKind,
+    pub message: String,
+    pub hint: String,
+}
+
+impl CaptureError {
+    pub fn new(
+        path: &Path,
+        kind: ErrorKind,
+        offset: Option<u64>,
+        message: impl Into<String>,
+        hint: impl Into<String>,
+    ) -> Self {
+        CaptureError {
+            path: path.to_path_buf(),
+            offset,
+            kind,
+            message: message.into(),
+            hint: hint.into(),
+        }
+    }
+
+    pub fn io(path: &Path, err: &std::io::Error) -> Self {
+        CaptureError::new(
+            path,
+            ErrorKind::Io,
+            None,
+            format!("cannot read: {err}"),
+            "check the path and its permissions",
+        )
+    }
+
+    /// True when the file may simply not be finished yet (a snapshot still being dumped).
+    pub fn is_incomplete(&self) -> bool {
+        self.kind == ErrorKind::Truncated
+    }
+}
+
+impl fmt::Display for CaptureError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.path.display())?;
+        if let Some(off) = self.offset {
+            write!(f, ": at byte {off}")?;
+        }
+        write!(f, ": {}", self.message)?;
+        if !self.hint.is_empty() {
+            write!(f, " ({})", self.hint)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for CaptureError {}

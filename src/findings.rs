@@ -1,0 +1,300 @@
+//! One `Finding` type shared by the PyTorch and JAX engines and every presenter.
+//!
+//! Findings are plain data: a stable code, a severity, a message in the user's terms, the evidence
+//! (each line labelled measured / read / inferred), the culprit location with its stack, and the
+//! fixes. A fix names *what* to change (`FixKind`); `crate::source` turns it into a text edit
+//! against the real file when that file exists.
+
+use serde::Serialize;
+
+/// How a number was obtained. Every number shown to a user carries one of these.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Label {
+    /// Counted from events or state in the capture (allocator blocks, trace entries, BFC events).
+    Measured,
+    /// Read verbatim from a field of the capture (a compiled plan's byte counts, a stat).
+    Read,
+    /// Derived by reasoning (a role guess, an estimated saving, a cause).
+    Inferred,
+}
+
+impl Label {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Label::Measured => "measured",
+            Label::Read => "read",
+            Label::Inferred => "inferred",
+        }
+    }
+}
+
+/// One line of evidence supporting a finding.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Evidence {
+    pub label: Label,
+    pub text: String,
+}
+
+impl Evidence {
+    pub fn measured(text: impl Into<String>) -> Self {
+        Evidence {
+            label: Label::Measured,
+            text: text.into(),
+        }
+    }
+    pub fn read(text: impl Into<String>) -> Self {
+        Evidence {
+            label: Label::Read,
+            text: text.into(),
+        }
+    }
+    pub fn inferred(text: impl Into<String>) -> Self {
+        Evidence {
+            label: Label::Inferred,
+            text: text.into(),
+        }
+    }
+}
+
+/// Severity as DESIGN.md defines it: error for an OOM cause, warning for a leak or waste with a
+/// fix, information for expected retention, hint for attribution.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Hint,
+    Information,
+    Warning,
+    Error,
+}
+
+impl Severity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Hint => "hint",
+            Severity::Information => "information",
+            Severity::Warning => "warning",
+            Severity::Error => "error",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Severity> {
+        match s.to_ascii_lowercase().as_str() {
+            "hint" => Some(Severity::Hint),
+            "info" | "information" | "note" => Some(Severity::Information),
+            "warning" | "warn" => Some(Severity::Warning),
+            "error" => Some(Severity::Error),
+            _ => None,
+        }
+    }
+}
+
+/// A source position as recorded in the capture (path as the capture wrote it, 1-based line).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Location {
+    pub file: String,
+    pub line: u32,
+    pub function: String,
+}
+
+/// What a fix changes. The analysis names the change; `crate::source::edits` computes the text
+/// edit against the current file text (or the editor's buffer).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum FixKind {
+    /// PT002: in the accumulating expression on the culprit line, `name` → `name.detach()`
+    /// (or `.item()` when `item` is set).
+    DetachAccumulated { item: bool },
+    /// PT003: `.append(x)` → `.append(x.detach().cpu())` on the culprit line.
+    DetachCpuAppend,
+    /// JX005: add `donate_argnums=(…)` to the `jax.jit(...)` call or decorator on/near the line.
+    DonateArgnums { argnums: Vec<u32> },
+    /// JX002: put `@jax.checkpoint` on the function that owns the line.
+    JaxCheckpoint,
+    /// JX004: `list.append(x)` of step outputs → `append(jax.device_get(x))`.
+    DeviceGetAppend,
+    /// PT008: set `PYTORCH_ALLOC_CONF` before `import torch` in the entry script.
+    AllocConf { value: String },
+    /// Advice with no local edit (the presenter shows it; code actions offer an explanation).
+    Advice,
+}
+
+/// A concrete text edit: replace `[start_col, end_col)` (0-based UTF-8 byte columns) on
+/// `line` (1-based) of `file` with `new_text`. An insertion has `start_col == end_col`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TextEdit {
+    pub file: String,
+    pub line: u32,
+    pub start_col: u32,
+    pub end_col: u32,
+    pub new_text: String,
+}
+
+/// One way to act on a finding, with what it is expected to save.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Fix {
+    pub title: String,
+    /// Estimated bytes saved (always inferred).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub saving_bytes: Option<u64>,
+    /// What the fix costs (recompute, smaller batch, …), in words.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost: Option<String>,
+    pub kind: FixKind,
+    /// Filled in by `crate::source` when the fix is a local edit and the file was found.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub edit: Option<Vec<TextEdit>>,
+    /// Whether an editor should mark this fix as the preferred quick fix.
+    #[serde(skip)]
+    pub preferred: bool,
+}
+
+impl Fix {
+    pub fn advice(title: impl Into<String>) -> Self {
+        Fix {
+            title: title.into(),
+            saving_bytes: None,
+            cost: None,
+            kind: FixKind::Advice,
+            edit: None,
+            preferred: false,
+        }
+    }
+    pub fn new(title: impl Into<String>, kind: FixKind) -> Self {
+        Fix {
+            title: title.into(),
+            saving_bytes: None,
+            cost: None,
+            kind,
+            edit: None,
+            preferred: false,
+        }
+    }
+    pub fn saving(mut self, bytes: u64) -> Self {
+        self.saving_bytes = Some(bytes);
+        self
+    }
+    pub fn cost(mut self, cost: impl Into<String>) -> Self {
+        self.cost = Some(cost.into());
+        self
+    }
+    pub fn preferred(mut self) -> Self {
+        self.preferred = true;
+        self
+    }
+}
+
+/// A diagnosis pinned (when possible) to a source line.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Finding {
+    /// Stable code, e.g. `PT002`, `JX005`.
+    pub code: &'static str,
+    /// Short pattern name, e.g. `retained autograd graph`.
+    pub pattern: &'static str,
+    pub severity: Severity,
+    /// One sentence in the seed's terms.
+    pub message: String,
+    /// Culprit line (first user frame), if the capture names one.
+    pub location: Option<Location>,
+    /// The rest of the stack, innermost first (starting with the culprit frame).
+    pub stack: Vec<Location>,
+    pub bytes: Option<u64>,
+    pub percent: Option<f64>,
+    pub evidence: Vec<Evidence>,
+    pub fixes: Vec<Fix>,
+    /// Which rank / device / module the finding is about, for merging and messages.
+    pub scope: Option<String>,
+}
+
+impl Finding {
+    pub fn new(
+        code: &'static str,
+        pattern: &'static str,
+        severity: Severity,
+        message: impl Into<String>,
+    ) -> Self {
+        Finding {
+            code,
+            pattern,
+            severity,
+            message: message.into(),
+            location: None,
+            stack: Vec::new(),
+            bytes: None,
+            percent: None,
+            evidence: Vec::new(),
+            fixes: Vec::new(),
+            scope: None,
+        }
+    }
+    pub fn at(mut self, location: Option<Location>, stack: Vec<Location>) -> Self {
+        self.location = location;
+        self.stack = stack;
+        self
+    }
+    pub fn bytes(mut self, bytes: u64, percent: Option<f64>) -> Self {
+        self.bytes = Some(bytes);
+        self.percent = percent;
+        self
+    }
+    pub fn evidence(mut self, e: Evidence) -> Self {
+        self.evidence.push(e);
+        self
+    }
+    pub fn fix(mut self, f: Fix) -> Self {
+        self.fixes.push(f);
+        self
+    }
+}
+
+/// Documentation page of a finding code (the `codeDescription` link in editors).
+pub fn docs_url(code: &str) -> String {
+    format!("https://github.com/memlsp/memlsp/blob/main/docs/findings/{code}.md")
+}
+
+/// Human-readable byte count: `1.50 GiB`, `512 B`.
+pub fn fmt_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut v = bytes as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.2} {}", UNITS[unit])
+}
+
+/// Signed variant of [`fmt_bytes`] for deltas.
+pub fn fmt_signed_bytes(bytes: i128) -> String {
+    let mag = bytes.unsigned_abs().min(u64::MAX as u128) as u64;
+    if bytes < 0 {
+        format!("-{}", fmt_bytes(mag))
+    } else {
+        format!("+{}", fmt_bytes(mag))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_are_formatted_in_binary_units() {
+        assert_eq!(fmt_bytes(0), "0 B");
+        assert_eq!(fmt_bytes(1023), "1023 B");
+        assert_eq!(fmt_bytes(1536), "1.50 KiB");
+        assert_eq!(fmt_bytes(11_844_714_496), "11.03 GiB");
+        assert_eq!(fmt_signed_bytes(-2048), "-2.00 KiB");
+    }
+
+    #[test]
+    fn severity_orders_from_hint_to_error() {
+        assert!(Severity::Error > Severity::Warning);
+        assert!(Severity::Warning > Severity::Information);
+        assert!(Severity::Information > Severity::Hint);
+        assert_eq!(Severity::parse("info"), Some(Severity::Information));
+        assert_eq!(Severity::parse("bogus"), None);
+    }
+}

@@ -1,0 +1,15 @@
+//! memlsp: GPU memory evidence pinned to Python source lines.
+//!
+//! Data flows one way: **decode → model → analyse → locate → present**. See
+//! `docs/ARCHITECTURE.md` for the map.
+
+pub mod analyze;
+pub mod cli;
+pub mod error;
+pub mod findings;
+pub mod lsp;
+pub mod pickle;
+pub mod report;
+pub mod source;
+pub mod torch;
+pub mod xla;

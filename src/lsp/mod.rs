@@ -1,0 +1,1 @@
+//! The language server (the only module that sees LSP types).

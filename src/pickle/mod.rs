@@ -1,0 +1,1 @@
+//! A safe pickle VM: decodes data, never executes anything.

@@ -1,0 +1,3 @@
+//! Locate: capture paths → workspace files, the user-frame rule, fix edits.
+
+pub mod frames;

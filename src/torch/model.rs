@@ -1,0 +1,211 @@
+//! The PyTorch CUDA memory snapshot as plain Rust data (no IO, no pickle types).
+//!
+//! Frames and stacks are interned once per snapshot and shared by id, the way PyTorch built them:
+//! a block and its `alloc` trace entry point at the same `StackId`.
+
+/// Index into [`Snapshot::frames`].
+pub type FrameId = u32;
+/// Index into [`Snapshot::stacks`].
+pub type StackId = u32;
+
+/// One stack frame: `{name, filename, line}`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Frame {
+    pub name: String,
+    pub filename: String,
+    /// Line as recorded (C++ frames use 0; a Python −1 shows as 2^64−1).
+    pub line: u64,
+}
+
+/// Allocator state of a block.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum BlockState {
+    ActiveAllocated,
+    ActivePendingFree,
+    Inactive,
+    /// Any other string (none is emitted by a known release; kept, never dropped).
+    Other(String),
+}
+
+impl BlockState {
+    pub fn parse(s: &str) -> BlockState {
+        match s {
+            "active_allocated" => BlockState::ActiveAllocated,
+            "active_pending_free" | "active_awaiting_free" => BlockState::ActivePendingFree,
+            "inactive" => BlockState::Inactive,
+            other => BlockState::Other(other.to_string()),
+        }
+    }
+    pub fn as_str(&self) -> &str {
+        match self {
+            BlockState::ActiveAllocated => "active_allocated",
+            BlockState::ActivePendingFree => "active_pending_free",
+            BlockState::Inactive => "inactive",
+            BlockState::Other(s) => s,
+        }
+    }
+}
+
+/// A piece of a segment.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Block {
+    /// Address (2.0 files: computed from the segment address + preceding sizes).
+    pub address: u64,
+    /// Rounded block size.
+    pub size: u64,
+    /// Bytes the caller asked for (stale on inactive blocks; 2.0: last `history` item's `real_size`).
+    pub requested_size: u64,
+    pub state: BlockState,
+    /// Allocation stack (2.1+: block `frames`; 2.0: frames of the last `history` entry).
+    pub stack: Option<StackId>,
+    /// 2.0 files: number of `history` entries on the block (0 otherwise).
+    pub history_len: u32,
+}
+
+/// One cudaMalloc'd range (for expandable segments: one contiguous mapped range).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Segment {
+    pub device: i64,
+    pub address: u64,
+    pub total_size: u64,
+    /// Fields as recorded by the allocator (for cross-checks).
+    pub allocated_size: u64,
+    pub active_size: u64,
+    pub requested_size: u64,
+    pub stream: u64,
+    /// `"large"` / `"small"`; `None` when absent.
+    pub segment_type: Option<String>,
+    pub is_expandable: bool,
+    /// `(a, b)` of `segment_pool_id`; `None` when absent.
+    pub pool_id: Option<(i64, i64)>,
+    pub stack: Option<StackId>,
+    pub blocks: Vec<Block>,
+}
+
+/// `device_traces[d][i].action`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Action {
+    Alloc,
+    FreeRequested,
+    FreeCompleted,
+    SegmentAlloc,
+    SegmentFree,
+    SegmentMap,
+    SegmentUnmap,
+    Snapshot,
+    Oom,
+    Annotate,
+    Other(String),
+}
+
+impl Action {
+    pub fn parse(s: &str) -> Action {
+        match s {
+            "alloc" => Action::Alloc,
+            "free_requested" => Action::FreeRequested,
+            "free_completed" => Action::FreeCompleted,
+            "segment_alloc" => Action::SegmentAlloc,
+            "segment_free" => Action::SegmentFree,
+            "segment_map" => Action::SegmentMap,
+            "segment_unmap" => Action::SegmentUnmap,
+            "snapshot" => Action::Snapshot,
+            "oom" => Action::Oom,
+            "annotate" => Action::Annotate,
+            other => Action::Other(other.to_string()),
+        }
+    }
+    pub fn as_str(&self) -> &str {
+        match self {
+            Action::Alloc => "alloc",
+            Action::FreeRequested => "free_requested",
+            Action::FreeCompleted => "free_completed",
+            Action::SegmentAlloc => "segment_alloc",
+            Action::SegmentFree => "segment_free",
+            Action::SegmentMap => "segment_map",
+            Action::SegmentUnmap => "segment_unmap",
+            Action::Snapshot => "snapshot",
+            Action::Oom => "oom",
+            Action::Annotate => "annotate",
+            Action::Other(s) => s,
+        }
+    }
+}
+
+/// One entry of a device's trace (oldest first).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TraceEntry {
+    pub action: Action,
+    /// Block / segment address (0 for `oom` and `snapshot`).
+    pub addr: u64,
+    pub size: u64,
+    pub stream: u64,
+    /// µs since the epoch (torch ≥ 2.2).
+    pub time_us: Option<i64>,
+    /// `oom` only: bytes free according to cudaMemGetInfo.
+    pub device_free: Option<u64>,
+    /// `None` when the entry has no `frames` key (or an empty one).
+    pub stack: Option<StackId>,
+}
+
+/// How the top-level object was shaped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SnapshotFormat {
+    /// `{segments, device_traces, …}`.
+    Dict,
+    /// A bare list of segments (`torch.cuda.memory_snapshot()`), no trace.
+    SegmentList,
+}
+
+/// The subset of `allocator_settings` the analyses use.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AllocatorSettings {
+    /// `PYTORCH_CUDA_ALLOC_CONF` string as recorded.
+    pub conf: Option<String>,
+    pub expandable_segments: Option<bool>,
+    /// `None` = unlimited (recorded as −1).
+    pub max_split_size: Option<u64>,
+}
+
+/// A whole snapshot file.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Snapshot {
+    pub format: Option<SnapshotFormat>,
+    /// Pickle protocol from the PROTO opcode (`None` for JSON or protocol < 2).
+    pub pickle_protocol: Option<u8>,
+    /// Keys of the top-level dict in file order (empty for a segment list).
+    pub top_level_keys: Vec<String>,
+    pub segments: Vec<Segment>,
+    /// One list per device allocator; `None` when the file has no `device_traces`.
+    pub device_traces: Option<Vec<Vec<TraceEntry>>>,
+    pub frames: Vec<Frame>,
+    pub stacks: Vec<Vec<FrameId>>,
+    pub allocator_settings: Option<AllocatorSettings>,
+    /// Oldest trace entries dropped by `--max-trace-events`, per device list.
+    pub dropped_trace_entries: u64,
+}
+
+impl Snapshot {
+    /// Frames of a stack, innermost first (empty for `None`).
+    pub fn stack_frames(&self, stack: Option<StackId>) -> impl Iterator<Item = &Frame> + '_ {
+        let ids: &[FrameId] = match stack {
+            Some(s) => self
+                .stacks
+                .get(s as usize)
+                .map(|v| v.as_slice())
+                .unwrap_or(&[]),
+            None => &[],
+        };
+        ids.iter().filter_map(move |&f| self.frames.get(f as usize))
+    }
+
+    /// Sorted union of segment devices and trace indices (ORACLE.md §2 `devices`).
+    pub fn devices(&self) -> Vec<i64> {
+        let mut d: Vec<i64> = self.segments.iter().map(|s| s.device).collect();
+        if let Some(t) = &self.device_traces {
+            d.extend(0..t.len() as i64);
+        }
+        d.sort_unstable();
+        d.dedup();
+        d
+    }
+}
