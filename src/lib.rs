@@ -11,5 +11,7 @@ pub mod lsp;
 pub mod pickle;
 pub mod report;
 pub mod source;
+#[doc(hidden)]
+pub mod testdata;
 pub mod torch;
 pub mod xla;

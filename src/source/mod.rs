@@ -1,3 +1,5 @@
 //! Locate: capture paths → workspace files, the user-frame rule, fix edits.
 
+pub mod edits;
 pub mod frames;
+pub mod paths;

@@ -1,5 +1,6 @@
 //! PyTorch CUDA memory snapshots: model, loading and analyses.
 
+pub mod load;
 pub mod model;
 
 use std::path::Path;
