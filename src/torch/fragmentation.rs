@@ -75,10 +75,12 @@ impl OomDiagnosis {
                 fmt_bytes(self.reserved),
             ),
             Verdict::Unclear => format!(
-                "unclear: an inactive block of {} would fit the request of {} at dump time; the \
-                 state changed after the OOM, or the cached block belongs to another stream or pool",
-                fmt_bytes(self.largest_inactive),
+                "fragmentation cannot be judged: the request of {} would fit in the {} of cached free \
+                 memory, but the block layout at the OOM is not the one dumped (blocks were freed \
+                 after it), or the fitting block ({} largest) belongs to another stream or pool",
                 fmt_bytes(self.request),
+                fmt_bytes(self.inactive),
+                fmt_bytes(self.largest_inactive),
             ),
         }
     }
@@ -116,28 +118,41 @@ pub fn diagnose(snap: &Snapshot, totals: &Totals, timeline: &Timeline) -> Vec<Oo
             continue;
         };
         let m = &dev.memory;
-        let live = timeline
+        let set = timeline
             .device(oom.device)
-            .and_then(|t| t.oom_sets.iter().find(|s| s.index == oom.index))
+            .and_then(|t| t.oom_sets.iter().find(|s| s.index == oom.index));
+        let live = set
             .map(|s| s.bytes)
             .unwrap_or(m.allocated.saturating_add(m.pending_free));
+        // Reserved and inactive at the OOM: the dump may come after the exception freed tensors.
+        let reserved = set.map_or(m.reserved, |s| {
+            let r = i128::from(m.reserved) - i128::from(s.reserved_added_after);
+            u64::try_from(r.max(0)).unwrap_or(m.reserved)
+        });
+        let changed = set.is_some_and(|s| s.changed_after);
+        let inactive = if changed {
+            reserved.saturating_sub(live)
+        } else {
+            m.inactive
+        };
         let largest = m.largest_inactive.unwrap_or(0);
         let free = oom.device_free.unwrap_or(0);
-        let verdict = if oom.size <= largest {
-            Verdict::Unclear
-        } else if oom.size <= m.inactive.saturating_add(free) && m.inactive > 0 {
-            Verdict::Fragmentation
-        } else {
+        let verdict = if oom.size > inactive.saturating_add(free) {
             Verdict::LiveTensorsNearCapacity
+        } else if changed || oom.size <= largest {
+            // The block layout at the OOM is not the dumped one (or a block looks large enough).
+            Verdict::Unclear
+        } else {
+            Verdict::Fragmentation
         };
         out.push(OomDiagnosis {
             device: oom.device,
             index: oom.index,
             request: oom.size,
             device_free: oom.device_free,
-            reserved: m.reserved,
+            reserved,
             live,
-            inactive: m.inactive,
+            inactive,
             largest_inactive: largest,
             segments_with_inactive: m.segments_with_inactive,
             segment_count: m.segment_count,

@@ -192,7 +192,12 @@ fn retained_per_step(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mu
         return;
     }
     let allocated = a.totals.overall.allocated;
-    let rep: Vec<&SiteTrace> = t.sites.iter().filter(|s| repeats(s)).collect();
+    // Only sites with a Python frame can be pinned; `<no stack>` merges unrelated allocations.
+    let rep: Vec<&SiteTrace> = t
+        .sites
+        .iter()
+        .filter(|s| s.key.is_some() && repeats(s))
+        .collect();
     if rep.is_empty() {
         return;
     }
@@ -205,7 +210,9 @@ fn retained_per_step(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mu
         .iter()
         .filter(|s| s.role != Role::Activation && s.retained_max_size <= SCALAR_BYTES)
         .collect();
-    if !activations.is_empty() {
+    // A loop over layers also repeats activation sites within one forward; what marks separate
+    // steps is a loss-sized tensor kept from each of them alongside.
+    if !activations.is_empty() && !scalars.is_empty() {
         let act_bytes = activations
             .iter()
             .fold(0u64, |x, s| x.saturating_add(s.retained_bytes));
@@ -215,13 +222,9 @@ fn retained_per_step(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mu
             .map(|s| s.retained_parts())
             .max()
             .unwrap_or(0);
-        let lead = scalars
-            .iter()
-            .max_by_key(|s| s.retained)
-            .or_else(|| activations.first())
-            .copied()
-            .copied();
-        let Some(lead) = lead else { return };
+        let Some(lead) = scalars.iter().max_by_key(|s| s.retained).copied().copied() else {
+            return;
+        };
         let (loc, stack) = culprit(snap, lead.key, lead.stack);
         let total = scalars
             .iter()
@@ -295,13 +298,15 @@ fn retained_per_step(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mu
         f.scope = Some(format!("device {}", t.device));
         out.push(f);
     }
-    // Containers: repeated, never-freed allocations that are neither activations nor scalars.
-    let containers = rep.iter().filter(|s| {
-        s.role != Role::Activation
-            && s.retained_max_size > SCALAR_BYTES
-            && s.role != Role::OptimizerState
-            && s.role != Role::Parameter
-    });
+    // Containers: repeated, never-freed allocations that are not model state, activations or
+    // scalars, in a trace that shows several steps (sawtooth cycles or optimizer steps).
+    let steps = t.cycles.max(t.optimizer_runs);
+    if steps < 3 {
+        return;
+    }
+    let containers = rep
+        .iter()
+        .filter(|s| s.role == Role::Unknown && s.retained_max_size > SCALAR_BYTES);
     for s in containers.take(2) {
         let (loc, stack) = culprit(snap, s.key, s.stack);
         let per_part = s.retained as f64 / f64::from(s.retained_parts().max(1));
@@ -329,6 +334,10 @@ fn retained_per_step(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mu
             s.freed,
             s.retained,
             per_part
+        )))
+        .evidence(Evidence::measured(format!(
+            "the trace spans about {steps} steps ({} sawtooth cycles of live memory, {} optimizer steps)",
+            t.cycles, t.optimizer_runs
         )));
         if let Some((lo, hi)) = floor {
             f = f.evidence(Evidence::measured(format!(
@@ -360,7 +369,9 @@ fn retained_per_step(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mu
 /// PT007: frees that arrive in batches, long after allocation (Python GC collecting cycles).
 fn batched_frees(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mut Vec<Finding>) {
     let Some(b) = &t.burst else { return };
-    let fire = b.frees >= 8 && b.alloc_parts >= 2 && (b.gc || t.batched_bursts >= 2);
+    // Without the collector in the free stacks, only a repeated pattern counts: bulk frees at the
+    // end of a compiled graph or of a phase are normal.
+    let fire = b.frees >= 8 && (b.gc && b.alloc_parts >= 2 || t.batched_bursts >= 3);
     if !fire {
         return;
     }
@@ -610,18 +621,27 @@ fn optimizer_state(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
     out.push(f);
 }
 
-/// PT005: forward activations dominate the peak and are all freed in backward.
+/// PT005: forward activations dominate the peak (or the OOM) and are freed after it.
 fn activation_pressure(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
-    // The device whose trace peak holds the most activation bytes.
-    let best = a
+    // At an OOM, the live set just before it; otherwise the trace peak with most activations.
+    let at_oom = a
+        .timeline
+        .devices
+        .iter()
+        .filter_map(|t| t.oom_sets.first().map(|p| (t, p)))
+        .max_by_key(|(_, p)| p.role(Role::Activation));
+    let at_peak = a
         .timeline
         .devices
         .iter()
         .filter_map(|t| t.peak_set.as_ref().map(|p| (t, p)))
         .max_by_key(|(_, p)| p.role(Role::Activation));
-    let Some((t, peak)) = best else { return };
-    let act = peak.role(Role::Activation);
-    if act == 0 || act.saturating_mul(2) < peak.bytes {
+    let oom = at_oom.is_some();
+    let Some((t, set)) = at_oom.or(at_peak) else {
+        return;
+    };
+    let act = set.role(Role::Activation);
+    if act == 0 || act.saturating_mul(2) < set.bytes {
         return;
     }
     let end_act = a
@@ -632,11 +652,11 @@ fn activation_pressure(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
         .map(|(s, _)| s.role_total(Role::Activation))
         .unwrap_or(0);
     let freed = act.saturating_sub(end_act);
-    if freed.saturating_mul(2) < act {
+    if !oom && freed.saturating_mul(2) < act {
         // Not freed after the peak: retention, not pressure (PT002 looks at that).
         return;
     }
-    let act_sites: Vec<_> = peak
+    let act_sites: Vec<_> = set
         .sites
         .iter()
         .filter(|(_, _, _, st)| a.stacks.role(*st) == Role::Activation)
@@ -646,53 +666,69 @@ fn activation_pressure(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
     };
     let (loc, st) = culprit(snap, *key, *stack);
     let saving = act.saturating_sub(*largest);
-    let severity = if any_oom(a) {
+    let severity = if oom || any_oom(a) {
         Severity::Warning
     } else {
         Severity::Information
     };
     let cost = match t.rise_us {
-        Some(us) if us > 0 => format!(
+        Some(us) if us > 0 && !oom => format!(
             "one extra forward pass per step: the forward up to the peak took {:.1} ms in this trace",
             us as f64 / 1000.0
         ),
         _ => "one extra forward pass per step (about a third more step time when backward ≈ 2× forward)"
             .to_string(),
     };
-    let mut f = Finding::new(
-        "PT005",
-        "activation pressure",
-        severity,
+    let when = if oom {
+        "when the device ran out of memory"
+    } else {
+        "at the trace peak"
+    };
+    let message = if oom {
+        format!(
+            "Forward activations filled the device: {} of {} live when it ran out of memory ({}).",
+            fmt_bytes(act),
+            fmt_bytes(set.bytes),
+            pct_text(percent(act, set.bytes)),
+        )
+    } else {
         format!(
             "Forward activations dominate peak memory: {} of {} live at the peak ({}), freed again \
-             during backward.",
+             after it.",
             fmt_bytes(act),
-            fmt_bytes(peak.bytes),
-            pct_text(percent(act, peak.bytes)),
-        ),
-    )
-    .at(loc, st)
-    .bytes(act, percent(act, peak.bytes))
-    .evidence(Evidence::measured(format!(
-        "at the trace peak (entry #{} of device {}), {} activation sites held {} of {} live",
-        peak.index.saturating_sub(1),
-        t.device,
-        act_sites.len(),
-        fmt_bytes(act),
-        fmt_bytes(peak.bytes)
-    )))
-    .evidence(Evidence::measured(format!(
-        "{} of them were freed after the peak (sawtooth), {} of activations remain at the snapshot",
-        fmt_bytes(freed),
-        fmt_bytes(end_act)
-    )));
-    if let Some(us) = t.rise_us {
-        f = f.evidence(Evidence::measured(format!(
-            "live memory rose from its trough to the peak in {:.1} ms",
-            us as f64 / 1000.0
+            fmt_bytes(set.bytes),
+            pct_text(percent(act, set.bytes)),
+        )
+    };
+    let mut f = Finding::new("PT005", "activation pressure", severity, message)
+        .at(loc, st)
+        .bytes(act, percent(act, set.bytes))
+        .evidence(Evidence::measured(format!(
+            "{when} (before entry #{} of device {}), {} activation sites held {} of {} live",
+            set.index,
+            t.device,
+            act_sites.len(),
+            fmt_bytes(act),
+            fmt_bytes(set.bytes)
         )));
+    if !oom {
+        f = f.evidence(Evidence::measured(format!(
+            "{} of them were freed after the peak (sawtooth), {} of activations remain at the snapshot",
+            fmt_bytes(freed),
+            fmt_bytes(end_act)
+        )));
+        if let Some(us) = t.rise_us {
+            f = f.evidence(Evidence::measured(format!(
+                "live memory rose from its trough to the peak in {:.1} ms",
+                us as f64 / 1000.0
+            )));
+        }
     }
     f = f
+        .evidence(Evidence::inferred(
+            "activations are saved by the forward pass for backward (role guessed from nn.Module \
+             forward frames)",
+        ))
         .evidence(Evidence::inferred(format!(
             "checkpointing keeps only each checkpointed block's inputs: about {} saved (all activations \
              but the largest site's, which is recomputed at a time)",

@@ -86,7 +86,7 @@ pub fn render(
     if let Some(r) = ranks {
         r.render(&mut s);
     }
-    sites(&mut s, snap, a, opts.top);
+    sites(&mut s, snap, a, opts.top, &opts.frames);
     timeline(&mut s, snap, a);
     if let Some((d, earlier)) = diff {
         diff_section(&mut s, d, earlier);
@@ -189,7 +189,13 @@ fn totals(s: &mut String, _snap: &Snapshot, a: &Analysis) {
     s.push('\n');
 }
 
-fn sites(s: &mut String, snap: &Snapshot, a: &Analysis, top: usize) {
+fn sites(
+    s: &mut String,
+    snap: &Snapshot,
+    a: &Analysis,
+    top: usize,
+    opts_frames: &crate::source::frames::FrameFilter,
+) {
     let allocated = a.totals.overall.allocated;
     let _ = writeln!(s, "Top sites (share of live memory)");
     if a.sites.sites.is_empty() {
@@ -219,7 +225,11 @@ fn sites(s: &mut String, snap: &Snapshot, a: &Analysis, top: usize) {
             );
         }
         let frames = stack_locations(snap, site.stack, site.key);
-        for l in frames.iter().skip(1).take(2) {
+        let python = frames
+            .iter()
+            .skip(1)
+            .filter(|l| opts_frames.classify(&l.file) != crate::source::frames::FrameKind::Native);
+        for l in python.take(2) {
             let _ = writeln!(
                 s,
                 "        called from {}:{} {}",

@@ -92,6 +92,10 @@ pub struct LiveSet {
     /// (site, bytes, blocks, representative stack), bytes descending.
     pub sites: Vec<(SiteKey, u64, u64, Option<StackId>)>,
     pub role_bytes: FxHashMap<Role, u64>,
+    /// Segment bytes added (map/alloc) minus removed (unmap/free) after this index.
+    pub reserved_added_after: i64,
+    /// Whether any block was allocated or freed after this index (the dump is not this state).
+    pub changed_after: bool,
 }
 
 impl LiveSet {
@@ -124,8 +128,12 @@ pub struct DeviceTimeline {
     /// Per-site allocation history in the window, retained bytes descending.
     pub sites: Vec<SiteTrace>,
     pub burst: Option<FreeBurst>,
-    /// Runs of ≥ 8 frees whose blocks were allocated in ≥ 2 parts of the window (batched frees).
+    /// Runs of ≥ 8 frees whose blocks were allocated in ≥ 3 parts of the window (batched frees).
     pub batched_bursts: u64,
+    /// Sawtooth cycles of live memory (rise then fall by ≥ 1/8 of the window's range): steps.
+    pub cycles: u64,
+    /// Separate runs of optimizer allocations (one per `optimizer.step()` that allocates).
+    pub optimizer_runs: u64,
     /// Live bytes reconstructed from the snapshot state: before the first entry, at the peak, at the end.
     pub live_start: i64,
     pub live_peak: i64,
@@ -209,6 +217,7 @@ fn device_timeline(
     let mut peak_rel: Option<(i64, usize)> = None;
     let mut trough_before_peak: (i64, usize) = (0, 0);
     let mut trough: (i64, usize) = (i64::MAX, 0);
+    let mut prev_alloc_opt = false;
 
     for (i, e) in list.iter().enumerate() {
         let is_free_like = matches!(
@@ -244,6 +253,11 @@ fn device_timeline(
                 s.allocs += 1;
                 s.alloc_bytes = s.alloc_bytes.saturating_add(e.size);
                 running = running.saturating_add(signed(e.size));
+                let opt = s.role == Role::OptimizerState;
+                if opt && !prev_alloc_opt {
+                    t.optimizer_runs += 1;
+                }
+                prev_alloc_opt = opt;
             }
             Action::FreeRequested => {
                 t.free_requested += 1;
@@ -319,6 +333,7 @@ fn device_timeline(
         );
     }
     t.burst = best;
+    t.cycles = sawtooth_cycles(list, peak_rel.map(|p| p.0).unwrap_or(0), trough.0);
 
     for (ai, size, stack) in live.values() {
         let (key, _) = stacks.site(*stack);
@@ -386,6 +401,42 @@ fn device_timeline(
     t
 }
 
+/// Count rise-then-fall cycles of the running live bytes, each at least 1/8 of the range.
+fn sawtooth_cycles(list: &[TraceEntry], max: i64, min: i64) -> u64 {
+    let min = min.min(0);
+    let thr = max.saturating_sub(min) / 8;
+    if thr <= 0 {
+        return 0;
+    }
+    let mut run: i64 = 0;
+    let mut low: i64 = 0;
+    let mut high: i64 = 0;
+    let mut up = false;
+    let mut cycles = 0;
+    for e in list {
+        match e.action {
+            Action::Alloc => run = run.saturating_add(signed(e.size)),
+            Action::FreeCompleted => run = run.saturating_sub(signed(e.size)),
+            _ => continue,
+        }
+        if up {
+            high = high.max(run);
+            if high.saturating_sub(run) >= thr {
+                cycles += 1;
+                up = false;
+                low = run;
+            }
+        } else {
+            low = low.min(run);
+            if run.saturating_sub(low) >= thr {
+                up = true;
+                high = run;
+            }
+        }
+    }
+    cycles
+}
+
 fn add(slot: &mut (u64, u64), size: u64) {
     slot.0 += 1;
     slot.1 = slot.1.saturating_add(size);
@@ -399,7 +450,7 @@ fn close_run(
     batched: &mut u64,
 ) {
     run.alloc_parts = parts.count_ones();
-    if run.frees >= 8 && run.alloc_parts >= 2 {
+    if run.frees >= 8 && run.alloc_parts >= 3 {
         *batched += 1;
     }
     if let Some((k, (_, st))) = sites
@@ -456,6 +507,8 @@ pub fn live_at(
         }
     }
     let mut set: FxHashMap<u64, (u64, Option<StackId>)> = FxHashMap::default();
+    let mut reserved_added_after: i64 = 0;
+    let mut changed_after = false;
     for seg in snap.segments.iter().filter(|s| s.device == device) {
         for b in &seg.blocks {
             if matches!(
@@ -469,17 +522,27 @@ pub fn live_at(
     for e in list[k..].iter().rev() {
         match e.action {
             Action::Alloc => {
+                changed_after = true;
                 set.remove(&e.addr);
             }
             Action::FreeCompleted => {
+                changed_after = true;
                 let stack = alloc_stack.get(&e.addr).copied().unwrap_or(e.stack);
                 set.insert(e.addr, (e.size, stack));
+            }
+            Action::SegmentAlloc | Action::SegmentMap => {
+                reserved_added_after = reserved_added_after.saturating_add(signed(e.size))
+            }
+            Action::SegmentFree | Action::SegmentUnmap => {
+                reserved_added_after = reserved_added_after.saturating_sub(signed(e.size))
             }
             _ => {}
         }
     }
     let mut out = LiveSet {
         index: k as u64,
+        reserved_added_after,
+        changed_after,
         ..Default::default()
     };
     let mut by: FxHashMap<SiteKey, (u64, u64, Option<StackId>, u64)> = FxHashMap::default();
