@@ -38,7 +38,11 @@ fn u(v: &Value) -> u64 {
 #[test]
 fn plan_numbers_equal_xprof_memory_viewer_for_every_module() {
     let Some(dirs) = capture_dirs() else { return };
-    assert!(dirs.len() >= 15, "expected 7 CPU + 8 real captures, found {}", dirs.len());
+    assert!(
+        dirs.len() >= 15,
+        "expected 7 CPU + 8 real captures, found {}",
+        dirs.len()
+    );
     let mut checked = 0;
     let mut failures = Vec::new();
     for dir in dirs {
@@ -64,8 +68,10 @@ fn plan_numbers_equal_xprof_memory_viewer_for_every_module() {
                 .filter(|m| m["memory_space"].as_i64() == Some(color))
                 .collect();
             if color == 0 {
-                let mut want: Vec<&str> =
-                    expected.iter().map(|m| m["module"].as_str().unwrap()).collect();
+                let mut want: Vec<&str> = expected
+                    .iter()
+                    .map(|m| m["module"].as_str().unwrap())
+                    .collect();
                 want.sort();
                 let got: Vec<&str> = by_name.keys().copied().collect();
                 assert_eq!(got, want, "{}: module list", dir.display());
@@ -158,7 +164,53 @@ fn plan_numbers_equal_xprof_memory_viewer_for_every_module() {
             }
         }
     }
-    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} mismatches:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
     assert!(checked > 100, "only {checked} modules checked");
     eprintln!("{checked} modules equal xprof");
+}
+
+#[test]
+fn allocator_numbers_equal_xprof_memory_profile() {
+    let Some(dirs) = capture_dirs() else { return };
+    let mut checked = 0;
+    let mut failures = Vec::new();
+    for dir in dirs {
+        let oracle: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("oracle.json")).unwrap())
+                .unwrap();
+        let cap = Capture::open(&xplane_in(&dir)).unwrap();
+        let plans = cap.plans(0).unwrap();
+        let rt = memlsp::xla::runtime::read(&cap, &plans).unwrap();
+        let mp = &oracle["memory_profile"];
+        let want = mp["allocators"].as_object().unwrap();
+        let got: Vec<&str> = rt.allocators.iter().map(|a| a.name.as_str()).collect();
+        let want_names: Vec<&str> = want.keys().map(|k| k.as_str()).collect();
+        assert_eq!(got, want_names, "{}: allocators", dir.display());
+        for a in &rt.allocators {
+            let w = &want[&a.name];
+            let ctx = format!("{} {}", dir.display(), a.name);
+            for (k, v) in [
+                ("peak_bytes_in_use_window", a.peak_bytes_in_use),
+                ("heap_allocated_bytes_at_peak", a.heap_allocated_at_peak),
+                ("memory_capacity_bytes", a.capacity_bytes),
+            ] {
+                if u(&w[k]) != v {
+                    failures.push(format!("{ctx}: {k} = {v}, xprof {}", w[k]));
+                }
+            }
+            checked += 1;
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} mismatches:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    assert!(checked >= 20, "only {checked} allocators checked");
 }

@@ -27,7 +27,12 @@ impl Capture {
         for idx in &metas {
             let plane = file.load(idx)?;
             modules.extend(hlo::modules(&plane));
-            for key in ["jax_version", "jaxlib_version", "cpu_version", "gpu_version"] {
+            for key in [
+                "jax_version",
+                "jaxlib_version",
+                "cpu_version",
+                "gpu_version",
+            ] {
                 if let Some(v) = plane.plane_stat_str(key) {
                     versions.push((key.to_string(), v));
                 }

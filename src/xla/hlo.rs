@@ -163,7 +163,11 @@ pub fn source_of(
                 column: m.source_column,
                 function: String::new(),
             };
-            let stack = if frames.is_empty() { vec![f.clone()] } else { frames };
+            let stack = if frames.is_empty() {
+                vec![f.clone()]
+            } else {
+                frames
+            };
             (Some(f), stack)
         }
         _ => (None, frames),
@@ -214,7 +218,10 @@ pub fn element_type_name(t: i32) -> &'static str {
 /// The sub-shape a logical buffer denotes (xprof: the last shape-index element, one level).
 pub fn resolve_shape<'a>(shape: &'a hpb::ShapeProto, index: &[i64]) -> &'a hpb::ShapeProto {
     if let Some(&i) = index.last() {
-        if let Some(s) = usize::try_from(i).ok().and_then(|i| shape.tuple_shapes.get(i)) {
+        if let Some(s) = usize::try_from(i)
+            .ok()
+            .and_then(|i| shape.tuple_shapes.get(i))
+        {
             return s;
         }
     }

@@ -206,9 +206,13 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
     let mut bufs: FxHashMap<i64, Buf> = FxHashMap::default();
     for (ai, a) in ba.buffer_allocations.iter().enumerate() {
         for asg in &a.assigned {
-            let Some(p) = lb_proto.get(&asg.logical_buffer_id) else { continue };
+            let Some(p) = lb_proto.get(&asg.logical_buffer_id) else {
+                continue;
+            };
             let iid = p.defined_at.as_ref().map(|d| d.instruction_id).unwrap_or(0);
-            let Some(instr) = by_id.get(&iid) else { continue };
+            let Some(instr) = by_id.get(&iid) else {
+                continue;
+            };
             bufs.insert(
                 asg.logical_buffer_id,
                 Buf {
@@ -284,7 +288,10 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
             let n = t
                 .events
                 .iter()
-                .filter(|e| bufs.get(&e.buffer_id).is_some_and(|b| b.proto.color == color))
+                .filter(|e| {
+                    bufs.get(&e.buffer_id)
+                        .is_some_and(|b| b.proto.color == color)
+                })
                 .count();
             if n > best.0 {
                 best = (n, Some(ti));
@@ -428,7 +435,11 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
         .filter(|r| r.size < SMALL_BUFFER_BYTES)
         .map(|r| r.size)
         .sum();
-    rows.sort_by(|a, b| b.size.cmp(&a.size).then(a.logical_buffer_id.cmp(&b.logical_buffer_id)));
+    rows.sort_by(|a, b| {
+        b.size
+            .cmp(&a.size)
+            .then(a.logical_buffer_id.cmp(&b.logical_buffer_id))
+    });
     plan.at_peak = rows;
     plan.total_peak_bytes = plan.heap_peak_bytes + plan.indefinite_in_peak;
 

@@ -125,15 +125,15 @@ impl SpaceFile {
         let rest = &buf[n1..want];
         let hdr = match key & 7 {
             0 => {
-                let (_, n2) = varint(rest)
-                    .ok_or_else(|| bad("file ends inside a varint".into(), top))?;
+                let (_, n2) =
+                    varint(rest).ok_or_else(|| bad("file ends inside a varint".into(), top))?;
                 Hdr::Skip(n1 as u64 + n2 as u64)
             }
             1 => Hdr::Skip(n1 as u64 + 8),
             5 => Hdr::Skip(n1 as u64 + 4),
             2 => {
-                let (l, n2) = varint(rest)
-                    .ok_or_else(|| bad("file ends inside a length".into(), top))?;
+                let (l, n2) =
+                    varint(rest).ok_or_else(|| bad("file ends inside a length".into(), top))?;
                 Hdr::Len(pos + (n1 + n2) as u64, l)
             }
             w => return Err(bad(format!("unsupported wire type {w}"), false)),
@@ -218,7 +218,10 @@ impl SpaceFile {
     }
 
     /// Planes whose name satisfies `pred`, in file order.
-    pub fn find<'s>(&'s self, pred: impl Fn(&str) -> bool + 's) -> impl Iterator<Item = &'s PlaneIndex> {
+    pub fn find<'s>(
+        &'s self,
+        pred: impl Fn(&str) -> bool + 's,
+    ) -> impl Iterator<Item = &'s PlaneIndex> {
         self.planes.iter().filter(move |p| pred(&p.name))
     }
 
@@ -317,7 +320,10 @@ impl Plane {
 
     /// Name of an event metadata id ("" when unknown).
     pub fn event_name(&self, id: i64) -> &str {
-        self.event_meta.get(&id).map(|m| m.name.as_str()).unwrap_or("")
+        self.event_meta
+            .get(&id)
+            .map(|m| m.name.as_str())
+            .unwrap_or("")
     }
 
     pub fn stat_name(&self, id: i64) -> &str {
@@ -343,7 +349,10 @@ impl Plane {
 
     /// Plane-level stat by name, as a string (str or ref).
     pub fn plane_stat_str(&self, name: &str) -> Option<String> {
-        let s = self.stats.iter().find(|s| self.stat_name(s.metadata_id) == name)?;
+        let s = self
+            .stats
+            .iter()
+            .find(|s| self.stat_name(s.metadata_id) == name)?;
         match s.value.as_ref()? {
             xpb::x_stat::Value::StrValue(v) => Some(v.clone()),
             xpb::x_stat::Value::RefValue(r) => Some(self.stat_name(*r as i64).to_string()),
@@ -355,7 +364,10 @@ impl Plane {
 
     /// Plane-level stat by name, as a number.
     pub fn plane_stat_num(&self, name: &str) -> Option<f64> {
-        let s = self.stats.iter().find(|s| self.stat_name(s.metadata_id) == name)?;
+        let s = self
+            .stats
+            .iter()
+            .find(|s| self.stat_name(s.metadata_id) == name)?;
         match s.value.as_ref()? {
             xpb::x_stat::Value::Int64Value(v) => Some(*v as f64),
             xpb::x_stat::Value::Uint64Value(v) => Some(*v as f64),

@@ -136,9 +136,8 @@ impl<'a> Reader<'a> {
                 let len = self.varint(start)?;
                 let remaining = (self.buf.len() - self.pos) as u64;
                 if len > remaining {
-                    let what = format!(
-                        "field {field} claims {len} bytes but only {remaining} remain"
-                    );
+                    let what =
+                        format!("field {field} claims {len} bytes but only {remaining} remain");
                     return Err(self.err(start, true, what));
                 }
                 let off = self.base + self.pos as u64;
