@@ -58,6 +58,9 @@ pub enum Role {
     Forward,
     /// `while/body` outside `transpose(`: per-iteration values stacked by a scan (forward).
     ScanStack,
+    /// `checkpoint/rematted_computation`: a forward value recomputed by jax.checkpoint for the
+    /// backward pass (inside `transpose(`, but forward work).
+    Recomputed,
     /// `transpose(`: the backward pass (gradients and their temporaries).
     Backward,
     /// s8 custom-call outputs: library (GEMM/conv) workspace.
@@ -70,6 +73,7 @@ impl Role {
         match self {
             Role::Forward => "forward, kept for the backward pass",
             Role::ScanStack => "forward, stacked by a scan (while/body)",
+            Role::Recomputed => "forward, recomputed by jax.checkpoint",
             Role::Backward => "backward",
             Role::Workspace => "workspace",
             Role::Other => "other",
@@ -78,7 +82,7 @@ impl Role {
     /// Key in the JSON `roles` object (scan stacks count as forward).
     pub fn key(self) -> &'static str {
         match self {
-            Role::Forward | Role::ScanStack => "forward",
+            Role::Forward | Role::ScanStack | Role::Recomputed => "forward",
             Role::Backward => "backward",
             Role::Workspace => "workspace",
             Role::Other => "other",
@@ -92,7 +96,9 @@ pub fn role_of(op_name: &str, opcode: &str, element_type: i32) -> Role {
         return Role::Workspace;
     }
     let first = op_name.split(';').next().unwrap_or("");
-    if first.contains("transpose(") {
+    if first.contains("rematted_computation") {
+        Role::Recomputed
+    } else if first.contains("transpose(") {
         Role::Backward
     } else if first.contains("while/body") {
         Role::ScanStack
@@ -157,8 +163,12 @@ pub struct Plan {
     pub alias_count: usize,
     /// Entry parameters: (number, op_name, allocation bytes).
     pub parameters: Vec<Param>,
-    /// Instructions inside `rematted_computation` (jax.checkpoint) and XLA remat clones.
-    pub remat_instructions: usize,
+    /// Instructions under `checkpoint/rematted_computation` (the user's jax.checkpoint).
+    pub user_remat_instructions: usize,
+    /// Instructions XLA's rematerialization pass cloned (`*.remat*` names).
+    pub xla_remat_instructions: usize,
+    /// Shapes (without layout) of the entry computation's outputs.
+    pub output_shapes: Vec<String>,
     /// Caller frames of the entry computation's instructions: the call site of the jitted fn.
     pub call_site: Vec<Frame>,
 }
@@ -167,6 +177,8 @@ pub struct Plan {
 #[derive(Clone, Debug)]
 pub struct Param {
     pub number: i64,
+    /// Shape without layout, e.g. `f32[2048,2048]`.
+    pub shape: String,
     pub op_name: String,
     pub bytes: u64,
     pub donated: bool,
@@ -464,6 +476,7 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
                     .sum();
                 Param {
                     number: i.parameter_number,
+                    shape: bare_shape(i.shape.as_ref()),
                     op_name: i
                         .metadata
                         .as_ref()
@@ -477,19 +490,40 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
         params.sort_by_key(|p| p.number);
         plan.parameters = params;
         plan.call_site = common_callers(entry, sfi);
+        if let Some(root) = entry.instructions.iter().find(|i| i.id == entry.root_id) {
+            plan.output_shapes = match root.shape.as_ref() {
+                Some(s) if s.element_type == 13 => {
+                    s.tuple_shapes.iter().map(|t| bare_shape(Some(t))).collect()
+                }
+                s => vec![bare_shape(s)],
+            };
+        }
     }
-    plan.remat_instructions = module
-        .computations
-        .iter()
-        .flat_map(|c| &c.instructions)
-        .filter(|i| {
-            i.name.contains(".remat")
-                || i.metadata
-                    .as_ref()
-                    .is_some_and(|m| m.op_name.contains("rematted_computation"))
-        })
-        .count();
+    for i in module.computations.iter().flat_map(|c| &c.instructions) {
+        if i.name.contains(".remat") {
+            plan.xla_remat_instructions += 1;
+        }
+        if i.metadata
+            .as_ref()
+            .is_some_and(|m| m.op_name.contains("rematted_computation"))
+        {
+            plan.user_remat_instructions += 1;
+        }
+    }
     plan
+}
+
+fn bare_shape(s: Option<&hpb::ShapeProto>) -> String {
+    match s {
+        Some(s) => {
+            let full = hlo::shape_string(s);
+            match full.find('{') {
+                Some(i) if s.element_type != 13 => full[..i].to_string(),
+                _ => full,
+            }
+        }
+        None => String::new(),
+    }
 }
 
 fn root_of(bufs: &FxHashMap<i64, Buf>, mut id: i64) -> i64 {

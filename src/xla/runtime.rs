@@ -636,7 +636,7 @@ impl Runtime {
                 count: 0,
             });
         }
-        groups.sort_by(|a, b| b.bytes.cmp(&a.bytes));
+        groups.sort_by_key(|g| std::cmp::Reverse(g.bytes));
         groups
     }
 
@@ -670,15 +670,16 @@ impl Runtime {
         }
     }
 
-    /// Host event names (with counts) on `line` between two instants, in first-seen order.
-    pub fn host_events_between(
+    /// Host events on the line named `line_name` that overlap `[from_ps, to_ps)`, in time order:
+    /// `(name, start_ps, end_ps)`. Walks the host plane again; only the report needs it.
+    pub fn host_events(
         &self,
         cap: &Capture,
         line_name: &str,
         from_ps: i64,
         to_ps: i64,
-    ) -> Result<Vec<(String, u64)>, CaptureError> {
-        let mut out: Vec<(String, u64)> = Vec::new();
+    ) -> Result<Vec<(String, i64, i64)>, CaptureError> {
+        let mut out = Vec::new();
         for idx in cap.file.find(|n| n == "/host:CPU") {
             let plane = cap.file.load(idx)?;
             plane.for_each_event(&cap.file.path, |line, ev| {
@@ -686,16 +687,14 @@ impl Runtime {
                     return;
                 }
                 let t = ev.start_ps(line);
-                if t < from_ps || t >= to_ps {
+                let end = t + ev.duration_ps.max(0);
+                if t >= to_ps || end < from_ps {
                     return;
                 }
-                let name = plane.event_name(ev.metadata_id);
-                match out.iter_mut().find(|(n, _)| n == name) {
-                    Some(x) => x.1 += 1,
-                    None => out.push((name.to_string(), 1)),
-                }
+                out.push((plane.event_name(ev.metadata_id).to_string(), t, end));
             })?;
         }
+        out.sort_by_key(|e| (e.1, -e.2));
         Ok(out)
     }
 
