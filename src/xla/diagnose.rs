@@ -192,11 +192,17 @@ pub fn diagnose(ctx: &Context) -> Vec<Finding> {
                 p.module
             )));
         }
-        if !p.temp_allocations.is_empty() {
-            f = f.evidence(Evidence::inferred(format!(
-                "the failed request is usually the temporary block ({}) or one output",
-                fmt_bytes(p.temp_bytes)
-            )));
+        if let Some(last) = last.filter(|_| !p.temp_allocations.is_empty()) {
+            f = f.evidence(match ctx.rt.temp_allocation(last, &p.temp_allocations) {
+                Some(_) => Evidence::inferred(format!(
+                    "the temporary block ({}) was allocated in the last execution: the failed request is one of its outputs",
+                    fmt_bytes(p.temp_bytes)
+                )),
+                None => Evidence::inferred(format!(
+                    "no allocation of the temporary block ({}) in the last execution: it is the request that failed",
+                    fmt_bytes(p.temp_bytes)
+                )),
+            });
         }
         f.scope = scope.clone();
         out.push(f);

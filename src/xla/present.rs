@@ -584,6 +584,12 @@ fn plan_json(p: &Plan) -> Value {
 }
 
 fn engine_json(plan: &Plan, plans: &[Plan], rt: &Runtime) -> Value {
+    let temp_of = |e: &Execution| {
+        (e.module == plan.module)
+            .then(|| rt.temp_allocation(e, &plan.temp_allocations))
+            .flatten()
+            .map(|m| m.requested_bytes)
+    };
     let mut runtime = serde_json::Map::new();
     if let Some(a) = rt.main() {
         runtime.insert("allocator".into(), json!(a.name));
@@ -602,6 +608,7 @@ fn engine_json(plan: &Plan, plans: &[Plan], rt: &Runtime) -> Value {
                         "start_ps": e.start_ps,
                         "kernels": e.kernels,
                         "bytes_in_use_at_start": e.bytes_in_use_at_start,
+                        "temp_bytes_allocated": temp_of(e),
                     })
                 })
                 .collect(),
@@ -828,9 +835,18 @@ fn render(r: &RenderInput) -> String {
             Some(n) => format!(", {n} kernels/ops"),
             None => String::new(),
         };
+        let temp =
+            r.rt.temp_allocation(e, &p.temp_allocations)
+                .map(|m| {
+                    format!(
+                        ", temporary block {} allocated",
+                        fmt_bytes(m.requested_bytes)
+                    )
+                })
+                .unwrap_or_default();
         let _ = writeln!(
             w,
-            "    #{} at {:.3} ms{inuse}{k} {}",
+            "    #{} at {:.3} ms{inuse}{temp}{k} {}",
             i + 1,
             e.start_ps as f64 / 1e9,
             tag(Label::Measured)

@@ -457,26 +457,34 @@ fn attribute_executions(
         .chain(kernels_by_name.values())
         .filter_map(|v| v.last().copied())
         .max();
-    if let Some(device_last) = device_last {
-        for i in 0..n {
-            if rt.executions[i].kernels.is_some() {
-                continue;
-            }
-            let e = &rt.executions[i];
-            let next = rt.executions[i + 1..]
-                .iter()
-                .find(|x| x.module == e.module)
-                .map(|x| x.start_ps)
-                .unwrap_or(i64::MAX);
-            let pid = split_program_id(&e.module).1;
-            let mut c = 0;
-            if let Some(p) = pid {
-                c += count_in(kernels.get(&(p as i64)), e.start_ps, next);
-            }
-            c += count_in(kernels_by_name.get(&e.module), e.start_ps, next);
-            let known = c > 0 || device_last > e.start_ps;
-            rt.executions[i].kernels = known.then_some(c);
+    let retry_in = |e: &Execution| {
+        rt.spans.iter().any(|s| {
+            s.kind == SpanKind::Retry
+                && s.line == e.line
+                && s.start >= e.start_ps
+                && s.start <= e.end_ps
+        })
+    };
+    for i in 0..n {
+        if rt.executions[i].kernels.is_some() {
+            continue;
         }
+        let e = &rt.executions[i];
+        let next = rt.executions[i + 1..]
+            .iter()
+            .find(|x| x.module == e.module)
+            .map(|x| x.start_ps)
+            .unwrap_or(i64::MAX);
+        let pid = split_program_id(&e.module).1;
+        let mut c = 0;
+        if let Some(p) = pid {
+            c += count_in(kernels.get(&(p as i64)), e.start_ps, next);
+        }
+        c += count_in(kernels_by_name.get(&e.module), e.start_ps, next);
+        // No kernel is only evidence when device events continue past this execution, or when
+        // the allocator was retrying inside it (an OOM stops the launch).
+        let known = c > 0 || device_last.is_some_and(|d| d > e.start_ps) || retry_in(e);
+        rt.executions[i].kernels = known.then_some(c);
     }
     // TPU-style captures: executions known only from device module events.
     if rt.executions.is_empty() {
@@ -696,6 +704,19 @@ impl Runtime {
         }
         out.sort_by_key(|e| (e.1, -e.2));
         Ok(out)
+    }
+
+    /// The allocation of the plan's temporary block during `e`: the device-pool allocation whose
+    /// `requested_bytes` equals a Temporary allocation size of the plan (the join key between
+    /// compile-time plan and runtime, XPLANE_FORMAT.md §4).
+    pub fn temp_allocation(&self, e: &Execution, temp_sizes: &[u64]) -> Option<&MemEvent> {
+        self.main_events().find(|m| {
+            m.alloc
+                && m.t_ps >= e.start_ps
+                && m.t_ps <= e.end_ps
+                && m.requested_bytes > 0
+                && temp_sizes.contains(&m.requested_bytes)
+        })
     }
 
     /// Allocator events of the device pool (for tests and the report).
