@@ -3,3 +3,4 @@
 pub mod edits;
 pub mod frames;
 pub mod paths;
+pub mod workspace;
