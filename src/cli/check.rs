@@ -70,7 +70,7 @@ pub(super) fn run(args: CheckArgs) -> i32 {
 }
 
 /// 2 when a capture could not be read, else 1 when a finding is at or above `fail_on`, else 0.
-fn exit_code(reports: &[CaptureReport], had_errors: bool, fail_on: Severity) -> i32 {
+pub(super) fn exit_code(reports: &[CaptureReport], had_errors: bool, fail_on: Severity) -> i32 {
     if had_errors {
         2
     } else if reports

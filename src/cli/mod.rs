@@ -7,6 +7,8 @@
 mod check;
 mod github;
 mod json;
+#[cfg(test)]
+mod presenter_tests;
 mod report;
 mod sarif;
 mod text;
