@@ -21,20 +21,15 @@ pub fn edits_for(
     line: u32,
 ) -> Result<Vec<TextEdit>, NoEdit> {
     let src = Source::new(text);
+    let at = |line: u32| src.line_index(line);
     let edits = match kind {
         FixKind::Advice => return Err(NoEdit("advice only: there is no local edit".into())),
         FixKind::AllocConf { value } => alloc_conf(&src, value)?,
-        _ => {
-            let idx = src.line_index(line)?;
-            match kind {
-                FixKind::DetachAccumulated { item } => detach_accumulated(&src, idx, *item)?,
-                FixKind::DetachCpuAppend => wrap_append(&src, idx, Wrap::DetachCpu)?,
-                FixKind::DeviceGetAppend => wrap_append(&src, idx, Wrap::DeviceGet)?,
-                FixKind::DonateArgnums { argnums } => donate_argnums(&src, idx, argnums)?,
-                FixKind::JaxCheckpoint => jax_checkpoint(&src, idx)?,
-                FixKind::Advice | FixKind::AllocConf { .. } => unreachable!("handled above"),
-            }
-        }
+        FixKind::DetachAccumulated { item } => detach_accumulated(&src, at(line)?, *item)?,
+        FixKind::DetachCpuAppend => wrap_append(&src, at(line)?, Wrap::DetachCpu)?,
+        FixKind::DeviceGetAppend => wrap_append(&src, at(line)?, Wrap::DeviceGet)?,
+        FixKind::DonateArgnums { argnums } => donate_argnums(&src, at(line)?, argnums)?,
+        FixKind::JaxCheckpoint => jax_checkpoint(&src, at(line)?)?,
     };
     Ok(edits.into_iter().map(|e| src.text_edit(file, e)).collect())
 }
