@@ -1,1 +1,93 @@
 //! A safe pickle VM: decodes data, never executes anything.
+//!
+//! `serde-pickle` cannot read real snapshots (shared objects inside shared objects make it fail
+//! with `Recursive` or silently insert `None`; `../shared/docs/CRATES.md` §5). This VM keeps one
+//! arena node per object and a memo of node ids, so sharing is preserved and nothing is cloned.
+//! Code opcodes (`GLOBAL`, `REDUCE`, `BUILD`, …) become inert records; see [`vm`].
+
+pub mod value;
+pub mod vm;
+
+pub use value::{Kind, Tree, Val, bigint_to_i128};
+pub use vm::{Limits, PickleError, PickleErrorKind, decode, decode_with};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_dicts_inside_shared_lists_stay_shared() {
+        // f={'line':1}; L=[f,f]; pickle.dumps([L,L], protocol=4) — the shape serde-pickle breaks on.
+        let data = b"\x80\x04\x95\x19\x00\x00\x00\x00\x00\x00\x00]\x94(]\x94(}\x94\x8c\x04line\x94K\x01sh\x02eh\x01e.";
+        let t = decode(data).unwrap();
+        let outer = t.items(t.root);
+        assert_eq!(outer.len(), 2);
+        assert_eq!(outer[0], outer[1], "the inner list is one object");
+        let inner = t.items(outer[0]);
+        assert_eq!(inner.len(), 2);
+        assert_eq!(inner[0], inner[1], "the frame dict is one object");
+        assert_eq!(t.int(t.get(inner[0], "line").unwrap()), Some(1));
+        assert_eq!(t.protocol, Some(4));
+    }
+
+    #[test]
+    fn big_ints_and_negative_ints_decode() {
+        // pickle.dumps([2**64-1, -1, 2**100], protocol=2)
+        let data = b"\x80\x02]q\x00(\x8a\t\xff\xff\xff\xff\xff\xff\xff\xff\x00J\xff\xff\xff\xff\x8a\r\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x10e.";
+        let t = decode(data).unwrap();
+        let items = t.items(t.root);
+        assert_eq!(t.uint(items[0]), Some(u64::MAX));
+        assert_eq!(t.int(items[1]), Some(-1));
+        assert_eq!(t.int128(items[2]), Some(1i128 << 100));
+    }
+
+    #[test]
+    fn code_is_recorded_never_run() {
+        // Protocol 0: os.system('touch MARKER')
+        let data = b"cos\nsystem\n(S'touch MARKER'\ntR.";
+        let t = decode(data).unwrap();
+        assert_eq!(t.describe(t.root), "a call to os.system");
+    }
+
+    #[test]
+    fn truncation_and_empty_input_are_reported_with_offsets() {
+        let e = decode(b"").unwrap_err();
+        assert_eq!(e.kind, PickleErrorKind::Truncated);
+        assert_eq!(e.offset, 0);
+        let e = decode(b"\x80\x04]\x94(K\x01K\x02").unwrap_err();
+        assert_eq!(e.kind, PickleErrorKind::Truncated);
+        // A 2^62 length allocates nothing and names the opcode's offset.
+        let e = decode(b"\x80\x04\x8d\x00\x00\x00\x00\x00\x00\x00\x40abc").unwrap_err();
+        assert_eq!(e.offset, 2);
+        assert!(e.message.contains("4611686018427387904"), "{}", e.message);
+    }
+
+    #[test]
+    fn deep_nesting_hits_the_limit() {
+        let mut data = vec![0x80, 4];
+        data.extend(std::iter::repeat_n(b']', 1_000_000));
+        data.extend(std::iter::repeat_n(b'a', 999_999));
+        data.push(b'.');
+        let e = decode(&data).unwrap_err();
+        assert_eq!(e.kind, PickleErrorKind::Limit);
+        assert!(e.message.contains("nested"), "{}", e.message);
+    }
+
+    #[test]
+    fn refused_opcodes_say_why() {
+        let e = decode(b"\x80\x02P1\n.").unwrap_err();
+        assert_eq!(e.kind, PickleErrorKind::Refused);
+        let e = decode(b"\x80\x05\x97.").unwrap_err();
+        assert_eq!(e.kind, PickleErrorKind::Refused);
+    }
+
+    #[test]
+    fn dict_with_repeated_setitem_keeps_python_semantics() {
+        // {'a': 1} then SETITEM 'a' = 2 and 'b' = 3
+        let data = b"\x80\x04}\x94(\x8c\x01a\x94K\x01u\x8c\x01aK\x02s\x8c\x01bK\x03s.";
+        let t = decode(data).unwrap();
+        assert_eq!(t.len(t.root), 2);
+        assert_eq!(t.int(t.get(t.root, "a").unwrap()), Some(2));
+        assert_eq!(t.int(t.get(t.root, "b").unwrap()), Some(3));
+    }
+}

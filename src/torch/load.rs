@@ -1,9 +1,20 @@
 //! Decode a snapshot file (pickle or JSON) into the [`Snapshot`] model.
+//!
+//! Every key variant of `torch_snapshots/FORMAT.md` is accepted: torch 2.0 blocks with `history`
+//! and no `address`, bare segment lists, missing `device_traces`, multi-device traces,
+//! expandable segments, C++ frames, `oom` entries with `device_free`, and the JSON rendering of the
+//! same dict. Frames and stacks are interned: a shared stack list becomes one `StackId`.
 
 use std::path::Path;
 
+use rustc_hash::FxHashMap;
+
 use crate::error::{CaptureError, ErrorKind};
-use crate::torch::model::Snapshot;
+use crate::pickle::{self, Kind, Limits, PickleErrorKind, Tree, Val};
+use crate::torch::model::{
+    Action, AllocatorSettings, Block, BlockState, Frame, FrameId, Segment, Snapshot,
+    SnapshotFormat, StackId, TraceEntry,
+};
 
 /// Loader options.
 #[derive(Clone, Debug, Default)]
@@ -13,27 +24,731 @@ pub struct LoadOptions {
 }
 
 /// Read and decode a snapshot file (`.pickle`/`.pkl` or the JSON form).
-pub fn load_snapshot(path: &Path, _opts: &LoadOptions) -> Result<Snapshot, CaptureError> {
-    Err(CaptureError::new(
-        path,
-        ErrorKind::Unsupported,
-        None,
-        "snapshot loader not built yet",
-        "",
-    ))
+pub fn load_snapshot(path: &Path, opts: &LoadOptions) -> Result<Snapshot, CaptureError> {
+    let file = std::fs::File::open(path).map_err(|e| CaptureError::io(path, &e))?;
+    let len = file
+        .metadata()
+        .map_err(|e| CaptureError::io(path, &e))?
+        .len();
+    if len == 0 {
+        return Err(CaptureError::new(
+            path,
+            ErrorKind::Truncated,
+            Some(0),
+            "the file is empty",
+            "a snapshot being written is retried when it changes; otherwise re-run _dump_snapshot()",
+        ));
+    }
+    // SAFETY: the map is read-only and private to this call; a file truncated underneath it by
+    // another process could fault, which is why the server only reads files whose size is stable.
+    let map = unsafe { memmap2::Mmap::map(&file) };
+    match map {
+        Ok(map) => {
+            #[cfg(unix)]
+            let _ = map.advise(memmap2::Advice::Sequential);
+            decode_snapshot(path, &map, opts)
+        }
+        Err(_) => {
+            let bytes = std::fs::read(path).map_err(|e| CaptureError::io(path, &e))?;
+            decode_snapshot(path, &bytes, opts)
+        }
+    }
 }
 
 /// Decode snapshot bytes already in memory (`path` is used for error messages only).
 pub fn decode_snapshot(
     path: &Path,
-    _bytes: &[u8],
-    _opts: &LoadOptions,
+    bytes: &[u8],
+    opts: &LoadOptions,
 ) -> Result<Snapshot, CaptureError> {
-    Err(CaptureError::new(
+    let first = bytes.iter().position(|b| !b.is_ascii_whitespace());
+    match first.map(|i| bytes[i]) {
+        None => Err(CaptureError::new(
+            path,
+            ErrorKind::Truncated,
+            Some(0),
+            "the file is empty",
+            "re-run _dump_snapshot()",
+        )),
+        Some(b'{') | Some(b'[') => {
+            let tree = tree_from_json(path, bytes)?;
+            build(path, &tree, opts)
+        }
+        _ => {
+            let limits = Limits {
+                refuse_globals: true,
+                ..Limits::default()
+            };
+            let tree = pickle::decode_with(bytes, &limits).map_err(|e| {
+                let (kind, hint) = match e.kind {
+                    PickleErrorKind::Truncated => (
+                        ErrorKind::Truncated,
+                        "the snapshot may still be being written; otherwise the file was cut short — dump it again",
+                    ),
+                    PickleErrorKind::Invalid => (ErrorKind::Invalid, "this is not a pickle written by torch.cuda.memory._dump_snapshot()"),
+                    PickleErrorKind::Refused => (ErrorKind::Unsupported, "only data pickles from _dump_snapshot() are read"),
+                    PickleErrorKind::Limit => (ErrorKind::Limit, "this does not look like a memory snapshot"),
+                };
+                CaptureError::new(path, kind, Some(e.offset), e.message, hint)
+            })?;
+            let mut snap = build(path, &tree, opts)?;
+            snap.pickle_protocol = tree.protocol;
+            Ok(snap)
+        }
+    }
+}
+
+/// Parse the JSON form into the same object graph the pickle VM produces.
+fn tree_from_json(path: &Path, bytes: &[u8]) -> Result<Tree<'static>, CaptureError> {
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| {
+        let offset = line_col_to_offset(bytes, e.line(), e.column());
+        let kind = if e.is_eof() {
+            ErrorKind::Truncated
+        } else {
+            ErrorKind::Invalid
+        };
+        CaptureError::new(
+            path,
+            kind,
+            Some(offset),
+            format!("invalid JSON: {e}"),
+            "expected the JSON rendering of a snapshot dict",
+        )
+    })?;
+    let mut tree = Tree::empty();
+    // Iterative conversion (no recursion on hostile nesting).
+    enum Work<'j> {
+        Visit(&'j serde_json::Value),
+        List(usize),
+        Dict(Vec<String>),
+    }
+    let mut work = vec![Work::Visit(&value)];
+    let mut out: Vec<Val> = Vec::new();
+    let mut depth = 0usize;
+    while let Some(w) = work.pop() {
+        match w {
+            Work::Visit(v) => match v {
+                serde_json::Value::Null => out.push(Val::NONE),
+                serde_json::Value::Bool(b) => out.push(if *b { Val::TRUE } else { Val::FALSE }),
+                serde_json::Value::Number(n) => {
+                    let v = if let Some(i) = n.as_i64() {
+                        tree.new_int(i as i128)
+                    } else if let Some(u) = n.as_u64() {
+                        tree.new_int(u as i128)
+                    } else {
+                        tree.new_float(n.as_f64().unwrap_or(f64::NAN))
+                    };
+                    out.push(v);
+                }
+                serde_json::Value::String(s) => {
+                    let v = tree.new_str(s);
+                    out.push(v);
+                }
+                serde_json::Value::Array(items) => {
+                    depth += 1;
+                    if depth > 1000 {
+                        return Err(CaptureError::new(
+                            path,
+                            ErrorKind::Limit,
+                            None,
+                            "JSON nested more than 1000 levels",
+                            "",
+                        ));
+                    }
+                    work.push(Work::List(items.len()));
+                    for it in items.iter().rev() {
+                        work.push(Work::Visit(it));
+                    }
+                }
+                serde_json::Value::Object(map) => {
+                    depth += 1;
+                    if depth > 1000 {
+                        return Err(CaptureError::new(
+                            path,
+                            ErrorKind::Limit,
+                            None,
+                            "JSON nested more than 1000 levels",
+                            "",
+                        ));
+                    }
+                    work.push(Work::Dict(map.keys().cloned().collect()));
+                    for it in map.values().rev() {
+                        work.push(Work::Visit(it));
+                    }
+                }
+            },
+            Work::List(n) => {
+                depth = depth.saturating_sub(1);
+                let items = out.split_off(out.len() - n);
+                let v = tree.new_list(items);
+                out.push(v);
+            }
+            Work::Dict(keys) => {
+                depth = depth.saturating_sub(1);
+                let vals = out.split_off(out.len() - keys.len());
+                let pairs = keys
+                    .iter()
+                    .zip(vals)
+                    .map(|(k, v)| (tree.new_str(k), v))
+                    .collect();
+                let v = tree.new_dict(pairs);
+                out.push(v);
+            }
+        }
+    }
+    tree.root = out.pop().unwrap_or(Val::NONE);
+    Ok(tree)
+}
+
+fn line_col_to_offset(bytes: &[u8], line: usize, col: usize) -> u64 {
+    let mut l = 1;
+    for (i, &b) in bytes.iter().enumerate() {
+        if l == line {
+            return (i + col.saturating_sub(1)) as u64;
+        }
+        if b == b'\n' {
+            l += 1;
+        }
+    }
+    bytes.len() as u64
+}
+
+/// Builds the model from the object graph, interning frames and stacks.
+struct Builder<'t, 'a> {
+    path: &'t Path,
+    t: &'t Tree<'a>,
+    snap: Snapshot,
+    frame_by_val: FxHashMap<Val, FrameId>,
+    frame_by_content: FxHashMap<Frame, FrameId>,
+    stack_by_val: FxHashMap<Val, Option<StackId>>,
+    stack_by_content: FxHashMap<Vec<FrameId>, StackId>,
+    /// Per dict shape: positions of the keys a reader asks for.
+    shape_slots: FxHashMap<(u32, usize), Vec<Option<usize>>>,
+}
+
+fn build(path: &Path, t: &Tree<'_>, opts: &LoadOptions) -> Result<Snapshot, CaptureError> {
+    let mut b = Builder {
         path,
-        ErrorKind::Unsupported,
-        None,
-        "snapshot loader not built yet",
-        "",
-    ))
+        t,
+        snap: Snapshot::default(),
+        frame_by_val: FxHashMap::default(),
+        frame_by_content: FxHashMap::default(),
+        stack_by_val: FxHashMap::default(),
+        stack_by_content: FxHashMap::default(),
+        shape_slots: FxHashMap::default(),
+    };
+    let root = t.root;
+    match t.kind(root) {
+        Kind::Dict => {
+            b.snap.format = Some(SnapshotFormat::Dict);
+            b.snap.top_level_keys = t
+                .pairs(root)
+                .filter_map(|(k, _)| t.str(k).map(str::to_string))
+                .collect();
+            let [segments, traces, settings] = b.fields(root, TOP_KEYS);
+            match segments {
+                Some(s) => b.segments(s)?,
+                None => {
+                    if traces.is_none() {
+                        return Err(b.shape_error(
+                            "the top-level dict has neither `segments` nor `device_traces`",
+                        ));
+                    }
+                }
+            }
+            if let Some(tr) = traces {
+                b.traces(tr, opts)?;
+            }
+            if let Some(s) = settings {
+                b.settings(s);
+            }
+        }
+        Kind::List => {
+            b.snap.format = Some(SnapshotFormat::SegmentList);
+            b.segments(root)?;
+        }
+        _ => {
+            let what = t.describe(root);
+            return Err(b.shape_error(&format!(
+                "the top-level object is {what}, not a snapshot dict or a list of segments"
+            )));
+        }
+    }
+    Ok(b.snap)
+}
+
+const TOP_KEYS: &[&str; 3] = &["segments", "device_traces", "allocator_settings"];
+const SEGMENT_KEYS: &[&str; 12] = &[
+    "device",
+    "address",
+    "total_size",
+    "allocated_size",
+    "active_size",
+    "requested_size",
+    "stream",
+    "segment_type",
+    "segment_pool_id",
+    "is_expandable",
+    "frames",
+    "blocks",
+];
+const BLOCK_KEYS: &[&str; 6] = &[
+    "address",
+    "size",
+    "requested_size",
+    "state",
+    "frames",
+    "history",
+];
+const HISTORY_KEYS: &[&str; 3] = &["addr", "real_size", "frames"];
+const TRACE_KEYS: &[&str; 7] = &[
+    "action",
+    "addr",
+    "size",
+    "stream",
+    "time_us",
+    "device_free",
+    "frames",
+];
+const FRAME_KEYS: &[&str; 3] = &["name", "filename", "line"];
+
+impl<'t, 'a> Builder<'t, 'a> {
+    fn shape_error(&self, what: &str) -> CaptureError {
+        CaptureError::new(
+            self.path,
+            ErrorKind::Invalid,
+            None,
+            what.to_string(),
+            "this is not a torch.cuda.memory snapshot",
+        )
+    }
+
+    /// Values of `keys` in `dict` (missing → None). Cached per dict shape.
+    fn fields<const N: usize>(
+        &mut self,
+        dict: Val,
+        keys: &'static [&'static str; N],
+    ) -> [Option<Val>; N] {
+        let mut out = [None; N];
+        let t = self.t;
+        if let Some(shape) = t.shape_of(dict) {
+            let cache_key = (shape, keys.as_ptr() as usize);
+            let slots = self.shape_slots.entry(cache_key).or_insert_with(|| {
+                let names: Vec<Option<&str>> = t.pairs(dict).map(|(k, _)| t.str(k)).collect();
+                keys.iter()
+                    .map(|want| names.iter().position(|n| *n == Some(*want)))
+                    .collect()
+            });
+            let values = t.shaped_values(dict);
+            for (i, slot) in slots.iter().enumerate() {
+                if let Some(p) = slot {
+                    out[i] = values.get(*p).copied();
+                }
+            }
+            return out;
+        }
+        for (k, v) in t.pairs(dict) {
+            if let Some(name) = t.str(k) {
+                if let Some(i) = keys.iter().position(|want| *want == name) {
+                    out[i] = Some(v);
+                }
+            }
+        }
+        out
+    }
+
+    fn uint(&self, v: Option<Val>) -> u64 {
+        let Some(v) = v else { return 0 };
+        match self.t.int128(v) {
+            Some(i) if i < 0 => 0,
+            Some(i) => u64::try_from(i).unwrap_or(u64::MAX),
+            None => 0,
+        }
+    }
+
+    fn int(&self, v: Option<Val>) -> Option<i64> {
+        let v = v?;
+        self.t
+            .int128(v)
+            .map(|i| i.clamp(i64::MIN as i128, i64::MAX as i128) as i64)
+    }
+
+    fn segments(&mut self, list: Val) -> Result<(), CaptureError> {
+        let t = self.t;
+        if !t.is_seq(list) {
+            let what = t.describe(list);
+            return Err(self.shape_error(&format!("`segments` is {what}, expected a list")));
+        }
+        let items = t.items(list);
+        self.snap.segments.reserve(items.len());
+        for (si, &seg) in items.iter().enumerate() {
+            if !t.is_dict(seg) {
+                let what = t.describe(seg);
+                return Err(self.shape_error(&format!("segments[{si}] is {what}, expected a dict")));
+            }
+            let [
+                device,
+                address,
+                total,
+                allocated,
+                active,
+                requested,
+                stream,
+                stype,
+                pool,
+                expandable,
+                frames,
+                blocks,
+            ] = self.fields(seg, SEGMENT_KEYS);
+            let seg_addr = self.uint(address);
+            let stack = match frames {
+                Some(f) => self.stack(f)?,
+                None => None,
+            };
+            let mut seg_model = Segment {
+                device: self.int(device).unwrap_or(0),
+                address: seg_addr,
+                total_size: self.uint(total),
+                allocated_size: self.uint(allocated),
+                active_size: self.uint(active),
+                requested_size: self.uint(requested),
+                stream: self.uint(stream),
+                segment_type: stype.and_then(|v| t.str(v)).map(str::to_string),
+                is_expandable: expandable.and_then(|v| t.bool(v)).unwrap_or(false),
+                pool_id: pool.and_then(|p| {
+                    let it = t.items(p);
+                    match it {
+                        [a, b] => Some((t.int(*a)?, t.int(*b)?)),
+                        _ => None,
+                    }
+                }),
+                stack,
+                blocks: Vec::new(),
+            };
+            if let Some(bl) = blocks {
+                let bitems = t.items(bl);
+                seg_model.blocks.reserve(bitems.len());
+                let mut next_addr = seg_addr;
+                for (bi, &blk) in bitems.iter().enumerate() {
+                    if !t.is_dict(blk) {
+                        let what = t.describe(blk);
+                        return Err(self.shape_error(&format!(
+                            "segments[{si}].blocks[{bi}] is {what}, expected a dict"
+                        )));
+                    }
+                    let [baddr, size, req, state, bframes, history] = self.fields(blk, BLOCK_KEYS);
+                    let size = self.uint(size);
+                    let address = if baddr.is_some() {
+                        self.uint(baddr)
+                    } else {
+                        next_addr
+                    };
+                    next_addr = address.saturating_add(size);
+                    let state = match state.and_then(|s| t.str(s)) {
+                        Some(s) => BlockState::parse(s),
+                        None => BlockState::Other(String::from("<missing>")),
+                    };
+                    let mut requested_size = req.map(|r| self.uint(Some(r)));
+                    let mut stack = match bframes {
+                        Some(f) => self.stack(f)?,
+                        None => None,
+                    };
+                    let mut history_len = 0u32;
+                    if let Some(h) = history {
+                        let hitems = t.items(h);
+                        history_len = hitems.len().min(u32::MAX as usize) as u32;
+                        if let Some(&last) = hitems.last() {
+                            let [_, real_size, hframes] = self.fields(last, HISTORY_KEYS);
+                            if bframes.is_none() {
+                                stack = match hframes {
+                                    Some(f) => self.stack(f)?,
+                                    None => None,
+                                };
+                            }
+                            if requested_size.is_none() {
+                                requested_size = Some(self.uint(real_size));
+                            }
+                        }
+                    }
+                    seg_model.blocks.push(Block {
+                        address,
+                        size,
+                        requested_size: requested_size.unwrap_or(0),
+                        state,
+                        stack,
+                        history_len,
+                    });
+                }
+            }
+            self.snap.segments.push(seg_model);
+        }
+        Ok(())
+    }
+
+    fn traces(&mut self, traces: Val, opts: &LoadOptions) -> Result<(), CaptureError> {
+        let t = self.t;
+        if !t.is_seq(traces) {
+            let what = t.describe(traces);
+            return Err(self.shape_error(&format!(
+                "`device_traces` is {what}, expected a list of lists"
+            )));
+        }
+        let mut all = Vec::new();
+        for (d, &dev) in t.items(traces).iter().enumerate() {
+            if !t.is_seq(dev) {
+                let what = t.describe(dev);
+                return Err(
+                    self.shape_error(&format!("device_traces[{d}] is {what}, expected a list"))
+                );
+            }
+            let items = t.items(dev);
+            let skip = match opts.max_trace_events {
+                Some(cap) if items.len() > cap => items.len() - cap,
+                _ => 0,
+            };
+            self.snap.dropped_trace_entries += skip as u64;
+            let mut entries = Vec::with_capacity(items.len() - skip);
+            let mut action_cache: FxHashMap<Val, Action> = FxHashMap::default();
+            for (i, &e) in items.iter().enumerate().skip(skip) {
+                if !t.is_dict(e) {
+                    let what = t.describe(e);
+                    return Err(self.shape_error(&format!(
+                        "device_traces[{d}][{i}] is {what}, expected a dict"
+                    )));
+                }
+                let [action, addr, size, stream, time_us, device_free, frames] =
+                    self.fields(e, TRACE_KEYS);
+                let action = match action {
+                    Some(a) => match action_cache.get(&a) {
+                        Some(act) => act.clone(),
+                        None => {
+                            let act = Action::parse(t.str(a).unwrap_or("<missing>"));
+                            action_cache.insert(a, act.clone());
+                            act
+                        }
+                    },
+                    None => Action::Other(String::from("<missing>")),
+                };
+                let stack = match frames {
+                    Some(f) => self.stack(f)?,
+                    None => None,
+                };
+                entries.push(TraceEntry {
+                    action,
+                    addr: self.uint(addr),
+                    size: self.uint(size),
+                    stream: self.uint(stream),
+                    time_us: self.int(time_us),
+                    device_free: device_free.map(|v| self.uint(Some(v))),
+                    stack,
+                });
+            }
+            all.push(entries);
+        }
+        self.snap.device_traces = Some(all);
+        Ok(())
+    }
+
+    fn settings(&mut self, s: Val) {
+        let t = self.t;
+        let mut st = AllocatorSettings::default();
+        for (k, v) in t.pairs(s) {
+            match t.str(k) {
+                Some("PYTORCH_CUDA_ALLOC_CONF") | Some("PYTORCH_ALLOC_CONF") => {
+                    st.conf = t.str(v).map(str::to_string)
+                }
+                Some("expandable_segments") => st.expandable_segments = t.bool(v),
+                Some("max_split_size") => {
+                    st.max_split_size = t.int128(v).and_then(|i| u64::try_from(i).ok())
+                }
+                _ => {}
+            }
+        }
+        self.snap.allocator_settings = Some(st);
+    }
+
+    /// Intern a frames list. `None` for an empty list.
+    fn stack(&mut self, list: Val) -> Result<Option<StackId>, CaptureError> {
+        if let Some(&s) = self.stack_by_val.get(&list) {
+            return Ok(s);
+        }
+        let t = self.t;
+        let items = t.items(list);
+        if items.is_empty() {
+            self.stack_by_val.insert(list, None);
+            return Ok(None);
+        }
+        let mut ids = Vec::with_capacity(items.len());
+        for &f in items {
+            ids.push(self.frame(f)?);
+        }
+        let id = match self.stack_by_content.get(&ids) {
+            Some(&id) => id,
+            None => {
+                let id = u32::try_from(self.snap.stacks.len())
+                    .map_err(|_| self.shape_error("more than 2^32 stacks"))?;
+                self.snap.stacks.push(ids.clone());
+                self.stack_by_content.insert(ids, id);
+                id
+            }
+        };
+        self.stack_by_val.insert(list, Some(id));
+        Ok(Some(id))
+    }
+
+    fn frame(&mut self, f: Val) -> Result<FrameId, CaptureError> {
+        if let Some(&id) = self.frame_by_val.get(&f) {
+            return Ok(id);
+        }
+        let t = self.t;
+        let frame = if t.is_dict(f) {
+            let [name, filename, line] = self.fields(f, FRAME_KEYS);
+            Frame {
+                name: name.and_then(|v| t.str(v)).unwrap_or("").to_string(),
+                filename: filename.and_then(|v| t.str(v)).unwrap_or("").to_string(),
+                line: self.uint(line),
+            }
+        } else if let Some(s) = t.str(f) {
+            // `forward_frames`-style plain strings.
+            Frame {
+                name: s.to_string(),
+                filename: String::new(),
+                line: 0,
+            }
+        } else {
+            let what = t.describe(f);
+            return Err(self.shape_error(&format!("a stack frame is {what}, expected a dict")));
+        };
+        let id = match self.frame_by_content.get(&frame) {
+            Some(&id) => id,
+            None => {
+                let id = u32::try_from(self.snap.frames.len())
+                    .map_err(|_| self.shape_error("more than 2^32 frames"))?;
+                self.snap.frames.push(frame.clone());
+                self.frame_by_content.insert(frame, id);
+                id
+            }
+        };
+        self.frame_by_val.insert(f, id);
+        Ok(id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load_py(script: &str) -> Result<Snapshot, CaptureError> {
+        let out = std::process::Command::new("python3")
+            .arg("-c")
+            .arg(script)
+            .output()
+            .expect("python3");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        decode_snapshot(Path::new("t.pickle"), &out.stdout, &LoadOptions::default())
+    }
+
+    #[test]
+    fn torch20_blocks_get_addresses_and_history_stacks() {
+        let s = load_py(
+            r#"
+import pickle, sys
+f = {'filename': '/w/train.py', 'name': 'step', 'line': 12}
+seg = {'device': 0, 'address': 1000, 'total_size': 3072, 'allocated_size': 1024, 'active_size': 1024,
+       'requested_size': 1000, 'stream': 0, 'segment_type': 'small',
+       'blocks': [{'size': 1024, 'requested_size': 1000, 'state': 'active_allocated',
+                   'history': [{'addr': 1000, 'real_size': 1000, 'frames': [f]}]},
+                  {'size': 2048, 'requested_size': 0, 'state': 'inactive'}]}
+sys.stdout.buffer.write(pickle.dumps({'segments': [seg], 'device_traces': [[]]}, protocol=4))
+"#,
+        )
+        .unwrap();
+        let b = &s.segments[0].blocks;
+        assert_eq!((b[0].address, b[1].address), (1000, 2024));
+        assert_eq!(b[0].history_len, 1);
+        let frames: Vec<_> = s.stack_frames(b[0].stack).collect();
+        assert_eq!(frames[0].filename, "/w/train.py");
+        assert_eq!(frames[0].line, 12);
+        assert_eq!(s.device_traces.as_ref().map(|t| t.len()), Some(1));
+    }
+
+    #[test]
+    fn shared_stacks_are_interned_once_and_max_trace_events_drops_oldest() {
+        let s = load_py(
+            r#"
+import pickle, sys
+f = {'name': 'fwd', 'filename': '/w/m.py', 'line': 3}
+st = [f, {'name': '??', 'filename': '??', 'line': 0}]
+tr = [{'action': 'alloc', 'addr': i, 'size': 512, 'stream': 0, 'time_us': i, 'frames': st} for i in range(10)]
+sys.stdout.buffer.write(pickle.dumps({'segments': [], 'device_traces': [tr, []]}, protocol=4))
+"#,
+        )
+        .unwrap();
+        assert_eq!(s.stacks.len(), 1);
+        assert_eq!(s.frames.len(), 2);
+        let out = std::process::Command::new("python3")
+            .arg("-c")
+            .arg("import pickle,sys; tr=[{'action':'alloc','addr':i,'size':1,'stream':0} for i in range(10)]; sys.stdout.buffer.write(pickle.dumps({'segments':[],'device_traces':[tr]}))")
+            .output()
+            .unwrap();
+        let s = decode_snapshot(
+            Path::new("t"),
+            &out.stdout,
+            &LoadOptions {
+                max_trace_events: Some(3),
+            },
+        )
+        .unwrap();
+        let tr = &s.device_traces.unwrap()[0];
+        assert_eq!(tr.len(), 3);
+        assert_eq!(tr[0].addr, 7);
+        assert_eq!(s.dropped_trace_entries, 7);
+    }
+
+    #[test]
+    fn json_form_loads_like_the_pickle() {
+        let json = br#"{"segments":[{"device":0,"address":4096,"total_size":2097152,"allocated_size":512,
+            "active_size":512,"requested_size":100,"stream":0,"segment_type":"small","segment_pool_id":[0,0],
+            "is_expandable":false,"frames":[],"blocks":[{"address":4096,"size":512,"requested_size":100,
+            "state":"active_allocated","frames":[{"name":"f","filename":"/w/a.py","line":7}]},
+            {"address":4608,"size":2096640,"requested_size":0,"state":"inactive","frames":[]}]}],
+            "device_traces":[[{"action":"oom","device_free":1024,"size":4096,"stream":0,"frames":[]}]]}"#;
+        let s = decode_snapshot(Path::new("s.json"), json, &LoadOptions::default()).unwrap();
+        assert_eq!(s.segments[0].pool_id, Some((0, 0)));
+        assert_eq!(s.segments[0].blocks[0].state, BlockState::ActiveAllocated);
+        let tr = &s.device_traces.unwrap()[0];
+        assert_eq!(tr[0].action, Action::Oom);
+        assert_eq!(tr[0].device_free, Some(1024));
+        assert_eq!(tr[0].stack, None);
+    }
+
+    #[test]
+    fn code_and_garbage_are_refused_with_offsets() {
+        let e = decode_snapshot(
+            Path::new("evil.pickle"),
+            b"cos\nsystem\n(S'touch MARKER'\ntR.",
+            &LoadOptions::default(),
+        )
+        .unwrap_err();
+        assert_eq!(e.offset, Some(0));
+        assert!(e.to_string().contains("os.system"), "{e}");
+        let e = decode_snapshot(
+            Path::new("x.pickle"),
+            b"\x80\x04K\x01.",
+            &LoadOptions::default(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("top-level object is an int"), "{e}");
+        let e = decode_snapshot(
+            Path::new("x.json"),
+            b"{\"segments\": [",
+            &LoadOptions::default(),
+        )
+        .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Truncated);
+    }
 }

@@ -1,0 +1,1134 @@
+//! The pickle virtual machine: protocols 0–5, data opcodes only, nothing executed.
+//!
+//! `GLOBAL`, `STACK_GLOBAL`, `REDUCE`, `BUILD`, `NEWOBJ`, `NEWOBJ_EX`, `INST` and `OBJ` are recorded
+//! as inert [`Node::Global`] / [`Node::Call`] nodes — no import, no call. `PERSID`/`BINPERSID`,
+//! `EXT1/2/4` and out-of-band buffers (`NEXT_BUFFER`, `READONLY_BUFFER`) are refused.
+//!
+//! Hard limits keep hostile input bounded: every length is checked against the bytes left, memo
+//! indices must be plausible for the bytes read so far, container nesting is capped, and the VM
+//! never recurses.
+
+use rustc_hash::FxHashMap;
+
+use super::value::{Node, Tree, Val};
+
+/// Why decoding stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PickleErrorKind {
+    /// The input ends before `STOP` (maybe still being written).
+    Truncated,
+    /// Bytes that are not a valid pickle.
+    Invalid,
+    /// A valid opcode memlsp refuses (persistent ids, extension registry, out-of-band buffers).
+    Refused,
+    /// A resource limit was hit (nesting depth, memo size, object count).
+    Limit,
+}
+
+/// A decoding error at a byte offset.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PickleError {
+    pub offset: u64,
+    pub kind: PickleErrorKind,
+    pub message: String,
+}
+
+impl std::fmt::Display for PickleError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "at byte {}: {}", self.offset, self.message)
+    }
+}
+
+/// Resource limits. Defaults suit snapshots of any size; lengths are always checked against the
+/// remaining input, so they are relative to the file size by construction.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Maximum container nesting depth.
+    pub max_depth: u32,
+    /// Maximum number of values on the VM stack.
+    pub max_stack: usize,
+    /// Stop at the first `GLOBAL`/`STACK_GLOBAL`/`INST` instead of recording it (data-only files
+    /// such as memory snapshots never contain one).
+    pub refuse_globals: bool,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_depth: 1000,
+            max_stack: 1 << 22,
+            refuse_globals: false,
+        }
+    }
+}
+
+/// Decode a whole pickle held in memory. Strings point into `data`.
+pub fn decode(data: &[u8]) -> Result<Tree<'_>, PickleError> {
+    decode_with(data, &Limits::default())
+}
+
+/// [`decode`] with explicit limits.
+pub fn decode_with<'a>(data: &'a [u8], limits: &Limits) -> Result<Tree<'a>, PickleError> {
+    let mut vm = Vm {
+        d: data,
+        p: 0,
+        op_at: 0,
+        tree: Tree {
+            data,
+            nodes: Vec::with_capacity(data.len() / 64),
+            pool: Vec::with_capacity(data.len() / 16),
+            shapes: Vec::new(),
+            root: Val::NONE,
+            protocol: None,
+        },
+        stack: Vec::with_capacity(64),
+        marks: Vec::with_capacity(16),
+        memo: Vec::new(),
+        depth: Vec::new(),
+        shape_ids: FxHashMap::default(),
+        limits: limits.clone(),
+    };
+    vm.run()?;
+    Ok(vm.tree)
+}
+
+const MARK: Val = Val::NONE; // never read back: marks are positions in `marks`
+const MAX_SHAPES: usize = 1 << 16;
+const MAX_SHAPE_KEYS: usize = 64;
+
+struct Vm<'a> {
+    d: &'a [u8],
+    p: usize,
+    /// Offset of the opcode being executed (for errors).
+    op_at: usize,
+    tree: Tree<'a>,
+    stack: Vec<Val>,
+    marks: Vec<usize>,
+    memo: Vec<Val>,
+    /// Nesting depth per node id (containers only matter; others are 0).
+    depth: Vec<u16>,
+    shape_ids: FxHashMap<Box<[Val]>, u32>,
+    limits: Limits,
+}
+
+type R<T> = Result<T, PickleError>;
+
+impl<'a> Vm<'a> {
+    fn err(&self, kind: PickleErrorKind, message: impl Into<String>) -> PickleError {
+        PickleError {
+            offset: self.op_at as u64,
+            kind,
+            message: message.into(),
+        }
+    }
+
+    fn truncated(&self, what: &str) -> PickleError {
+        PickleError {
+            offset: self.p as u64,
+            kind: PickleErrorKind::Truncated,
+            message: format!("file ends inside {what} (no STOP opcode yet)"),
+        }
+    }
+
+    #[inline]
+    fn byte(&mut self) -> R<u8> {
+        match self.d.get(self.p) {
+            Some(&b) => {
+                self.p += 1;
+                Ok(b)
+            }
+            None => Err(self.truncated("an opcode argument")),
+        }
+    }
+
+    #[inline]
+    fn take(&mut self, n: usize) -> R<&'a [u8]> {
+        let left = self.d.len() - self.p;
+        if n > left {
+            return Err(PickleError {
+                offset: self.op_at as u64,
+                kind: PickleErrorKind::Truncated,
+                message: format!(
+                    "a length of {n} bytes runs past the end of the file ({left} bytes left)"
+                ),
+            });
+        }
+        let s = &self.d[self.p..self.p + n];
+        self.p += n;
+        Ok(s)
+    }
+
+    #[inline]
+    fn u16(&mut self) -> R<u16> {
+        let b = self.take(2)?;
+        Ok(u16::from_le_bytes([b[0], b[1]]))
+    }
+
+    #[inline]
+    fn u32(&mut self) -> R<u32> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    #[inline]
+    fn u64(&mut self) -> R<u64> {
+        let b = self.take(8)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    }
+
+    /// A length field checked against the remaining input (a 2^62 length allocates nothing).
+    fn len_of(&self, n: u64) -> R<usize> {
+        let left = (self.d.len() - self.p) as u64;
+        if n > left {
+            return Err(PickleError {
+                offset: self.op_at as u64,
+                kind: PickleErrorKind::Truncated,
+                message: format!(
+                    "a length of {n} bytes runs past the end of the file ({left} bytes left)"
+                ),
+            });
+        }
+        Ok(n as usize)
+    }
+
+    /// A newline-terminated argument of the text opcodes.
+    fn line(&mut self) -> R<&'a [u8]> {
+        let rest = &self.d[self.p..];
+        match rest.iter().position(|&b| b == b'\n') {
+            Some(i) => {
+                self.p += i + 1;
+                Ok(&rest[..i])
+            }
+            None => Err(self.truncated("a text argument")),
+        }
+    }
+
+    #[inline]
+    fn push(&mut self, v: Val) -> R<()> {
+        if self.stack.len() >= self.limits.max_stack {
+            return Err(self.err(
+                PickleErrorKind::Limit,
+                format!("more than {} values on the stack", self.limits.max_stack),
+            ));
+        }
+        self.stack.push(v);
+        Ok(())
+    }
+
+    #[inline]
+    fn pop(&mut self) -> R<Val> {
+        if self.marks.last().is_some_and(|&m| m >= self.stack.len()) {
+            return Err(self.err(
+                PickleErrorKind::Invalid,
+                "stack underflow: pop across a MARK",
+            ));
+        }
+        self.stack
+            .pop()
+            .ok_or_else(|| self.err(PickleErrorKind::Invalid, "stack underflow"))
+    }
+
+    #[inline]
+    fn top(&self) -> R<Val> {
+        match self.stack.last() {
+            Some(&v) if self.marks.last().is_none_or(|&m| m < self.stack.len()) => Ok(v),
+            _ => Err(self.err(
+                PickleErrorKind::Invalid,
+                "stack underflow: no object to modify",
+            )),
+        }
+    }
+
+    fn pop_mark(&mut self) -> R<usize> {
+        self.marks
+            .pop()
+            .ok_or_else(|| self.err(PickleErrorKind::Invalid, "no MARK on the stack"))
+    }
+
+    fn new_node(&mut self, n: Node) -> R<Val> {
+        let v = self
+            .tree
+            .push_node(n)
+            .map_err(|m| self.err(PickleErrorKind::Limit, m))?;
+        Ok(v)
+    }
+
+    fn depth_of(&self, v: Val) -> u16 {
+        v.node_id()
+            .and_then(|i| self.depth.get(i as usize).copied())
+            .unwrap_or(0)
+    }
+
+    /// Record that `parent` now contains `children`; refuse nesting beyond the limit.
+    fn nest(&mut self, parent: Val, children: &[Val]) -> R<()> {
+        let Some(pid) = parent.node_id() else {
+            return Ok(());
+        };
+        let mut d = self.depth_of(parent);
+        for &c in children {
+            d = d.max(self.depth_of(c).saturating_add(1));
+        }
+        if d as u32 > self.limits.max_depth {
+            return Err(self.err(
+                PickleErrorKind::Limit,
+                format!(
+                    "containers nested more than {} levels deep",
+                    self.limits.max_depth
+                ),
+            ));
+        }
+        let pid = pid as usize;
+        if self.depth.len() <= pid {
+            self.depth.resize(pid + 1, 0);
+        }
+        self.depth[pid] = d;
+        Ok(())
+    }
+
+    fn pool_push(&mut self, items: &[Val]) -> R<u32> {
+        let start = self.tree.pool.len();
+        if start + items.len() > u32::MAX as usize {
+            return Err(self.err(PickleErrorKind::Limit, "more than 2^32 container items"));
+        }
+        self.tree.pool.extend_from_slice(items);
+        Ok(start as u32)
+    }
+
+    fn new_str(&mut self, bytes: &'a [u8]) -> R<Val> {
+        let start = bytes.as_ptr() as usize - self.d.as_ptr() as usize;
+        let len = u32::try_from(bytes.len())
+            .map_err(|_| self.err(PickleErrorKind::Limit, "string longer than 4 GiB"))?;
+        let (lo, hi) = super::value::join_offset(start)
+            .ok_or_else(|| self.err(PickleErrorKind::Limit, "input larger than 256 TiB"))?;
+        let node = match std::str::from_utf8(bytes) {
+            Ok(_) => Node::Str { lo, hi, len },
+            // CPython writes lone surrogates with 'surrogatepass'; keep the text, lossy.
+            Err(_) => Node::OwnedStr(Box::new(String::from_utf8_lossy(bytes).into_owned())),
+        };
+        self.new_node(node)
+    }
+
+    fn new_bytes(&mut self, bytes: &'a [u8]) -> R<Val> {
+        let start = bytes.as_ptr() as usize - self.d.as_ptr() as usize;
+        let len = u32::try_from(bytes.len())
+            .map_err(|_| self.err(PickleErrorKind::Limit, "bytes longer than 4 GiB"))?;
+        let (lo, hi) = super::value::join_offset(start)
+            .ok_or_else(|| self.err(PickleErrorKind::Limit, "input larger than 256 TiB"))?;
+        self.new_node(Node::Bytes { lo, hi, len })
+    }
+
+    fn new_long(&mut self, bytes: &[u8]) -> R<Val> {
+        // Fast path: fits in an inline int.
+        if bytes.len() <= 8 {
+            let mut v: i64 = 0;
+            for (i, &b) in bytes.iter().enumerate() {
+                v |= (b as i64) << (8 * i);
+            }
+            if !bytes.is_empty() && bytes.len() < 8 && bytes[bytes.len() - 1] & 0x80 != 0 {
+                v -= 1i64 << (8 * bytes.len());
+            }
+            if let Some(val) = Val::small_int(v) {
+                return Ok(val);
+            }
+        }
+        self.new_node(Node::BigInt(Box::new(bytes.to_vec())))
+    }
+
+    fn int_val(&mut self, v: i64) -> R<Val> {
+        match Val::small_int(v) {
+            Some(val) => Ok(val),
+            None => self.new_node(Node::BigInt(Box::new(v.to_le_bytes().to_vec()))),
+        }
+    }
+
+    fn memo_put(&mut self, idx: usize) -> R<()> {
+        let v = self.top()?;
+        // Each memo slot costs at least one opcode byte to fill, so an index far beyond the bytes
+        // read so far can only come from a hostile file.
+        if idx > self.p.saturating_mul(2) + 1024 {
+            return Err(self.err(
+                PickleErrorKind::Limit,
+                format!("memo index {idx} is implausible at this offset"),
+            ));
+        }
+        if idx >= self.memo.len() {
+            self.memo.resize(idx + 1, Val::NONE);
+        }
+        self.memo[idx] = v;
+        Ok(())
+    }
+
+    fn memo_get(&mut self, idx: usize) -> R<()> {
+        match self.memo.get(idx) {
+            Some(&v) => self.push(v),
+            None => Err(self.err(
+                PickleErrorKind::Invalid,
+                format!("memo index {idx} was never stored"),
+            )),
+        }
+    }
+
+    fn append_items(&mut self, list: Val, items_from: usize) -> R<()> {
+        let items: Vec<Val> = self.stack.drain(items_from..).collect();
+        self.nest(list, &items)?;
+        let pool_len = self.tree.pool.len() as u32;
+        enum Plan {
+            PoolNew,
+            PoolExtend,
+            MakeOwned(u32, u32),
+            Owned,
+        }
+        let plan = match self.tree.node_mut(list) {
+            Some(Node::List { len: 0, .. }) => Plan::PoolNew,
+            Some(Node::List { start, len }) if *start + *len == pool_len => Plan::PoolExtend,
+            Some(Node::List { start, len }) => Plan::MakeOwned(*start, *len),
+            Some(Node::OwnedList(_) | Node::Set(_)) => Plan::Owned,
+            _ => {
+                let what = self.tree.describe(list);
+                return Err(self.err(
+                    PickleErrorKind::Invalid,
+                    format!("APPEND to {what}, not a list"),
+                ));
+            }
+        };
+        match plan {
+            Plan::PoolNew | Plan::PoolExtend => {
+                let start = self.pool_push(&items)?;
+                if let Some(Node::List { start: s, len }) = self.tree.node_mut(list) {
+                    if matches!(plan, Plan::PoolNew) {
+                        *s = start;
+                    }
+                    *len += items.len() as u32;
+                }
+            }
+            Plan::MakeOwned(s, l) => {
+                let mut owned: Vec<Val> = self.tree.pool[s as usize..(s + l) as usize].to_vec();
+                owned.extend_from_slice(&items);
+                if let Some(n) = self.tree.node_mut(list) {
+                    *n = Node::OwnedList(Box::new(owned));
+                }
+            }
+            Plan::Owned => {
+                if let Some(Node::OwnedList(v) | Node::Set(v)) = self.tree.node_mut(list) {
+                    v.extend_from_slice(&items);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn set_items(&mut self, dict: Val, items_from: usize) -> R<()> {
+        let n = self.stack.len() - items_from;
+        if n % 2 != 0 {
+            return Err(self.err(
+                PickleErrorKind::Invalid,
+                "SETITEMS with an odd number of items",
+            ));
+        }
+        let items: Vec<Val> = self.stack.drain(items_from..).collect();
+        self.nest(dict, &items)?;
+        let fresh = match self.tree.node_mut(dict) {
+            Some(Node::Dict { shape, .. }) => *shape == u32::MAX,
+            Some(Node::OwnedDict(_)) => false,
+            _ => {
+                let what = self.tree.describe(dict);
+                return Err(self.err(
+                    PickleErrorKind::Invalid,
+                    format!("SETITEM on {what}, not a dict"),
+                ));
+            }
+        };
+        if fresh && !items.is_empty() {
+            // A fresh dict: give it a shared shape when it can have one.
+            let keys: Vec<Val> = items.iter().step_by(2).copied().collect();
+            if let Some(shape) = self.shape_for(&keys) {
+                let values: Vec<Val> = items.iter().skip(1).step_by(2).copied().collect();
+                let start = self.pool_push(&values)?;
+                if let Some(node) = self.tree.node_mut(dict) {
+                    *node = Node::Dict { shape, start };
+                }
+                return Ok(());
+            }
+        }
+        for pair in items.chunks_exact(2) {
+            self.dict_insert(dict, pair[0], pair[1]);
+        }
+        Ok(())
+    }
+
+    /// Insert with Python semantics: an equal key replaces the old value.
+    fn dict_insert(&mut self, dict: Val, k: Val, v: Val) {
+        // Convert a shaped dict to owned first.
+        let shaped = match self.tree.node_mut(dict) {
+            Some(Node::Dict { shape, start }) if *shape != u32::MAX => Some((*shape, *start)),
+            Some(Node::Dict { .. }) => Some((u32::MAX, 0)),
+            _ => None,
+        };
+        if let Some((shape, start)) = shaped {
+            let pairs: Vec<(Val, Val)> = if shape == u32::MAX {
+                Vec::new()
+            } else {
+                let keys = self.tree.shapes[shape as usize].clone();
+                keys.iter()
+                    .enumerate()
+                    .map(|(i, &k)| (k, self.tree.pool[start as usize + i]))
+                    .collect()
+            };
+            if let Some(node) = self.tree.node_mut(dict) {
+                *node = Node::OwnedDict(Box::new(pairs));
+            }
+        }
+        let pos = match self
+            .tree
+            .nodes
+            .get(dict.node_id().unwrap_or(u32::MAX) as usize)
+        {
+            Some(Node::OwnedDict(p)) => p
+                .iter()
+                .position(|(old, _)| keys_equal(&self.tree, *old, k)),
+            _ => return,
+        };
+        if let Some(Node::OwnedDict(p)) = self.tree.node_mut(dict) {
+            match pos {
+                Some(i) => p[i].1 = v,
+                None => p.push((k, v)),
+            }
+        }
+    }
+
+    /// Shape id for a key sequence, or `None` when the dict should be stored owned (duplicate
+    /// keys, too many keys, too many shapes).
+    fn shape_for(&mut self, keys: &[Val]) -> Option<u32> {
+        if keys.len() > MAX_SHAPE_KEYS {
+            return None;
+        }
+        if let Some(&id) = self.shape_ids.get(keys) {
+            return Some(id);
+        }
+        if self.tree.shapes.len() >= MAX_SHAPES {
+            return None;
+        }
+        // A new shape: refuse duplicate keys (by value), so shaped dicts are real Python dicts.
+        for i in 0..keys.len() {
+            for j in 0..i {
+                if keys_equal(&self.tree, keys[i], keys[j]) {
+                    return None;
+                }
+            }
+        }
+        let id = self.tree.shapes.len() as u32;
+        let boxed: Box<[Val]> = keys.into();
+        self.tree.shapes.push(boxed.clone());
+        self.shape_ids.insert(boxed, id);
+        Some(id)
+    }
+
+    fn tuple_from(&mut self, from: usize) -> R<Val> {
+        let items: Vec<Val> = self.stack.drain(from..).collect();
+        self.tuple_of(&items)
+    }
+
+    fn tuple_of(&mut self, items: &[Val]) -> R<Val> {
+        let start = self.pool_push(items)?;
+        let v = self.new_node(Node::Tuple {
+            start,
+            len: items.len() as u32,
+        })?;
+        self.nest(v, items)?;
+        Ok(v)
+    }
+
+    fn record_call(&mut self, callable: Val, args: Val, state: Val) -> R<Val> {
+        let v = self.new_node(Node::Call(Box::new((callable, args, state))))?;
+        self.nest(v, &[callable, args, state])?;
+        Ok(v)
+    }
+
+    fn text_str(&mut self, s: &'a [u8]) -> R<Val> {
+        match std::str::from_utf8(s) {
+            Ok(_) => self.new_str(s),
+            Err(_) => self.new_node(Node::OwnedStr(Box::new(
+                String::from_utf8_lossy(s).into_owned(),
+            ))),
+        }
+    }
+
+    fn run(&mut self) -> R<()> {
+        use PickleErrorKind::*;
+        loop {
+            self.op_at = self.p;
+            let op = match self.d.get(self.p) {
+                Some(&b) => b,
+                None => {
+                    return Err(PickleError {
+                        offset: self.p as u64,
+                        kind: Truncated,
+                        message: if self.p == 0 {
+                            "the file is empty".into()
+                        } else {
+                            "file ends before the STOP opcode (still being written, or cut short)"
+                                .into()
+                        },
+                    });
+                }
+            };
+            self.p += 1;
+            match op {
+                // ---- framing / control ----
+                0x80 => {
+                    let proto = self.byte()?;
+                    if proto > 5 {
+                        return Err(
+                            self.err(Invalid, format!("unsupported pickle protocol {proto}"))
+                        );
+                    }
+                    self.tree.protocol = Some(proto);
+                }
+                0x95 => {
+                    let n = self.u64()?;
+                    // A frame only announces how many bytes follow; opcodes are read as usual.
+                    let left = (self.d.len() - self.p) as u64;
+                    if n > left {
+                        return Err(PickleError {
+                            offset: self.op_at as u64,
+                            kind: Truncated,
+                            message: format!(
+                                "a frame of {n} bytes runs past the end of the file ({left} bytes left)"
+                            ),
+                        });
+                    }
+                }
+                b'.' => {
+                    let root = self.pop()?;
+                    self.tree.root = root;
+                    return Ok(());
+                }
+                b'(' => {
+                    if self.marks.len() >= self.limits.max_depth as usize {
+                        return Err(self.err(
+                            Limit,
+                            format!("more than {} nested MARKs", self.limits.max_depth),
+                        ));
+                    }
+                    self.marks.push(self.stack.len());
+                }
+                b'0' => {
+                    // POP: discards the top item, or the topmost mark if it is on top.
+                    if self.marks.last() == Some(&self.stack.len()) {
+                        self.marks.pop();
+                    } else {
+                        self.pop()?;
+                    }
+                }
+                b'1' => {
+                    let m = self.pop_mark()?;
+                    self.stack.truncate(m);
+                }
+                b'2' => {
+                    let v = self.top()?;
+                    self.push(v)?;
+                }
+                // ---- constants and numbers ----
+                b'N' => self.push(Val::NONE)?,
+                0x88 => self.push(Val::TRUE)?,
+                0x89 => self.push(Val::FALSE)?,
+                b'K' => {
+                    let b = self.byte()?;
+                    self.push(Val::small_int(b as i64).unwrap_or(Val::NONE))?;
+                }
+                b'M' => {
+                    let v = self.u16()?;
+                    self.push(Val::small_int(v as i64).unwrap_or(Val::NONE))?;
+                }
+                b'J' => {
+                    let v = self.u32()? as i32 as i64;
+                    self.push(Val::small_int(v).unwrap_or(Val::NONE))?;
+                }
+                0x8a => {
+                    let n = self.byte()? as usize;
+                    let b = self.take(n)?;
+                    let v = self.new_long(b)?;
+                    self.push(v)?;
+                }
+                0x8b => {
+                    let n = self.u32()? as i32;
+                    if n < 0 {
+                        return Err(self.err(Invalid, "LONG4 with a negative length"));
+                    }
+                    let n = self.len_of(n as u64)?;
+                    let b = self.take(n)?;
+                    let v = self.new_long(b)?;
+                    self.push(v)?;
+                }
+                b'G' => {
+                    let b = self.take(8)?;
+                    let mut a = [0u8; 8];
+                    a.copy_from_slice(b);
+                    let v = self.new_node(Node::Float(f64::from_be_bytes(a)))?;
+                    self.push(v)?;
+                }
+                b'I' => {
+                    let line = self.line()?;
+                    let v = match line {
+                        b"01" => Val::TRUE,
+                        b"00" => Val::FALSE,
+                        _ => {
+                            let s = std::str::from_utf8(line)
+                                .ok()
+                                .and_then(|s| s.trim().parse::<i64>().ok());
+                            match s {
+                                Some(i) => self.int_val(i)?,
+                                None => {
+                                    return Err(self.err(Invalid, "INT with a malformed number"));
+                                }
+                            }
+                        }
+                    };
+                    self.push(v)?;
+                }
+                b'L' => {
+                    let line = self.line()?;
+                    let text = std::str::from_utf8(line)
+                        .unwrap_or("")
+                        .trim()
+                        .trim_end_matches('L');
+                    let v = match text.parse::<i128>() {
+                        Ok(i) => {
+                            let bytes = i.to_le_bytes();
+                            self.new_long(&bytes)?
+                        }
+                        Err(_) => {
+                            return Err(
+                                self.err(Invalid, "LONG with a malformed or over-128-bit number")
+                            );
+                        }
+                    };
+                    self.push(v)?;
+                }
+                b'F' => {
+                    let line = self.line()?;
+                    let f = std::str::from_utf8(line)
+                        .ok()
+                        .and_then(|s| s.trim().parse::<f64>().ok());
+                    let Some(f) = f else {
+                        return Err(self.err(Invalid, "FLOAT with a malformed number"));
+                    };
+                    let v = self.new_node(Node::Float(f))?;
+                    self.push(v)?;
+                }
+                // ---- strings and bytes ----
+                0x8c => {
+                    let n = self.byte()? as usize;
+                    let b = self.take(n)?;
+                    let v = self.new_str(b)?;
+                    self.push(v)?;
+                }
+                b'X' => {
+                    let n = self.u32()? as u64;
+                    let n = self.len_of(n)?;
+                    let b = self.take(n)?;
+                    let v = self.new_str(b)?;
+                    self.push(v)?;
+                }
+                0x8d => {
+                    let n = self.u64()?;
+                    let n = self.len_of(n)?;
+                    let b = self.take(n)?;
+                    let v = self.new_str(b)?;
+                    self.push(v)?;
+                }
+                b'V' => {
+                    let line = self.line()?;
+                    let s = raw_unicode_unescape(line);
+                    let v = self.new_node(Node::OwnedStr(Box::new(s)))?;
+                    self.push(v)?;
+                }
+                b'S' => {
+                    let line = self.line()?;
+                    let Some(s) = py_repr_unquote(line) else {
+                        return Err(self.err(Invalid, "STRING argument is not a quoted string"));
+                    };
+                    let v = self.new_node(Node::OwnedStr(Box::new(
+                        String::from_utf8_lossy(&s).into_owned(),
+                    )))?;
+                    self.push(v)?;
+                }
+                b'T' => {
+                    let n = self.u32()? as i32;
+                    if n < 0 {
+                        return Err(self.err(Invalid, "BINSTRING with a negative length"));
+                    }
+                    let n = self.len_of(n as u64)?;
+                    let b = self.take(n)?;
+                    let v = self.text_str(b)?;
+                    self.push(v)?;
+                }
+                b'U' => {
+                    let n = self.byte()? as usize;
+                    let b = self.take(n)?;
+                    let v = self.text_str(b)?;
+                    self.push(v)?;
+                }
+                b'B' => {
+                    let n = self.u32()? as u64;
+                    let n = self.len_of(n)?;
+                    let b = self.take(n)?;
+                    let v = self.new_bytes(b)?;
+                    self.push(v)?;
+                }
+                b'C' => {
+                    let n = self.byte()? as usize;
+                    let b = self.take(n)?;
+                    let v = self.new_bytes(b)?;
+                    self.push(v)?;
+                }
+                0x8e | 0x96 => {
+                    let n = self.u64()?;
+                    let n = self.len_of(n)?;
+                    let b = self.take(n)?;
+                    let v = self.new_bytes(b)?;
+                    self.push(v)?;
+                }
+                // ---- containers ----
+                b']' => {
+                    let v = self.new_node(Node::List { start: 0, len: 0 })?;
+                    self.push(v)?;
+                }
+                b'l' => {
+                    let m = self.pop_mark()?;
+                    let v = self.new_node(Node::List { start: 0, len: 0 })?;
+                    self.append_items(v, m)?;
+                    self.push(v)?;
+                }
+                b'}' => {
+                    let v = self.new_node(Node::Dict {
+                        shape: u32::MAX,
+                        start: 0,
+                    })?;
+                    self.push(v)?;
+                }
+                b'd' => {
+                    let m = self.pop_mark()?;
+                    let v = self.new_node(Node::Dict {
+                        shape: u32::MAX,
+                        start: 0,
+                    })?;
+                    self.set_items(v, m)?;
+                    self.push(v)?;
+                }
+                b')' => {
+                    let v = self.tuple_of(&[])?;
+                    self.push(v)?;
+                }
+                b't' => {
+                    let m = self.pop_mark()?;
+                    let v = self.tuple_from(m)?;
+                    self.push(v)?;
+                }
+                0x85..=0x87 => {
+                    let n = (op - 0x84) as usize;
+                    let floor = self.marks.last().copied().unwrap_or(0);
+                    if self.stack.len() < floor + n {
+                        return Err(self.err(Invalid, "stack underflow building a tuple"));
+                    }
+                    let from = self.stack.len() - n;
+                    let v = self.tuple_from(from)?;
+                    self.push(v)?;
+                }
+                b'a' => {
+                    let item = self.pop()?;
+                    let list = self.top()?;
+                    self.push(item)?;
+                    let from = self.stack.len() - 1;
+                    self.append_items(list, from)?;
+                }
+                b'e' => {
+                    let m = self.pop_mark()?;
+                    let list = self.top_below(m)?;
+                    self.append_items(list, m)?;
+                }
+                b's' => {
+                    let v = self.pop()?;
+                    let k = self.pop()?;
+                    let dict = self.top()?;
+                    self.push(k)?;
+                    self.push(v)?;
+                    let from = self.stack.len() - 2;
+                    self.set_items(dict, from)?;
+                }
+                b'u' => {
+                    let m = self.pop_mark()?;
+                    let dict = self.top_below(m)?;
+                    self.set_items(dict, m)?;
+                }
+                0x8f => {
+                    let v = self.new_node(Node::Set(Box::default()))?;
+                    self.push(v)?;
+                }
+                0x90 => {
+                    let m = self.pop_mark()?;
+                    let set = self.top_below(m)?;
+                    if !matches!(self.tree.node_mut(set), Some(Node::Set(_))) {
+                        return Err(self.err(Invalid, "ADDITEMS on something that is not a set"));
+                    }
+                    self.append_items(set, m)?;
+                }
+                0x91 => {
+                    let m = self.pop_mark()?;
+                    let items: Vec<Val> = self.stack.drain(m..).collect();
+                    let v = self.new_node(Node::Set(Box::new(items.clone())))?;
+                    self.nest(v, &items)?;
+                    self.push(v)?;
+                }
+                // ---- memo ----
+                0x94 => {
+                    let i = self.memo.len();
+                    self.memo_put(i)?;
+                }
+                b'q' => {
+                    let i = self.byte()? as usize;
+                    self.memo_put(i)?;
+                }
+                b'r' => {
+                    let i = self.u32()? as usize;
+                    self.memo_put(i)?;
+                }
+                b'p' => {
+                    let line = self.line()?;
+                    let Some(i) = std::str::from_utf8(line)
+                        .ok()
+                        .and_then(|s| s.trim().parse::<usize>().ok())
+                    else {
+                        return Err(self.err(Invalid, "PUT with a malformed index"));
+                    };
+                    self.memo_put(i)?;
+                }
+                b'h' => {
+                    let i = self.byte()? as usize;
+                    self.memo_get(i)?;
+                }
+                b'j' => {
+                    let i = self.u32()? as usize;
+                    self.memo_get(i)?;
+                }
+                b'g' => {
+                    let line = self.line()?;
+                    let Some(i) = std::str::from_utf8(line)
+                        .ok()
+                        .and_then(|s| s.trim().parse::<usize>().ok())
+                    else {
+                        return Err(self.err(Invalid, "GET with a malformed index"));
+                    };
+                    self.memo_get(i)?;
+                }
+                // ---- code: recorded, never executed ----
+                b'c' => {
+                    let module = self.line()?;
+                    let name = self.line()?;
+                    if self.limits.refuse_globals {
+                        let (m, n) = (
+                            String::from_utf8_lossy(module),
+                            String::from_utf8_lossy(name),
+                        );
+                        return Err(self.refuse_code(&format!("{m}.{n}")));
+                    }
+                    let m = self.text_str(module)?;
+                    let n = self.text_str(name)?;
+                    let v = self.new_node(Node::Global(Box::new((m, n))))?;
+                    self.push(v)?;
+                }
+                0x93 => {
+                    let name = self.pop()?;
+                    let module = self.pop()?;
+                    if self.limits.refuse_globals {
+                        let what = format!(
+                            "{}.{}",
+                            self.tree.str(module).unwrap_or("?"),
+                            self.tree.str(name).unwrap_or("?")
+                        );
+                        return Err(self.refuse_code(&what));
+                    }
+                    let v = self.new_node(Node::Global(Box::new((module, name))))?;
+                    self.push(v)?;
+                }
+                b'R' => {
+                    let args = self.pop()?;
+                    let callable = self.pop()?;
+                    let v = self.record_call(callable, args, Val::NONE)?;
+                    self.push(v)?;
+                }
+                0x81 => {
+                    let args = self.pop()?;
+                    let cls = self.pop()?;
+                    let v = self.record_call(cls, args, Val::NONE)?;
+                    self.push(v)?;
+                }
+                0x92 => {
+                    let kwargs = self.pop()?;
+                    let args = self.pop()?;
+                    let cls = self.pop()?;
+                    let both = self.tuple_of(&[args, kwargs])?;
+                    let v = self.record_call(cls, both, Val::NONE)?;
+                    self.push(v)?;
+                }
+                b'b' => {
+                    let state = self.pop()?;
+                    let obj = self.pop()?;
+                    let v = self.record_call(obj, Val::NONE, state)?;
+                    self.push(v)?;
+                }
+                b'i' => {
+                    let module = self.line()?;
+                    let name = self.line()?;
+                    if self.limits.refuse_globals {
+                        let (m, n) = (
+                            String::from_utf8_lossy(module),
+                            String::from_utf8_lossy(name),
+                        );
+                        return Err(self.refuse_code(&format!("{m}.{n}")));
+                    }
+                    let m = self.pop_mark()?;
+                    let args = self.tuple_from(m)?;
+                    let mv = self.text_str(module)?;
+                    let nv = self.text_str(name)?;
+                    let g = self.new_node(Node::Global(Box::new((mv, nv))))?;
+                    let v = self.record_call(g, args, Val::NONE)?;
+                    self.push(v)?;
+                }
+                b'o' => {
+                    let m = self.pop_mark()?;
+                    if self.stack.len() <= m {
+                        return Err(self.err(Invalid, "OBJ without a class"));
+                    }
+                    let cls = self.stack[m];
+                    let args = self.tuple_from(m + 1)?;
+                    self.stack.truncate(m);
+                    let v = self.record_call(cls, args, Val::NONE)?;
+                    self.push(v)?;
+                }
+                b'P' | b'Q' => {
+                    return Err(self.err(
+                        Refused,
+                        "persistent ids (PERSID) are not supported: this is not a memory snapshot",
+                    ));
+                }
+                0x82..=0x84 => {
+                    return Err(self.err(
+                        Refused,
+                        "extension-registry opcodes (EXT1/2/4) are not supported",
+                    ));
+                }
+                0x97 | 0x98 => {
+                    return Err(self.err(
+                        Refused,
+                        "out-of-band buffers (pickle protocol 5 NEXT_BUFFER) are not supported",
+                    ));
+                }
+                _ => {
+                    return Err(self.err(Invalid, format!("unknown pickle opcode 0x{op:02x}")));
+                }
+            }
+        }
+    }
+
+    fn refuse_code(&self, what: &str) -> PickleError {
+        self.err(
+            PickleErrorKind::Refused,
+            format!("the pickle references code (`{what}`); memory snapshots contain only data, so the file is refused and nothing was imported or run"),
+        )
+    }
+
+    /// The object below the items that start at `mark` (the list/dict being extended).
+    fn top_below(&self, mark: usize) -> R<Val> {
+        if mark == 0 {
+            return Err(self.err(PickleErrorKind::Invalid, "no object below the MARK"));
+        }
+        if self.marks.last().is_some_and(|&m| m >= mark) {
+            return Err(self.err(PickleErrorKind::Invalid, "no object below the MARK"));
+        }
+        Ok(self.stack[mark - 1])
+    }
+}
+
+// Silence "unused" for the placeholder constant in builds without debug assertions.
+const _: Val = MARK;
+
+/// Dict-key equality: identical values, or equal strings / ints.
+fn keys_equal(t: &Tree<'_>, a: Val, b: Val) -> bool {
+    if a == b {
+        return true;
+    }
+    if let (Some(x), Some(y)) = (t.str(a), t.str(b)) {
+        return x == y;
+    }
+    if let (Some(x), Some(y)) = (t.int128(a), t.int128(b)) {
+        return x == y;
+    }
+    false
+}
+
+/// Python `repr()` string literal (protocol 0 `STRING`) → bytes.
+fn py_repr_unquote(line: &[u8]) -> Option<Vec<u8>> {
+    let q = *line.first()?;
+    if !(q == b'\'' || q == b'"') || line.len() < 2 || *line.last()? != q {
+        return None;
+    }
+    let body = &line[1..line.len() - 1];
+    let mut out = Vec::with_capacity(body.len());
+    let mut i = 0;
+    while i < body.len() {
+        let c = body[i];
+        if c != b'\\' || i + 1 >= body.len() {
+            out.push(c);
+            i += 1;
+            continue;
+        }
+        let e = body[i + 1];
+        i += 2;
+        match e {
+            b'n' => out.push(b'\n'),
+            b't' => out.push(b'\t'),
+            b'r' => out.push(b'\r'),
+            b'0' => out.push(0),
+            b'\\' | b'\'' | b'"' => out.push(e),
+            b'x' if i + 2 <= body.len() => {
+                let hex = std::str::from_utf8(&body[i..i + 2]).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 2;
+            }
+            _ => {
+                out.push(b'\\');
+                out.push(e);
+            }
+        }
+    }
+    Some(out)
+}
+
+/// `raw-unicode-escape` (protocol 0 `UNICODE`): `\uXXXX` and `\UXXXXXXXX` escapes, bytes as latin-1.
+fn raw_unicode_unescape(line: &[u8]) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut i = 0;
+    while i < line.len() {
+        let c = line[i];
+        if c == b'\\' && i + 1 < line.len() && (line[i + 1] == b'u' || line[i + 1] == b'U') {
+            let n = if line[i + 1] == b'u' { 4 } else { 8 };
+            if let Some(hex) = line.get(i + 2..i + 2 + n) {
+                if let Some(ch) = std::str::from_utf8(hex)
+                    .ok()
+                    .and_then(|h| u32::from_str_radix(h, 16).ok())
+                    .and_then(char::from_u32)
+                {
+                    out.push(ch);
+                    i += 2 + n;
+                    continue;
+                }
+            }
+        }
+        out.push(c as char);
+        i += 1;
+    }
+    out
+}

@@ -1,0 +1,128 @@
+//! Every real snapshot in `../shared/torch_snapshots/real/` decodes, and the decoded model agrees
+//! with the oracle's raw counts (segments, blocks per state, segment field sums, trace entries,
+//! actions). The analyses' numbers are checked separately in `torch_oracle.rs`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use memlsp::torch::load::{LoadOptions, load_snapshot};
+use memlsp::torch::model::BlockState;
+use serde_json::Value;
+
+#[test]
+fn every_real_snapshot_decodes_to_the_oracle_counts() {
+    let Some(dir) = memlsp::testdata::shared("torch_snapshots") else {
+        return;
+    };
+    let mut files: Vec<_> = std::fs::read_dir(dir.join("real"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 25, "expected the 25 real snapshots");
+    for path in files {
+        let name = path.file_name().unwrap().to_str().unwrap().to_string();
+        let oracle: Value = serde_json::from_slice(
+            &std::fs::read(dir.join("oracle").join(format!("{name}.json"))).unwrap(),
+        )
+        .unwrap();
+        let snap =
+            load_snapshot(&path, &LoadOptions::default()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        check(&name, &oracle, &snap, &path);
+    }
+}
+
+fn check(name: &str, o: &Value, s: &memlsp::torch::model::Snapshot, _path: &Path) {
+    let mem = &o["memory"]["overall"];
+    assert_eq!(
+        s.segments.len() as u64,
+        mem["segment_count"].as_u64().unwrap(),
+        "{name}: segment_count"
+    );
+    let blocks: usize = s.segments.iter().map(|g| g.blocks.len()).sum();
+    assert_eq!(
+        blocks as u64,
+        mem["block_total"].as_u64().unwrap(),
+        "{name}: block_total"
+    );
+    let count = |st: BlockState| {
+        s.segments
+            .iter()
+            .flat_map(|g| &g.blocks)
+            .filter(|b| b.state == st)
+            .count() as u64
+    };
+    assert_eq!(
+        count(BlockState::ActiveAllocated),
+        mem["block_count"]["active_allocated"].as_u64().unwrap(),
+        "{name}"
+    );
+    assert_eq!(
+        count(BlockState::Inactive),
+        mem["block_count"]["inactive"].as_u64().unwrap(),
+        "{name}"
+    );
+    let checks = &o["checks"];
+    let sum = |f: fn(&memlsp::torch::model::Segment) -> u64| s.segments.iter().map(f).sum::<u64>();
+    assert_eq!(
+        sum(|g| g.allocated_size),
+        checks["sum_segment_field_allocated_size"].as_u64().unwrap(),
+        "{name}"
+    );
+    assert_eq!(
+        sum(|g| g.active_size),
+        checks["sum_segment_field_active_size"].as_u64().unwrap(),
+        "{name}"
+    );
+    assert_eq!(
+        sum(|g| g.requested_size),
+        checks["sum_segment_field_requested_size"].as_u64().unwrap(),
+        "{name}"
+    );
+    assert_eq!(
+        s.pickle_protocol.map(u64::from),
+        o["pickle_protocol"].as_u64(),
+        "{name}: protocol"
+    );
+    let expected_format = o["format"].as_str().unwrap();
+    let got_format = match s.format {
+        Some(memlsp::torch::model::SnapshotFormat::Dict) => "dict",
+        Some(memlsp::torch::model::SnapshotFormat::SegmentList) => "segment-list",
+        None => "none",
+    };
+    assert_eq!(got_format, expected_format, "{name}");
+    if o["trace"]["present"].as_bool() == Some(true) {
+        let traces = s
+            .device_traces
+            .as_ref()
+            .unwrap_or_else(|| panic!("{name}: traces missing"));
+        for (d, per) in o["trace"]["per_device"].as_object().unwrap() {
+            let d: usize = d.parse().unwrap();
+            assert_eq!(
+                traces[d].len() as u64,
+                per["entries"].as_u64().unwrap(),
+                "{name}: device {d} entries"
+            );
+            let mut actions: BTreeMap<String, u64> = BTreeMap::new();
+            for e in &traces[d] {
+                *actions.entry(e.action.as_str().to_string()).or_default() += 1;
+            }
+            let want: BTreeMap<String, u64> = per["actions"]
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| (k.clone(), v.as_u64().unwrap()))
+                .collect();
+            assert_eq!(actions, want, "{name}: device {d} actions");
+            let first = traces[d].first().and_then(|e| e.time_us);
+            assert_eq!(
+                first,
+                per["first_time_us"].as_i64(),
+                "{name}: device {d} first_time_us"
+            );
+        }
+    } else {
+        assert!(s.device_traces.is_none(), "{name}: unexpected traces");
+    }
+}
