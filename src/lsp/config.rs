@@ -125,13 +125,20 @@ impl Settings {
 
     /// The settings that change analysis results (a change invalidates the cache).
     pub fn options_key(&self) -> (usize, u64, &[String]) {
-        (self.top_sites, self.max_file_bytes, &self.user_frame_excludes)
+        (
+            self.top_sites,
+            self.max_file_bytes,
+            &self.user_frame_excludes,
+        )
     }
 
     /// `pathMappings` with `${workspaceFolder}` expanded and relative local paths joined to the
     /// first root.
     pub fn mappings(&self, roots: &[PathBuf]) -> Vec<(String, PathBuf)> {
-        let first = roots.first().map(PathBuf::as_path).unwrap_or(Path::new("."));
+        let first = roots
+            .first()
+            .map(PathBuf::as_path)
+            .unwrap_or(Path::new("."));
         self.path_mappings
             .iter()
             .map(|(recorded, local)| {

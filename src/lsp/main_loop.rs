@@ -289,7 +289,8 @@ impl Owner {
                 scope_uri: None,
                 section: Some("memlsp".into()),
             };
-            let res = tokio::time::timeout(Duration::from_secs(5), client.configuration(vec![item]));
+            let res =
+                tokio::time::timeout(Duration::from_secs(5), client.configuration(vec![item]));
             if let Ok(Ok(mut values)) = res.await {
                 if let Some(v) = values.pop() {
                     if !v.is_null() {
@@ -525,7 +526,10 @@ impl Owner {
             }
             Outcome::Error(e) if e.is_incomplete() || !stable => {
                 entry.status = Status::Incomplete;
-                eprintln!("memlsp: {} is still being written; retrying on its next change", path.display());
+                eprintln!(
+                    "memlsp: {} is still being written; retrying on its next change",
+                    path.display()
+                );
                 schedule_recheck(&self.tx, &path);
             }
             Outcome::Error(e) => {
@@ -592,8 +596,11 @@ impl Owner {
     }
 
     async fn report_failure(&self, msg: String) {
-        self.log(lsp::MessageType::ERROR, format!("cannot read capture: {msg}"))
-            .await;
+        self.log(
+            lsp::MessageType::ERROR,
+            format!("cannot read capture: {msg}"),
+        )
+        .await;
         self.client
             .show_message(lsp::MessageType::WARNING, format!("memlsp: {msg}"))
             .await;

@@ -101,10 +101,7 @@ fn line_range(line0: u32, text: Option<&str>, enc: Encoding) -> lsp::Range {
     let (start, end) = match text {
         Some(t) => {
             let first = t.len() - t.trim_start().len();
-            (
-                column(t, first as u32, enc),
-                column(t, t.len() as u32, enc),
-            )
+            (column(t, first as u32, enc), column(t, t.len() as u32, enc))
         }
         None => (0, 0),
     };
@@ -147,7 +144,13 @@ pub fn diagnostic(lf: &LineFinding, line_text: Option<&str>, enc: Encoding) -> l
         });
     }
     // The next frames of the allocation stack that resolve, outermost callers last.
-    for fr in lf.frames.iter().skip(1).filter(|fr| fr.local.is_some()).take(5) {
+    for fr in lf
+        .frames
+        .iter()
+        .skip(1)
+        .filter(|fr| fr.local.is_some())
+        .take(5)
+    {
         let Some(u) = fr.local.as_deref().and_then(uri) else {
             continue;
         };
@@ -240,7 +243,12 @@ fn stack_block(frames: &[Frame], filter: &FrameFilter) -> String {
         match filter.classify(&fr.recorded.file) {
             FrameKind::User => {
                 let shown = match &fr.local {
-                    Some(p) => format!("{}:{} {}", p.display(), fr.recorded.line, fr.recorded.function),
+                    Some(p) => format!(
+                        "{}:{} {}",
+                        p.display(),
+                        fr.recorded.line,
+                        fr.recorded.function
+                    ),
                     None => format!("{} (not in the workspace)", frame_label(&fr.recorded)),
                 };
                 out.push_str(&shown);
@@ -302,7 +310,11 @@ pub fn hover_markdown(entry: &LineEntry, filter: &FrameFilter) -> String {
             md.push_str(&stack_block(&lf.frames, filter));
             md.push_str("```\n");
         }
-        md.push_str(&format!("\n[{}]({})\n\n---\n\n", f.code, findings::docs_url(f.code)));
+        md.push_str(&format!(
+            "\n[{}]({})\n\n---\n\n",
+            f.code,
+            findings::docs_url(f.code)
+        ));
     }
     for ls in &entry.sites {
         let s = &ls.site;
@@ -344,9 +356,14 @@ pub fn workspace_edit(
     let mut texts: HashMap<String, Option<String>> = HashMap::new();
     for e in edits {
         let u = uri_of(&e.file)?;
-        let text = texts.entry(e.file.clone()).or_insert_with(|| text_of(&e.file));
+        let text = texts
+            .entry(e.file.clone())
+            .or_insert_with(|| text_of(&e.file));
         let line0 = e.line.saturating_sub(1);
-        let line = text.as_deref().and_then(|t| line_of(t, line0)).unwrap_or("");
+        let line = text
+            .as_deref()
+            .and_then(|t| line_of(t, line0))
+            .unwrap_or("");
         let range = lsp::Range::new(
             lsp::Position::new(line0, column(line, e.start_col, enc)),
             lsp::Position::new(line0, column(line, e.end_col, enc)),
@@ -373,8 +390,14 @@ mod tests {
         // é is 2 bytes / 1 unit, 𝄞 is 4 bytes / 2 units.
         assert_eq!(column(line, b, Encoding::Utf16), b - 1 - 2);
         assert_eq!(column(line, b, Encoding::Utf8), b);
-        assert_eq!(byte_column(line, column(line, b, Encoding::Utf16), Encoding::Utf16), b);
-        assert_eq!(column(line, 999, Encoding::Utf16), line.encode_utf16().count() as u32);
+        assert_eq!(
+            byte_column(line, column(line, b, Encoding::Utf16), Encoding::Utf16),
+            b
+        );
+        assert_eq!(
+            column(line, 999, Encoding::Utf16),
+            line.encode_utf16().count() as u32
+        );
     }
 
     #[test]

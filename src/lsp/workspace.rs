@@ -91,7 +91,8 @@ impl CaptureMatcher {
                 .require_git(false)
                 .filter_entry(|e| {
                     let name = e.file_name().to_string_lossy();
-                    !(e.file_type().is_some_and(|t| t.is_dir()) && SKIP_DIRS.contains(&name.as_ref()))
+                    !(e.file_type().is_some_and(|t| t.is_dir())
+                        && SKIP_DIRS.contains(&name.as_ref()))
                 })
                 .build();
             for entry in walker.flatten() {
