@@ -407,3 +407,95 @@ mod tests {
         assert_eq!(line_of("a", 3), None);
     }
 }
+
+#[cfg(test)]
+mod conversion_tests {
+    use super::*;
+    use crate::lsp::index::{CaptureResult, Index, tests::report};
+    use std::sync::Arc;
+
+    fn index() -> Index {
+        let caps = vec![Arc::new(CaptureResult {
+            path: PathBuf::from("/ws/runs/step_100.pickle"),
+            mtime: std::time::SystemTime::UNIX_EPOCH,
+            reports: vec![report("/ws/runs/step_100.pickle", Some("rank 0"))],
+        })];
+        Index::build_with(&caps, &|f| {
+            f.strip_prefix("/job/proj/")
+                .map(|r| PathBuf::from("/ws").join(r))
+        })
+    }
+
+    #[test]
+    fn diagnostic_carries_code_link_capture_and_fix_data() {
+        let idx = index();
+        let line = idx.line(Path::new("/ws/train.py"), 8).unwrap();
+        let d = diagnostic(
+            &line.findings[0],
+            Some("        total += loss"),
+            Encoding::Utf16,
+        );
+        assert_eq!(d.range.start, lsp::Position::new(7, 8));
+        assert_eq!(d.range.end, lsp::Position::new(7, 21));
+        assert_eq!(d.source.as_deref(), Some("memlsp"));
+        assert_eq!(d.severity, Some(lsp::DiagnosticSeverity::WARNING));
+        assert_eq!(d.code, Some(lsp::NumberOrString::String("PT002".into())));
+        assert_eq!(
+            d.code_description.unwrap().href.as_str(),
+            findings::docs_url("PT002")
+        );
+        assert!(
+            d.message.ends_with("(capture step_100.pickle, rank 0)"),
+            "{}",
+            d.message
+        );
+        let rel = d.related_information.unwrap();
+        assert_eq!(
+            rel[0].location.uri.as_str(),
+            "file:///ws/runs/step_100.pickle"
+        );
+        assert_eq!(rel[1].location.uri.as_str(), "file:///ws/main.py");
+        assert_eq!(rel[1].location.range.start.line, 19);
+        let data = d.data.unwrap();
+        assert_eq!(data["fixes"][0]["fix"]["kind"], "detach_accumulated");
+        assert_eq!(data["fixes"][0]["preferred"], true);
+    }
+
+    #[test]
+    fn hint_and_hover_say_what_the_user_needs() {
+        let idx = index();
+        let line = idx.line(Path::new("/ws/train.py"), 8).unwrap();
+        let site = line.top_site().unwrap();
+        let h = inlay_hint(site, 7, "  total += loss  # é", Encoding::Utf16);
+        // 21 bytes, 20 UTF-16 units.
+        assert_eq!(h.position, lsp::Position::new(7, 20));
+        match h.label {
+            lsp::InlayHintLabel::String(s) => assert_eq!(s, "38% live memory"),
+            other => panic!("label {other:?}"),
+        }
+        let md = hover_markdown(line, &FrameFilter::default());
+        assert!(
+            md.contains(
+                "**PT002 retained autograd graph** (warning), capture `step_100.pickle`, rank 0"
+            ),
+            "{md}"
+        );
+        assert!(
+            md.contains("- *measured*: 12 blocks allocated in backward stay live"),
+            "{md}"
+        );
+        assert!(
+            md.contains("- *inferred*: accumulated without .detach()"),
+            "{md}"
+        );
+        assert!(
+            md.contains("/ws/train.py:8 step\n/ws/main.py:20 main\n"),
+            "{md}"
+        );
+        assert!(md.contains("… 1 framework frames folded"), "{md}");
+        assert!(
+            md.contains("1.20 GiB** live in 12 blocks (38.2% of live memory"),
+            "{md}"
+        );
+    }
+}
