@@ -75,7 +75,8 @@ impl Settings {
                         }
                     }
                     // Longest recorded prefix first, so `/a/b` wins over `/a`.
-                    s.path_mappings.sort_by(|a, b| b.0.len().cmp(&a.0.len()));
+                    s.path_mappings
+                        .sort_by_key(|m| std::cmp::Reverse(m.0.len()));
                 }
                 None => problems.push(
                     "pathMappings must be an object {\"recorded prefix\": \"local path\"}".into(),

@@ -205,7 +205,7 @@ impl Index {
         for file in idx.files.values_mut() {
             for line in file.lines.values_mut() {
                 line.findings
-                    .sort_by(|a, b| b.finding.severity.cmp(&a.finding.severity));
+                    .sort_by_key(|f| std::cmp::Reverse(f.finding.severity));
             }
         }
         idx
