@@ -149,17 +149,7 @@ fn heap_peak_hints_and_attention_hover_on_the_softmax_line() {
     };
     let mut lsp = Lsp::start(&ws, json!({}));
     lsp.open(&py);
-    assert!(
-        lsp.diagnostics(&py, WAIT, |d| !d.is_empty()).is_some(),
-        "{:?}",
-        lsp.messages()
-    );
-    let hints = lsp.request(
-        "textDocument/inlayHint",
-        json!({"textDocument": {"uri": uri(&py)},
-               "range": {"start": {"line": 0, "character": 0}, "end": {"line": 200, "character": 0}}}),
-    );
-    let hints = hints.as_array().cloned().unwrap_or_default();
+    let hints = lsp.hints_until(&py, 200, |h| h.iter().any(|x| x["position"]["line"] == 30));
     // 832.12 MiB of the 935.12 MiB heap peak come from line 31 (xprof).
     let h31 = hints
         .iter()
@@ -185,17 +175,13 @@ fn heap_peak_hints_and_attention_hover_on_the_softmax_line() {
     );
     let t0 = Instant::now();
     loop {
-        let hints = lsp.request(
-            "textDocument/inlayHint",
-            json!({"textDocument": {"uri": uri(&py)},
-                   "range": {"start": {"line": 0, "character": 0}, "end": {"line": 200, "character": 0}}}),
-        );
-        if hints == json!([]) {
+        let hints = lsp.hints(&py, 200);
+        if hints.is_empty() {
             break;
         }
         assert!(
             t0.elapsed() < Duration::from_secs(3),
-            "hints still on: {hints}"
+            "hints still on: {hints:?}"
         );
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use lsp_support::{Lsp, copy, tempdir, uri};
-use serde_json::{Value, json};
+use serde_json::json;
 
 const SNAPSHOT: &str = "torch_snapshots/real/kkaitlyn111__memory_ctx128_fullstep.pickle";
 
@@ -35,29 +35,6 @@ fn workspace(ws: &Path) {
     }
 }
 
-fn hints(lsp: &mut Lsp, file: &Path) -> Vec<Value> {
-    lsp.request(
-        "textDocument/inlayHint",
-        json!({"textDocument": {"uri": uri(file)},
-               "range": {"start": {"line": 0, "character": 0}, "end": {"line": 450, "character": 0}}}),
-    )
-    .as_array()
-    .cloned()
-    .unwrap_or_default()
-}
-
-/// Poll inlay hints until `pred` holds (hints have no push channel; the server sends a refresh).
-fn hints_until(lsp: &mut Lsp, file: &Path, pred: impl Fn(&[Value]) -> bool) -> Vec<Value> {
-    let t0 = Instant::now();
-    loop {
-        let h = hints(lsp, file);
-        if pred(&h) || t0.elapsed() > Duration::from_secs(20) {
-            return h;
-        }
-        lsp.idle(Duration::from_millis(100));
-    }
-}
-
 #[test]
 fn optimizer_state_sites_get_live_memory_hints_and_a_stack_hover() {
     let Some(src) = memlsp::testdata::shared(SNAPSHOT) else {
@@ -71,7 +48,7 @@ fn optimizer_state_sites_get_live_memory_hints_and_a_stack_hover() {
     lsp.open(&opt);
 
     // Oracle: optimizers.py:82 and :84 each hold 24.8 % of allocated memory (291 blocks).
-    let h = hints_until(&mut lsp, &opt, |h| h.len() >= 2);
+    let h = lsp.hints_until(&opt, 450, |h| h.len() >= 2);
     let on = |line: u64| h.iter().find(|x| x["position"]["line"] == line).cloned();
     let h82 = on(81).unwrap_or_else(|| panic!("no hint on line 82: {h:#?} {:?}", lsp.messages()));
     assert_eq!(h82["label"], "25% live memory");
@@ -160,7 +137,7 @@ fn a_snapshot_dumped_slowly_is_quiet_until_complete_then_deleted_clears() {
         took < Duration::from_secs(2),
         "published {took:?} after the last byte"
     );
-    let h = hints(&mut lsp, &opt);
+    let h = lsp.hints(&opt, 450);
     assert!(h.iter().any(|x| x["label"] == "25% live memory"), "{h:#?}");
     assert!(
         lsp.errors().is_empty(),
@@ -169,7 +146,7 @@ fn a_snapshot_dumped_slowly_is_quiet_until_complete_then_deleted_clears() {
     );
 
     std::fs::remove_file(&target).unwrap();
-    let h = hints_until(&mut lsp, &opt, |h| h.is_empty());
+    let h = lsp.hints_until(&opt, 450, |h| h.is_empty());
     assert!(h.is_empty(), "hints outlived their capture: {h:#?}");
     lsp.shutdown();
 }

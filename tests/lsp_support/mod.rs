@@ -238,6 +238,36 @@ impl Lsp {
         }
     }
 
+    /// Inlay hints for lines 0..`lines` of `file`.
+    pub fn hints(&mut self, file: &Path, lines: u32) -> Vec<Value> {
+        self.request(
+            "textDocument/inlayHint",
+            json!({"textDocument": {"uri": uri(file)},
+                   "range": {"start": {"line": 0, "character": 0}, "end": {"line": lines, "character": 0}}}),
+        )
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+    }
+
+    /// Poll inlay hints until `pred` holds or 20 s pass (hints have no push channel; the server
+    /// only asks the client to refresh).
+    pub fn hints_until(
+        &mut self,
+        file: &Path,
+        lines: u32,
+        pred: impl Fn(&[Value]) -> bool,
+    ) -> Vec<Value> {
+        let t0 = Instant::now();
+        loop {
+            let h = self.hints(file, lines);
+            if pred(&h) || t0.elapsed() > Duration::from_secs(20) {
+                return h;
+            }
+            self.idle(Duration::from_millis(100));
+        }
+    }
+
     pub fn open(&mut self, file: &Path) -> String {
         let text = std::fs::read_to_string(file).expect("read file");
         self.notify(
