@@ -70,6 +70,23 @@ fn doc_path(uri: &Uri) -> Option<PathBuf> {
     Some(std::fs::canonicalize(&p).unwrap_or(p))
 }
 
+/// Exit when the editor that started us is gone (it may die without sending `exit`).
+fn exit_with_parent(pid: u32) {
+    let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+    if !proc_dir.exists() {
+        return; // not Linux, or the pid is from another namespace: nothing reliable to poll
+    }
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            if !proc_dir.exists() {
+                eprintln!("memlsp: the client (pid {pid}) is gone; exiting");
+                std::process::exit(0);
+            }
+        }
+    });
+}
+
 fn client_caps(c: &ClientCapabilities) -> Caps {
     let ws = c.workspace.as_ref();
     let td = c.text_document.as_ref();
@@ -120,6 +137,9 @@ impl LanguageServer for Backend {
             .into_iter()
             .map(|r| std::fs::canonicalize(&r).unwrap_or(r))
             .collect();
+        if let Some(pid) = params.process_id {
+            exit_with_parent(pid);
+        }
         let encoding = caps.encoding;
         let pull = caps.pull_diagnostics;
         let _ = self.shared.caps.set(caps);
