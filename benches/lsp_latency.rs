@@ -152,6 +152,13 @@ fn main() {
         }
     }
     summary("write → publish (100 MB)", to_publish);
+    let begins: Vec<String> = lsp
+        .seen
+        .iter()
+        .filter(|m| m["method"] == "$/progress" && m["params"]["value"]["kind"] == "begin")
+        .map(|m| m["params"]["value"]["title"].as_str().unwrap_or("").to_string())
+        .collect();
+    println!("work-done progress shown: {begins:?}");
 
     // 2. Requests answered from the cache.
     let hints = lsp.request(
