@@ -247,7 +247,7 @@ impl LanguageServer for Backend {
             return Ok(None);
         };
         let view = self.shared.view();
-        let Some(entry) = view.index.line(&path, pos.position.line + 1) else {
+        let Some(entry) = view.index.line(&path, pos.position.line.saturating_add(1)) else {
             return Ok(None);
         };
         if entry.findings.is_empty() && entry.sites.is_empty() {
@@ -275,8 +275,8 @@ impl LanguageServer for Backend {
         };
         self.barrier().await;
         let text = self.text_of(&path).unwrap_or_default();
-        let first = p.range.start.line + 1;
-        let last = p.range.end.line + 1;
+        let first = p.range.start.line.saturating_add(1);
+        let last = p.range.end.line.saturating_add(1).max(first);
         let hints = file
             .lines
             .range(first..=last)
@@ -324,8 +324,8 @@ impl LanguageServer for Backend {
         let file_str = path.to_string_lossy().into_owned();
         let published = view.diagnostics.get(&path);
         let mut out = Vec::new();
-        let first = p.range.start.line + 1;
-        let last = p.range.end.line + 1;
+        let first = p.range.start.line.saturating_add(1);
+        let last = p.range.end.line.saturating_add(1).max(first);
         for (line, entry) in file.lines.range(first..=last) {
             for lf in &entry.findings {
                 let f = &lf.finding;
@@ -355,7 +355,11 @@ impl LanguageServer for Backend {
                         out.push(CodeActionOrCommand::CodeAction(action));
                         continue;
                     }
-                    let edits = edits::edits_for(&fix.kind, &file_str, &text, *line);
+                    // A bug in edit computation must not take the server down.
+                    let edits = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        edits::edits_for(&fix.kind, &file_str, &text, *line)
+                    }))
+                    .unwrap_or_else(|_| Err(edits::NoEdit("computing the edit failed".into())));
                     let ws_edit = match &edits {
                         Ok(e) if !e.is_empty() => to_proto::workspace_edit(
                             e,
