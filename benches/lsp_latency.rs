@@ -156,7 +156,12 @@ fn main() {
         .seen
         .iter()
         .filter(|m| m["method"] == "$/progress" && m["params"]["value"]["kind"] == "begin")
-        .map(|m| m["params"]["value"]["title"].as_str().unwrap_or("").to_string())
+        .map(|m| {
+            m["params"]["value"]["title"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        })
         .collect();
     println!("work-done progress shown: {begins:?}");
 

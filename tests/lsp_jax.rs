@@ -258,3 +258,40 @@ fn a_capture_written_in_pieces_is_reported_once_complete() {
     );
     lsp.shutdown();
 }
+
+#[test]
+fn two_captures_of_one_line_merge_and_ignored_dirs_are_skipped() {
+    let (_tmp, ws) = tempdir();
+    let Some(py) = workspace_with("b_mlp_nodonate", &ws) else {
+        return;
+    };
+    let first = ws.join("jax/b_mlp_nodonate.xplane.pb");
+    let second = ws.join("runs/later.xplane.pb");
+    // The newer capture has a later mtime.
+    std::thread::sleep(Duration::from_millis(20));
+    copy(&first, &second);
+    // Captures under .venv, node_modules and .gitignored folders are not the user's.
+    copy(&first, &ws.join(".venv/lib/other.xplane.pb"));
+    copy(&first, &ws.join("node_modules/x/other.xplane.pb"));
+    std::fs::write(ws.join(".gitignore"), "scratch/\n").unwrap();
+    copy(&first, &ws.join("scratch/other.xplane.pb"));
+
+    let mut lsp = Lsp::start(&ws, json!({}));
+    lsp.open(&py);
+    let diags = lsp
+        .diagnostics(&py, WAIT, |d| {
+            d.iter().any(|x| {
+                x["code"] == "JX005" && x["message"].as_str().is_some_and(|m| m.contains("also in"))
+            })
+        })
+        .unwrap_or_else(|| panic!("no merged JX005: {:?}", lsp.messages()));
+    let jx: Vec<&Value> = diags.iter().filter(|d| d["code"] == "JX005").collect();
+    assert_eq!(jx.len(), 1, "{jx:#?}");
+    let msg = jx[0]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("capture later.xplane.pb") && msg.contains("also in b_mlp_nodonate.xplane.pb"),
+        "{msg}"
+    );
+    assert!(!msg.contains("other.xplane.pb"), "{msg}");
+    lsp.shutdown();
+}
