@@ -3,6 +3,29 @@
 //! Layout: `server` holds the request and notification handlers, `main_loop` the one task that
 //! owns state, `workspace` scanning and watching, `index` the per-line data built from reports,
 //! `to_proto` every conversion to LSP types, `config` the settings.
+//!
+//! Behaviour in short:
+//! - At `initialized` the server reads its settings (`initializationOptions`, then
+//!   `workspace/configuration` section `memlsp`), scans the workspace folders for captures
+//!   (`captureGlobs`; `.gitignore` respected; `.venv`, `node_modules`, `.git` skipped) and watches
+//!   them itself (notify + debouncer). Client `didChangeWatchedFiles` events take the same path.
+//! - Every capture is analysed on a blocking worker (two at a time). Results are cached by path,
+//!   mtime and size. A file that is still being written (the engine says truncated, or its size
+//!   changed during the analysis) stays quiet until it changes again; a failure on a file written
+//!   less than a second ago is looked at once more before it is reported. A truly unreadable
+//!   capture gets one log line and one `window/showMessage`, and no diagnostics.
+//! - Diagnostics are pushed for every workspace file a finding resolves to (and answered to pull
+//!   requests when the client advertises them); a deleted capture withdraws its own. When several
+//!   captures report the same code on one line for the same scope, the newest wins and the
+//!   message names the others.
+//! - Inlay hints (`38% live memory`, `41% of heap peak`), hovers (stack, sizes, labelled
+//!   evidence) and code actions (edits computed against the current buffer by
+//!   `source::edits::edits_for`; none when the line no longer matches) answer from the last
+//!   published `View` and never wait for an analysis.
+//! - Commands: `memlsp.reanalyze` (forget the cache, rescan), `memlsp.explain` (advice fixes).
+//! - Settings: `captureGlobs`, `pathMappings` (`{"recorded prefix": "local path"}`,
+//!   `${workspaceFolder}` expanded), `userFrameExcludes`, `inlayHints.enable`, `maxFileBytes`,
+//!   `topSites`.
 
 pub mod config;
 pub mod index;
