@@ -26,6 +26,8 @@ pub struct Settings {
     pub path_mappings: Vec<(String, String)>,
     pub user_frame_excludes: Vec<String>,
     pub inlay_hints: bool,
+    /// Sites below this share (percent) get no inlay hint: a `0% live memory` hint is noise.
+    pub inlay_min_percent: f64,
     pub max_file_bytes: u64,
     pub top_sites: usize,
 }
@@ -38,6 +40,7 @@ impl Default for Settings {
             path_mappings: Vec::new(),
             user_frame_excludes: Vec::new(),
             inlay_hints: true,
+            inlay_min_percent: 1.0,
             max_file_bytes: opts.max_file_bytes,
             top_sites: opts.top,
         }
@@ -97,6 +100,12 @@ impl Settings {
             match b.as_bool() {
                 Some(b) => s.inlay_hints = b,
                 None => problems.push("inlayHints.enable must be true or false".into()),
+            }
+        }
+        if let Some(p) = obj.get("inlayHints").and_then(|h| h.get("minPercent")) {
+            match p.as_f64() {
+                Some(p) if p >= 0.0 => s.inlay_min_percent = p,
+                _ => problems.push("inlayHints.minPercent must be a number >= 0".into()),
             }
         }
         if let Some(n) = obj.get("maxFileBytes") {

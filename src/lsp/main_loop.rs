@@ -617,6 +617,7 @@ impl Owner {
                 index,
                 diagnostics: self.published.clone(),
                 inlay_hints: self.settings.inlay_hints,
+                inlay_min_percent: self.settings.inlay_min_percent,
                 frames: self.settings.options().frames,
                 encoding: caps.encoding,
             });

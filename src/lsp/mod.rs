@@ -24,7 +24,8 @@
 //!   published `View` and never wait for an analysis.
 //! - Commands: `memlsp.reanalyze` (forget the cache, rescan), `memlsp.explain` (advice fixes).
 //! - Settings: `captureGlobs`, `pathMappings` (`{"recorded prefix": "local path"}`,
-//!   `${workspaceFolder}` expanded), `userFrameExcludes`, `inlayHints.enable`, `maxFileBytes`,
+//!   `${workspaceFolder}` expanded), `userFrameExcludes`, `inlayHints.enable`,
+//!   `inlayHints.minPercent` (default 1), `maxFileBytes`,
 //!   `topSites`.
 
 pub mod config;
@@ -80,6 +81,7 @@ pub struct View {
     /// Exactly what was last pushed, per workspace file (also the pull-diagnostics answer).
     pub diagnostics: HashMap<PathBuf, Vec<tower_lsp_server::ls_types::Diagnostic>>,
     pub inlay_hints: bool,
+    pub inlay_min_percent: f64,
     pub frames: FrameFilter,
     pub encoding: to_proto::Encoding,
 }

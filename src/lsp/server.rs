@@ -281,7 +281,9 @@ impl LanguageServer for Backend {
             .lines
             .range(first..=last)
             .filter_map(|(line, entry)| {
-                let site = entry.top_site()?;
+                let site = entry
+                    .top_site()
+                    .filter(|s| s.site.percent >= view.inlay_min_percent)?;
                 let line0 = line - 1;
                 let lt = to_proto::line_of(&text, line0)?;
                 Some(to_proto::inlay_hint(site, line0, lt, view.encoding))
