@@ -455,6 +455,7 @@ impl Owner {
             let p = path.clone();
             let mut job = tokio::task::spawn_blocking(move || {
                 let outcome = match std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    test_panic_hook(&p);
                     analyze::analyze_file(&p, &opts)
                 })) {
                     Ok(Ok(report)) => Outcome::Reports(vec![report]),
@@ -710,6 +711,18 @@ fn schedule_recheck(tx: &mpsc::UnboundedSender<Event>, path: &Path) {
         tokio::time::sleep(SETTLE).await;
         let _ = tx.send(Event::Recheck(p));
     });
+}
+
+/// Test hook: `MEMLSP_TEST_PANIC_ON=<substring>` makes the analysis of any capture whose path
+/// contains it panic, so tests can check a panic stays inside one analysis
+/// (`tests/lsp_resilience.rs`). Unset in normal use.
+fn test_panic_hook(path: &Path) {
+    if let Some(needle) = std::env::var_os("MEMLSP_TEST_PANIC_ON") {
+        let needle = needle.to_string_lossy();
+        if !needle.is_empty() && path.to_string_lossy().contains(needle.as_ref()) {
+            panic!("MEMLSP_TEST_PANIC_ON matched {}", path.display());
+        }
+    }
 }
 
 fn panic_message(p: &(dyn std::any::Any + Send)) -> String {

@@ -32,6 +32,7 @@ pub mod config;
 pub mod index;
 pub mod main_loop;
 pub mod server;
+mod stdin_filter;
 pub mod to_proto;
 pub mod workspace;
 
@@ -112,7 +113,8 @@ pub fn run_stdio() -> anyhow::Result<()> {
         .build()?;
     rt.block_on(async {
         let (service, socket) = tower_lsp_server::LspService::new(server::Backend::new);
-        tower_lsp_server::Server::new(tokio::io::stdin(), tokio::io::stdout(), socket)
+        let stdin = stdin_filter::stdin();
+        tower_lsp_server::Server::new(stdin, tokio::io::stdout(), socket)
             .serve(service)
             .await;
     });
