@@ -176,10 +176,23 @@ pub fn site_role(a: &Analysis, s: &sites::SiteStat) -> &'static str {
         .iter()
         .any(|f| f.code == "PT003" && f.location.is_some() && same_site(f.location.as_ref(), s));
     if grows {
-        "user container"
-    } else {
-        s.role().as_str()
+        return "user container";
     }
+    let role = s.role();
+    if role == stacks::Role::Unknown {
+        // A line whose allocations the trace shows freed again almost every time.
+        let (allocs, freed) = a
+            .timeline
+            .devices
+            .iter()
+            .flat_map(|t| t.sites.iter())
+            .filter(|t| t.key == s.key && s.key.is_some())
+            .fold((0u64, 0u64), |(x, y), t| (x + t.allocs, y + t.freed));
+        if allocs >= 4 && freed.saturating_mul(10) >= allocs.saturating_mul(9) {
+            return "temporary";
+        }
+    }
+    role.as_str()
 }
 
 fn same_site(l: Option<&Location>, s: &sites::SiteStat) -> bool {

@@ -26,7 +26,11 @@ fn b(v: u64) -> String {
 }
 
 fn pct(p: Option<f64>) -> String {
-    p.map(|p| format!("{p:.1}%")).unwrap_or_else(|| "–".into())
+    match p {
+        Some(p) if p > 0.0 && p < 0.05 => "<0.1%".into(),
+        Some(p) => format!("{p:.1}%"),
+        None => "–".into(),
+    }
 }
 
 /// Headline when no finding leads: what is live and where.
