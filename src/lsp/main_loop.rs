@@ -261,11 +261,7 @@ impl Owner {
             Event::Recheck(path) => self.recheck(&path).await,
             Event::ResolverReady(generation, resolver) => {
                 if generation == self.resolver_gen {
-                    self.py_files = resolver
-                        .roots
-                        .iter()
-                        .flat_map(|r| resolver.files.iter().map(move |f| r.join(f)))
-                        .collect();
+                    self.py_files = resolver.py_files().map(|p| p.to_path_buf()).collect();
                     self.resolver = Some(resolver);
                     self.republish().await;
                 }
