@@ -31,6 +31,8 @@ const DEBOUNCE: Duration = Duration::from_millis(150);
 const PROGRESS_AFTER: Duration = Duration::from_millis(200);
 /// A failure on a file modified this recently may be a write in progress: look again first.
 const SETTLE: Duration = Duration::from_millis(1000);
+/// Interval of the two size polls before an analysis.
+const STABLE_POLL: Duration = Duration::from_millis(50);
 
 /// Everything that changes server state.
 pub enum Event {
@@ -64,6 +66,8 @@ pub enum Event {
 
 /// What one analysis produced.
 pub enum Outcome {
+    /// The file changed between two polls before the analysis started.
+    Unstable,
     Reports(Vec<CaptureReport>),
     Error(CaptureError),
     Panic(String),
@@ -452,6 +456,19 @@ impl Owner {
         let token = lsp::ProgressToken::String(format!("memlsp/analyse/{}", self.progress_seq));
         tokio::spawn(async move {
             let _permit = workers.acquire_owned().await;
+            // Two polls of the size: a file still growing is not read yet (the engines map files
+            // into memory; reading one mid-write only wastes work).
+            tokio::time::sleep(STABLE_POLL).await;
+            let polled = FileKey::of(&path);
+            if polled != Some(key) {
+                let _ = tx.send(Event::Done {
+                    path,
+                    key,
+                    after: polled,
+                    outcome: Outcome::Unstable,
+                });
+                return;
+            }
             let p = path.clone();
             let mut job = tokio::task::spawn_blocking(move || {
                 let outcome = match std::panic::catch_unwind(AssertUnwindSafe(|| {
@@ -516,7 +533,8 @@ impl Owner {
                 }));
                 changed = true;
             }
-            Outcome::Reports(_) => {
+            Outcome::Reports(_) | Outcome::Unstable => {
+                // Changed while being read: look again now (the new content has a new key).
                 entry.status = Status::Incomplete;
                 entry.dirty = true;
             }
