@@ -1,1 +1,294 @@
 //! Command-line front ends: `report` and `--check`.
+//!
+//! [`main`] parses the command line and returns the exit code instead of exiting, so every path
+//! is testable: 0 = nothing at or above `--fail-on`, 1 = findings, 2 = a capture could not be
+//! read or a usage error. Only the result goes to stdout; errors are one line each on stderr.
+
+mod check;
+mod github;
+mod json;
+#[cfg(test)]
+mod presenter_tests;
+mod report;
+mod sarif;
+mod text;
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::analyze::Options;
+use crate::findings::Severity;
+use crate::source::frames::FrameFilter;
+
+/// The version written into JSON and SARIF output.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "memlsp",
+    version,
+    about = "GPU memory evidence (PyTorch snapshots, JAX/XLA captures) pinned to Python source lines",
+    long_about = "GPU memory evidence (PyTorch CUDA snapshots, JAX/XLA .xplane.pb captures) pinned to \
+                  Python source lines.\n\nWithout arguments memlsp runs the language server on stdio.",
+    after_help = "Exit status of --check: 0 no finding at or above --fail-on, 1 findings, \
+                  2 a capture could not be read or a usage error."
+)]
+struct Cli {
+    /// Check captures and report findings like a compiler (CI mode)
+    #[arg(long)]
+    check: bool,
+    /// Capture files or directories to check [default: the workspace]
+    #[arg(value_name = "PATH")]
+    paths: Vec<PathBuf>,
+    /// Output format of --check
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    format: Option<CheckFormat>,
+    /// Lowest severity that makes --check exit 1: error, warning, information, hint
+    #[arg(long, value_name = "SEVERITY", value_parser = parse_severity)]
+    fail_on: Option<Severity>,
+    /// Workspace root that source paths are resolved against [default: current directory]
+    #[arg(long, value_name = "DIR")]
+    workspace: Option<PathBuf>,
+    #[command(flatten)]
+    common: CommonArgs,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the language server on stdio (the default)
+    Lsp,
+    /// Print the full report of one capture (or a directory of per-rank snapshots)
+    Report(ReportArgs),
+}
+
+#[derive(Args, Debug)]
+struct ReportArgs {
+    /// Capture file (.pickle, .pkl, *snapshot*.json, .xplane.pb) or capture directory
+    #[arg(value_name = "FILE")]
+    file: PathBuf,
+    /// A later snapshot of the same run: report what grew between FILE and LATER
+    #[arg(long, value_name = "LATER")]
+    diff: Option<PathBuf>,
+    /// JAX: the module to analyse, as xprof writes it (`jit_train_step(36)`) or the bare name
+    #[arg(long, value_name = "NAME")]
+    module: Option<String>,
+    /// Number of top sites to list
+    #[arg(long, value_name = "N")]
+    top: Option<usize>,
+    /// Keep only the newest N trace events per device
+    #[arg(long, value_name = "N")]
+    max_trace_events: Option<usize>,
+    /// Output format
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = ReportFormat::Text)]
+    format: ReportFormat,
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+/// Options shared by `report` and `--check`.
+#[derive(Args, Debug, Default)]
+struct CommonArgs {
+    /// Map a recorded path prefix to a local one (repeatable), e.g. /workspace/proj=.
+    #[arg(long = "path-map", value_name = "FROM=TO", value_parser = parse_path_map)]
+    path_map: Vec<PathMap>,
+    /// Refuse capture files larger than this (bytes; K, M, G suffixes allowed)
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    max_file_bytes: Option<u64>,
+    /// Frames whose path contains SUBSTR are not the user's (repeatable)
+    #[arg(long = "exclude-frames", value_name = "SUBSTR")]
+    exclude_frames: Vec<String>,
+}
+
+impl CommonArgs {
+    fn is_empty(&self) -> bool {
+        self.path_map.is_empty() && self.max_file_bytes.is_none() && self.exclude_frames.is_empty()
+    }
+
+    fn options(&self) -> Options {
+        let mut opts = Options::default();
+        if let Some(max) = self.max_file_bytes {
+            opts.max_file_bytes = max;
+        }
+        opts.frames = FrameFilter::new(self.exclude_frames.clone());
+        opts
+    }
+
+    /// Mappings for the resolver; `TO` is taken relative to the current directory.
+    fn mappings(&self) -> Vec<(String, PathBuf)> {
+        self.path_map
+            .iter()
+            .map(|m| (m.from.clone(), absolute(&m.to)))
+            .collect()
+    }
+}
+
+#[derive(Clone, Debug)]
+struct PathMap {
+    from: String,
+    to: PathBuf,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum CheckFormat {
+    Text,
+    Json,
+    Sarif,
+    Github,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ReportFormat {
+    Text,
+    Json,
+}
+
+fn parse_severity(s: &str) -> Result<Severity, String> {
+    Severity::parse(s)
+        .ok_or_else(|| format!("`{s}` is not a severity (error, warning, information, hint)"))
+}
+
+fn parse_path_map(s: &str) -> Result<PathMap, String> {
+    match s.split_once('=') {
+        Some((from, to)) if !from.trim().is_empty() && !to.trim().is_empty() => Ok(PathMap {
+            from: from.trim().to_string(),
+            to: PathBuf::from(to.trim()),
+        }),
+        _ => Err(format!(
+            "`{s}` is not FROM=TO (a recorded path prefix, `=`, a local directory)"
+        )),
+    }
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits);
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return Err(format!("`{s}` is not a size (e.g. 4294967296, 512M, 4G)")),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1u64 << shift))
+        .ok_or_else(|| format!("`{s}` is not a size (e.g. 4294967296, 512M, 4G)"))
+}
+
+/// `path` made absolute against the current directory (without touching the file system).
+fn absolute(path: &std::path::Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// Parse the command line, run, and return the process exit code.
+pub fn main() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return clap_error(e),
+    };
+    match cli.command {
+        Some(_) if cli.check => usage("--check cannot be combined with a subcommand"),
+        Some(Command::Report(args)) => report::run(args),
+        Some(Command::Lsp) => lsp(),
+        None if cli.check => check::run(check::CheckArgs {
+            paths: cli.paths,
+            format: cli.format.unwrap_or(CheckFormat::Text),
+            fail_on: cli.fail_on.unwrap_or(Severity::Warning),
+            workspace: cli.workspace,
+            common: cli.common,
+        }),
+        None => {
+            if !cli.paths.is_empty()
+                || cli.format.is_some()
+                || cli.fail_on.is_some()
+                || cli.workspace.is_some()
+                || !cli.common.is_empty()
+            {
+                return usage(
+                    "paths and --format/--fail-on/--workspace/--path-map/--max-file-bytes/\
+                     --exclude-frames need --check (or use `memlsp report FILE`)",
+                );
+            }
+            lsp()
+        }
+    }
+}
+
+fn lsp() -> i32 {
+    match crate::lsp::run_stdio() {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("memlsp: {e:#}");
+            2
+        }
+    }
+}
+
+/// Help and version go to stdout with status 0; anything else is a one-line usage error.
+fn clap_error(e: clap::Error) -> i32 {
+    use clap::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = e.print();
+            0
+        }
+        _ => {
+            // The first paragraph of clap's message, on one line.
+            let rendered = e.render().to_string();
+            let first: Vec<&str> = rendered
+                .lines()
+                .map(str::trim)
+                .skip_while(|l| l.is_empty())
+                .take_while(|l| !l.is_empty())
+                .collect();
+            let message = first.join(" ");
+            usage(message.trim_start_matches("error: "))
+        }
+    }
+}
+
+fn usage(message: &str) -> i32 {
+    eprintln!("memlsp: {message} (see `memlsp --help`)");
+    2
+}
+
+/// Write the result to stdout in one go; a closed pipe (`| head`) is not an error.
+fn emit(out: &str) {
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout
+        .write_all(out.as_bytes())
+        .and_then(|()| stdout.flush());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_mappings_parse() {
+        assert_eq!(parse_size("512"), Ok(512));
+        assert_eq!(parse_size("4G"), Ok(4 << 30));
+        assert_eq!(parse_size("8 MiB"), Ok(8 << 20));
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("99999999999T").is_err());
+        let m = parse_path_map("/workspace/proj=src").unwrap();
+        assert_eq!(m.from, "/workspace/proj");
+        assert_eq!(m.to, PathBuf::from("src"));
+        assert!(parse_path_map("/workspace").is_err());
+        assert!(parse_path_map("=x").is_err());
+        assert_eq!(parse_severity("info"), Ok(Severity::Information));
+        assert!(parse_severity("fatal").is_err());
+    }
+
+    #[test]
+    fn command_line_shape() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,154 @@
+//! `memlsp --check [PATH…]`: analyse captures like CI does and exit by severity.
+//!
+//! Directories are scanned the way the server scans a workspace (capture globs, `.gitignore`,
+//! no `.venv`/`node_modules`); each capture is analysed on its own. Every capture that cannot be
+//! read is one line on stderr and makes the exit status 2; the others are still reported.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use crate::analyze::analyze_file;
+use crate::error::{CaptureError, ErrorKind};
+use crate::findings::Severity;
+use crate::report::CaptureReport;
+use crate::source::paths::Resolver;
+use crate::source::resolve_fixes;
+use crate::source::workspace::{DEFAULT_CAPTURE_GLOBS, capture_globset, find_captures};
+
+use super::{CheckFormat, CommonArgs, emit, github, json, sarif, text};
+
+pub(super) struct CheckArgs {
+    pub paths: Vec<PathBuf>,
+    pub format: CheckFormat,
+    pub fail_on: Severity,
+    pub workspace: Option<PathBuf>,
+    pub common: CommonArgs,
+}
+
+pub(super) fn run(args: CheckArgs) -> i32 {
+    let workspace = match &args.workspace {
+        Some(dir) if !dir.is_dir() => {
+            return super::usage(&format!("--workspace {}: not a directory", dir.display()));
+        }
+        Some(dir) => super::absolute(dir),
+        None => super::absolute(".".as_ref()),
+    };
+    let paths = if args.paths.is_empty() {
+        vec![workspace.clone()]
+    } else {
+        args.paths.clone()
+    };
+    let mut errors: Vec<CaptureError> = Vec::new();
+    let files = collect(&paths, &mut errors);
+    let opts = args.common.options();
+    let resolver = Resolver::new(vec![workspace], args.common.mappings());
+    let progress = Progress::new(files.len());
+    let mut reports: Vec<CaptureReport> = Vec::new();
+    for (i, file) in files.iter().enumerate() {
+        progress.show(i, file);
+        match analyze_file(file, &opts) {
+            Ok(mut report) => {
+                resolve_fixes(&mut report, &resolver);
+                reports.push(report);
+            }
+            Err(e) => {
+                progress.clear();
+                eprintln!("memlsp: {e}");
+                errors.push(e);
+            }
+        }
+    }
+    progress.clear();
+    let out = match args.format {
+        CheckFormat::Text => text::check(&reports, &resolver, errors.len()),
+        CheckFormat::Json => json::render(&json::document(&reports, &resolver, &errors)),
+        CheckFormat::Sarif => json::render(&sarif::document(&reports, &resolver, &errors)),
+        CheckFormat::Github => github::check(&reports, &resolver),
+    };
+    emit(&out);
+    exit_code(&reports, !errors.is_empty(), args.fail_on)
+}
+
+/// 2 when a capture could not be read, else 1 when a finding is at or above `fail_on`, else 0.
+pub(super) fn exit_code(reports: &[CaptureReport], had_errors: bool, fail_on: Severity) -> i32 {
+    if had_errors {
+        2
+    } else if reports
+        .iter()
+        .flat_map(|r| &r.findings)
+        .any(|f| f.severity >= fail_on)
+    {
+        1
+    } else {
+        0
+    }
+}
+
+/// The capture files named by `paths`: files as given, directories scanned. Paths that do not
+/// exist and directories without captures are reported (stderr) and recorded in `errors`.
+fn collect(paths: &[PathBuf], errors: &mut Vec<CaptureError>) -> Vec<PathBuf> {
+    let globs = match capture_globset(&DEFAULT_CAPTURE_GLOBS) {
+        Ok(g) => g,
+        Err(e) => {
+            // The globs are constants; this only fails if they are edited into nonsense.
+            eprintln!("memlsp: capture globs: {e}");
+            return Vec::new();
+        }
+    };
+    let mut files = Vec::new();
+    for path in paths {
+        let err = match std::fs::metadata(path) {
+            Err(e) => CaptureError::io(path, &e),
+            Ok(meta) if meta.is_dir() => {
+                let found = find_captures(path, &globs);
+                if !found.is_empty() {
+                    files.extend(found);
+                    continue;
+                }
+                CaptureError::new(
+                    path,
+                    ErrorKind::Empty,
+                    None,
+                    "no capture found (*.pickle, *.pkl, *snapshot*.json, *.xplane.pb; \
+                     .gitignored files and .venv/node_modules are skipped)",
+                    "pass the capture files or their directory explicitly",
+                )
+            }
+            Ok(_) => {
+                files.push(path.clone());
+                continue;
+            }
+        };
+        eprintln!("memlsp: {err}");
+        errors.push(err);
+    }
+    files
+}
+
+/// `analysing 3/12 name` on stderr, only when stderr is a terminal and there is more than one.
+struct Progress {
+    total: usize,
+    on: bool,
+}
+
+impl Progress {
+    fn new(total: usize) -> Self {
+        Progress {
+            total,
+            on: total > 1 && std::io::stderr().is_terminal(),
+        }
+    }
+
+    fn show(&self, i: usize, file: &std::path::Path) {
+        if self.on {
+            let name = file.file_name().unwrap_or_default().to_string_lossy();
+            eprint!("\r\x1b[2Kmemlsp: analysing {}/{} {name}", i + 1, self.total);
+        }
+    }
+
+    fn clear(&self) {
+        if self.on {
+            eprint!("\r\x1b[2K");
+        }
+    }
+}

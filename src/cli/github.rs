@@ -1,0 +1,67 @@
+//! `--check --format github`: GitHub Actions workflow commands, one annotation per finding.
+
+use std::fmt::Write;
+
+use crate::findings::Severity;
+use crate::report::CaptureReport;
+use crate::source::paths::Resolver;
+
+use super::json::capture_path;
+
+pub(super) fn check(reports: &[CaptureReport], resolver: &Resolver) -> String {
+    let mut out = String::new();
+    for r in reports {
+        for f in &r.findings {
+            let level = match f.severity {
+                Severity::Error => "error",
+                Severity::Warning => "warning",
+                Severity::Information | Severity::Hint => "notice",
+            };
+            let location = match &f.location {
+                Some(l) => format!(
+                    "file={},line={},",
+                    property(&resolver.display_path(&l.file)),
+                    l.line
+                ),
+                None => format!("file={},", property(&capture_path(r, resolver))),
+            };
+            let mut message = f.message.clone();
+            for e in &f.evidence {
+                let _ = write!(message, "\n{}: {}", e.label.as_str(), e.text);
+            }
+            for x in &f.fixes {
+                let _ = write!(message, "\nfix: {}", x.title);
+            }
+            let _ = writeln!(
+                out,
+                "::{level} {location}title={}::{}",
+                property(&format!("memlsp {}", f.code)),
+                data(&message)
+            );
+        }
+    }
+    out
+}
+
+/// Escaping of a workflow command's message.
+fn data(s: &str) -> String {
+    s.replace('%', "%25")
+        .replace('\r', "%0D")
+        .replace('\n', "%0A")
+}
+
+/// Escaping of a workflow command's property value.
+fn property(s: &str) -> String {
+    data(s).replace(':', "%3A").replace(',', "%2C")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_what_github_requires() {
+        assert_eq!(data("50% of\r\nx"), "50%25 of%0D%0Ax");
+        assert_eq!(property("C:\\a,b.py"), "C%3A\\a%2Cb.py");
+    }
+}

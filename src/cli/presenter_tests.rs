@@ -1,0 +1,316 @@
+//! The presenters on a hand-built report: what a user sees in each format.
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use crate::findings::{Evidence, Finding, Fix, FixKind, Location, Severity, docs_url};
+use crate::report::{CaptureKind, CaptureReport, EngineData, Site};
+use crate::source::paths::Resolver;
+use crate::source::resolve_fixes;
+
+use super::{check::exit_code, github, json, sarif, text};
+
+const TRAIN: &str =
+    "import torch\n\ntotal = 0\nfor x in data:\n    loss = model(x).sum()\n    total += loss\n";
+
+fn loc(file: &str, line: u32, function: &str) -> Location {
+    Location {
+        file: file.into(),
+        line,
+        function: function.into(),
+    }
+}
+
+/// A workspace holding `train.py`, and a report whose frames were recorded on another machine.
+fn fixture() -> (tempfile::TempDir, Resolver, CaptureReport) {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("train.py"), TRAIN).unwrap();
+    let resolver = Resolver::new(vec![ws.path().to_path_buf()], vec![]);
+    let culprit = loc("/home/u/proj/train.py", 6, "<module>");
+    let torch_frame = loc(
+        "/opt/conda/lib/python3.11/site-packages/torch/_tensor.py",
+        522,
+        "backward",
+    );
+    let leak = Finding::new(
+        "PT002",
+        "retained autograd graph",
+        Severity::Warning,
+        "`loss` keeps the autograd graph alive: 1.00 GiB (40.0%) of live memory",
+    )
+    .at(
+        Some(culprit.clone()),
+        vec![culprit.clone(), loc("/home/u/proj/run.py", 3, "main")],
+    )
+    .bytes(1 << 30, Some(40.0))
+    .evidence(Evidence::measured(
+        "120 activation blocks from step 1 are still live at step 5",
+    ))
+    .evidence(Evidence::inferred("the loss is accumulated without detach"))
+    .fix(
+        Fix::new(
+            "Accumulate `loss.detach()`",
+            FixKind::DetachAccumulated { item: false },
+        )
+        .saving(1 << 30)
+        .preferred(),
+    )
+    .fix(Fix::advice("Look for retain_graph=True"));
+    let oom = Finding::new(
+        "PT009",
+        "OOM event",
+        Severity::Error,
+        "allocation of 2.00 GiB failed with 512.00 MiB free",
+    )
+    .bytes(2 << 30, None)
+    .evidence(Evidence::measured("1 OOM event in the trace"));
+    let report = CaptureReport {
+        path: ws.path().join("runs/step5.pickle"),
+        kind: CaptureKind::TorchSnapshot,
+        headline: "An OOM at 2.00 GiB; `loss` keeps the graph alive at train.py:6.".into(),
+        engine: EngineData::Torch(json!({"totals": {"reserved_bytes": 3u64 << 30}})),
+        sites: vec![Site {
+            location: Some(culprit.clone()),
+            bytes: 1 << 30,
+            requested_bytes: Some(1 << 30),
+            blocks: 120,
+            percent: 40.0,
+            stack: vec![torch_frame, culprit],
+            role: Some("activation".into()),
+            scope: None,
+            percent_of: "live memory",
+        }],
+        findings: vec![oom, leak],
+        text: "Totals\n  reserved 3.00 GiB (measured)\n".into(),
+    };
+    (ws, resolver, report)
+}
+
+#[test]
+fn fixes_get_edits_against_the_workspace_file() {
+    let (ws, resolver, mut report) = fixture();
+    resolve_fixes(&mut report, &resolver);
+    let fixes = &report.findings[1].fixes;
+    let edit = fixes[0].edit.as_ref().expect("the detach fix has an edit");
+    assert_eq!(edit.len(), 1);
+    assert_eq!(
+        Path::new(&edit[0].file),
+        ws.path().join("train.py").as_path()
+    );
+    assert_eq!(
+        (edit[0].line, edit[0].start_col, edit[0].end_col),
+        (6, 17, 17)
+    );
+    assert_eq!(edit[0].new_text, ".detach()");
+    assert_eq!(fixes[1].edit, None, "advice has no edit");
+}
+
+#[test]
+fn json_follows_the_contract() {
+    let (_ws, resolver, mut report) = fixture();
+    resolve_fixes(&mut report, &resolver);
+    let doc = json::document(std::slice::from_ref(&report), &resolver, &[]);
+    assert_eq!(doc["memlsp"], env!("CARGO_PKG_VERSION"));
+    assert!(doc.get("errors").is_none());
+    let c = &doc["captures"][0];
+    assert_eq!(c["path"], "runs/step5.pickle");
+    assert_eq!(c["kind"], "torch-snapshot");
+    assert_eq!(c["headline"], report.headline);
+    assert_eq!(c["torch"]["totals"]["reserved_bytes"], 3u64 << 30);
+    assert!(c.get("xla").is_none());
+    let site = &c["sites"][0];
+    assert_eq!(site["file"], "train.py");
+    assert_eq!(site["line"], 6);
+    assert_eq!(site["function"], "<module>");
+    assert_eq!(site["bytes"], 1u64 << 30);
+    assert_eq!(site["blocks"], 120);
+    assert_eq!(site["percent"], 40.0);
+    // Framework frames keep the recorded path.
+    assert_eq!(
+        site["stack"][0]["file"],
+        "/opt/conda/lib/python3.11/site-packages/torch/_tensor.py"
+    );
+    assert_eq!(site["stack"][1]["file"], "train.py");
+
+    let oom = &c["findings"][0];
+    assert_eq!(oom["code"], "PT009");
+    assert_eq!(oom["severity"], "error");
+    assert_eq!(oom["file"], Value::Null);
+    assert_eq!(oom["line"], Value::Null);
+    assert_eq!(oom["percent"], Value::Null);
+
+    let leak = &c["findings"][1];
+    for key in [
+        "code", "pattern", "severity", "message", "file", "line", "bytes", "percent", "evidence",
+        "fixes",
+    ] {
+        assert!(leak.get(key).is_some(), "finding lacks `{key}`");
+    }
+    assert_eq!(leak["pattern"], "retained autograd graph");
+    assert_eq!(leak["severity"], "warning");
+    assert_eq!(leak["file"], "train.py");
+    assert_eq!(leak["line"], 6);
+    assert_eq!(leak["bytes"], 1u64 << 30);
+    assert_eq!(
+        leak["evidence"][0],
+        json!({"label": "measured", "text": "120 activation blocks from step 1 are still live at step 5"})
+    );
+    assert_eq!(leak["evidence"][1]["label"], "inferred");
+    assert_eq!(
+        leak["fixes"][0],
+        json!({
+            "title": "Accumulate `loss.detach()`",
+            "saving_bytes": 1u64 << 30,
+            "edit": [{"file": "train.py", "line": 6, "start_col": 17, "end_col": 17, "new_text": ".detach()"}],
+        })
+    );
+    assert_eq!(
+        leak["fixes"][1],
+        json!({"title": "Look for retain_graph=True"})
+    );
+}
+
+#[test]
+fn sarif_has_rules_results_flows_and_fixes() {
+    let (ws, resolver, mut report) = fixture();
+    resolve_fixes(&mut report, &resolver);
+    let doc = sarif::document(std::slice::from_ref(&report), &resolver, &[]);
+    assert_eq!(doc["version"], "2.1.0");
+    let run = &doc["runs"][0];
+    assert_eq!(run["tool"]["driver"]["name"], "memlsp");
+    let rules = run["tool"]["driver"]["rules"].as_array().unwrap();
+    let ids: Vec<&str> = rules.iter().map(|r| r["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["PT002", "PT009"]);
+    assert_eq!(rules[0]["helpUri"], docs_url("PT002"));
+    let root = run["originalUriBaseIds"]["%SRCROOT%"]["uri"]
+        .as_str()
+        .unwrap();
+    assert!(
+        root.starts_with("file:///") && root.ends_with('/'),
+        "{root}"
+    );
+    assert!(root.contains(ws.path().file_name().unwrap().to_str().unwrap()));
+    assert_eq!(run["invocations"][0]["executionSuccessful"], true);
+
+    let results = run["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2);
+    let oom = &results[0];
+    assert_eq!(
+        (oom["ruleId"].as_str(), oom["ruleIndex"].as_u64()),
+        (Some("PT009"), Some(1))
+    );
+    assert_eq!(oom["level"], "error");
+    assert_eq!(
+        oom["locations"][0]["physicalLocation"]["artifactLocation"],
+        json!({"uri": "runs/step5.pickle", "uriBaseId": "%SRCROOT%"})
+    );
+    assert!(oom.get("codeFlows").is_none());
+    assert!(oom.get("fixes").is_none());
+
+    let leak = &results[1];
+    assert_eq!(leak["level"], "warning");
+    let phys = &leak["locations"][0]["physicalLocation"];
+    assert_eq!(phys["artifactLocation"]["uri"], "train.py");
+    assert_eq!(phys["region"]["startLine"], 6);
+    // The code flow runs from the outermost call to the allocation.
+    let flow = leak["codeFlows"][0]["threadFlows"][0]["locations"]
+        .as_array()
+        .unwrap();
+    assert_eq!(flow.len(), 2);
+    assert_eq!(
+        flow[0]["location"]["physicalLocation"]["artifactLocation"]["uri"],
+        "file:///home/u/proj/run.py"
+    );
+    assert_eq!(flow[1]["location"]["message"]["text"], "<module>");
+    let change = &leak["fixes"][0]["artifactChanges"][0];
+    assert_eq!(change["artifactLocation"]["uri"], "train.py");
+    assert_eq!(
+        change["replacements"][0],
+        json!({"deletedRegion": {"startLine": 6, "startColumn": 18, "endColumn": 18},
+               "insertedContent": {"text": ".detach()"}})
+    );
+}
+
+#[test]
+fn text_reads_like_a_compiler() {
+    let (_ws, resolver, mut report) = fixture();
+    resolve_fixes(&mut report, &resolver);
+    let out = text::check(std::slice::from_ref(&report), &resolver, 0);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines[0],
+        "runs/step5.pickle: error[PT009] allocation of 2.00 GiB failed with 512.00 MiB free"
+    );
+    assert_eq!(lines[1], "  = measured: 1 OOM event in the trace");
+    assert_eq!(
+        lines[2],
+        "train.py:6: warning[PT002] `loss` keeps the autograd graph alive: 1.00 GiB (40.0%) of live memory"
+    );
+    assert_eq!(
+        lines[3],
+        "  = measured: 120 activation blocks from step 1 are still live at step 5"
+    );
+    assert_eq!(
+        lines[5],
+        "  = fix: Accumulate `loss.detach()` (saves ~1.00 GiB, inferred) [edit available]"
+    );
+    assert_eq!(lines[6], "  = fix: Look for retain_graph=True");
+    assert_eq!(lines[7], "  = capture: runs/step5.pickle");
+    assert_eq!(
+        lines.last(),
+        Some(&"2 findings (1 error, 1 warning) in 1 capture")
+    );
+    assert_eq!(
+        text::check(&[], &resolver, 2),
+        "no findings in 0 captures (2 more could not be read)\n"
+    );
+}
+
+#[test]
+fn report_text_starts_with_the_headline() {
+    let (_ws, _resolver, report) = fixture();
+    assert_eq!(
+        text::report(std::slice::from_ref(&report)),
+        "An OOM at 2.00 GiB; `loss` keeps the graph alive at train.py:6.\n\nTotals\n  reserved 3.00 GiB (measured)\n"
+    );
+}
+
+#[test]
+fn github_annotations() {
+    let (_ws, resolver, report) = fixture();
+    let out = github::check(std::slice::from_ref(&report), &resolver);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(
+        lines[0],
+        "::error file=runs/step5.pickle,title=memlsp PT009::allocation of 2.00 GiB failed with 512.00 MiB free%0Ameasured: 1 OOM event in the trace"
+    );
+    assert!(
+        lines[1].starts_with("::warning file=train.py,line=6,title=memlsp PT002::`loss` keeps"),
+        "{}",
+        lines[1]
+    );
+    assert!(lines[1].contains("(40.0%25) of live memory%0Ameasured: "));
+}
+
+#[test]
+fn fail_on_decides_the_exit_code() {
+    let (_ws, _resolver, report) = fixture();
+    let both = std::slice::from_ref(&report);
+    assert_eq!(exit_code(both, false, Severity::Warning), 1);
+    assert_eq!(exit_code(both, false, Severity::Error), 1);
+    assert_eq!(exit_code(both, true, Severity::Warning), 2);
+    let mut hint_only = fixture().2;
+    hint_only.findings = vec![Finding::new(
+        "PT001",
+        "top live-memory site",
+        Severity::Hint,
+        "x",
+    )];
+    let hint = std::slice::from_ref(&hint_only);
+    assert_eq!(exit_code(hint, false, Severity::Warning), 0);
+    assert_eq!(exit_code(hint, false, Severity::Information), 0);
+    assert_eq!(exit_code(hint, false, Severity::Hint), 1);
+    assert_eq!(exit_code(&[], false, Severity::Hint), 0);
+}

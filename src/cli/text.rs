@@ -1,0 +1,133 @@
+//! Human text: the `report` body and the compiler-style `--check` listing.
+
+use std::fmt::Write;
+
+use crate::findings::{Finding, Severity, fmt_bytes};
+use crate::report::CaptureReport;
+use crate::source::paths::Resolver;
+
+use super::json::capture_path;
+
+/// `report`: per capture, the headline sentence first, then the engine's body.
+pub(super) fn report(reports: &[CaptureReport]) -> String {
+    let mut out = String::new();
+    for (i, r) in reports.iter().enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        if reports.len() > 1 {
+            let _ = writeln!(out, "== {} ==", r.path.display());
+        }
+        let _ = writeln!(out, "{}", r.headline.trim_end());
+        let body = r.text.trim_end();
+        if !body.is_empty() {
+            let _ = writeln!(out, "\n{body}");
+        } else if !r.findings.is_empty() {
+            // An engine without a rendered body still shows its findings.
+            out.push('\n');
+            for f in &r.findings {
+                finding(&mut out, r, f, None);
+            }
+        }
+    }
+    out
+}
+
+/// `--check --format text`: one block per finding, then a summary line.
+pub(super) fn check(reports: &[CaptureReport], resolver: &Resolver, unreadable: usize) -> String {
+    let mut out = String::new();
+    for r in reports {
+        for f in &r.findings {
+            finding(&mut out, r, f, Some(resolver));
+        }
+    }
+    out.push_str(&summary(reports, unreadable));
+    out
+}
+
+/// `file:line: severity[CODE] message`, then the evidence, fixes and capture, indented.
+fn finding(out: &mut String, r: &CaptureReport, f: &Finding, resolver: Option<&Resolver>) {
+    let capture = match resolver {
+        Some(res) => capture_path(r, res),
+        None => r.path.display().to_string(),
+    };
+    let place = match (&f.location, resolver) {
+        (Some(l), Some(res)) => format!("{}:{}", res.display_path(&l.file), l.line),
+        (Some(l), None) => format!("{}:{}", l.file, l.line),
+        (None, _) => capture.clone(),
+    };
+    let _ = writeln!(
+        out,
+        "{place}: {}[{}] {}",
+        f.severity.as_str(),
+        f.code,
+        f.message
+    );
+    for e in &f.evidence {
+        let _ = writeln!(out, "  = {}: {}", e.label.as_str(), e.text);
+    }
+    for x in &f.fixes {
+        let mut line = format!("  = fix: {}", x.title);
+        let mut notes = Vec::new();
+        if let Some(s) = x.saving_bytes {
+            notes.push(format!("saves ~{}, inferred", fmt_bytes(s)));
+        }
+        if let Some(c) = &x.cost {
+            notes.push(format!("cost: {c}"));
+        }
+        if !notes.is_empty() {
+            let _ = write!(line, " ({})", notes.join("; "));
+        }
+        if x.edit.is_some() {
+            line.push_str(" [edit available]");
+        }
+        let _ = writeln!(out, "{line}");
+    }
+    let scope = f
+        .scope
+        .as_deref()
+        .map(|s| format!(" ({s})"))
+        .unwrap_or_default();
+    if f.location.is_some() {
+        let _ = writeln!(out, "  = capture: {capture}{scope}");
+    } else if !scope.is_empty() {
+        let _ = writeln!(out, "  = scope:{scope}");
+    }
+}
+
+/// `3 findings (1 error, 2 warnings) in 2 captures` / `no findings in 2 captures`, and how many
+/// could not be read.
+fn summary(reports: &[CaptureReport], unreadable: usize) -> String {
+    let mut captures = plural(reports.len(), "capture", "captures");
+    if unreadable > 0 {
+        captures.push_str(&format!(" ({unreadable} more could not be read)"));
+    }
+    let all: Vec<Severity> = reports
+        .iter()
+        .flat_map(|r| r.findings.iter().map(|f| f.severity))
+        .collect();
+    if all.is_empty() {
+        return format!("no findings in {captures}\n");
+    }
+    let parts: Vec<String> = [
+        (Severity::Error, "error", "errors"),
+        (Severity::Warning, "warning", "warnings"),
+        (Severity::Information, "information", "information"),
+        (Severity::Hint, "hint", "hints"),
+    ]
+    .iter()
+    .filter_map(|&(sev, one, many)| {
+        let n = all.iter().filter(|s| **s == sev).count();
+        (n > 0).then(|| plural(n, one, many))
+    })
+    .collect();
+    format!(
+        "{} ({}) in {captures}\n",
+        plural(all.len(), "finding", "findings"),
+        parts.join(", ")
+    )
+}
+
+fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}

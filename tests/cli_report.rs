@@ -1,0 +1,110 @@
+//! `memlsp report` on real captures (skips while the engine is a stub on this branch).
+
+mod common;
+
+use common::{arg, memlsp};
+use memlsp::testdata::shared;
+use serde_json::Value;
+
+fn oracle_module<'a>(oracle: &'a Value, name: &str) -> &'a Value {
+    oracle["modules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["module"] == name)
+        .unwrap_or_else(|| panic!("oracle has no module {name}"))
+}
+
+#[test]
+fn jax_report_text_and_json_agree() {
+    let Some(dir) = shared("jax_cpu_captures/b_mlp_nodonate") else {
+        return;
+    };
+    let capture = dir.join("b_mlp_nodonate.xplane.pb");
+    let cwd = tempfile::tempdir().unwrap();
+    let module = "jit_train_step(36)";
+    let text = memlsp(&["report", arg(&capture), "--module", module], cwd.path());
+    if text.engine_missing() {
+        return;
+    }
+    assert_eq!(text.code, 0, "{}", text.stderr);
+    assert_eq!(text.stderr, "");
+    let json = memlsp(
+        &[
+            "report",
+            arg(&capture),
+            "--module",
+            module,
+            "--format",
+            "json",
+            "--top",
+            "3",
+        ],
+        cwd.path(),
+    );
+    assert_eq!(json.code, 0, "{}", json.stderr);
+    let doc = json.json();
+    assert_eq!(doc["memlsp"], env!("CARGO_PKG_VERSION"));
+    let c = &doc["captures"][0];
+    assert_eq!(c["kind"], "xla-capture");
+    assert!(c.get("torch").is_none());
+    // The text report opens with the same headline sentence.
+    let headline = c["headline"].as_str().unwrap();
+    assert!(!headline.is_empty());
+    assert_eq!(text.stdout.lines().next(), Some(headline));
+    assert!(
+        text.stdout.lines().count() > 3,
+        "a body follows the headline"
+    );
+
+    let oracle: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("oracle.json")).unwrap()).unwrap();
+    let want = oracle_module(&oracle, module);
+    let xla = &c["xla"];
+    assert_eq!(xla["module"], module);
+    assert_eq!(xla["plan"]["parameter_bytes"], want["parameter_bytes"]);
+    assert_eq!(xla["plan"]["output_bytes"], want["output_bytes"]);
+    assert_eq!(xla["plan"]["total_peak_bytes"], want["peak_total_bytes"]);
+    let sites = c["sites"].as_array().unwrap();
+    assert!(sites.len() <= 3, "--top 3 gave {} sites", sites.len());
+    for s in sites {
+        for key in [
+            "file", "line", "function", "bytes", "blocks", "percent", "stack",
+        ] {
+            assert!(s.get(key).is_some(), "site lacks {key}: {s}");
+        }
+    }
+}
+
+#[test]
+fn torch_report_totals_match_the_oracle() {
+    let (Some(snap), Some(oracle)) = (
+        shared("torch_snapshots/real/Yiyi-philosophy__oom_snapshot.pickle"),
+        shared("torch_snapshots/oracle/Yiyi-philosophy__oom_snapshot.pickle.json"),
+    ) else {
+        return;
+    };
+    let cwd = tempfile::tempdir().unwrap();
+    let run = memlsp(&["report", arg(&snap), "--format", "json"], cwd.path());
+    if run.engine_missing() {
+        return;
+    }
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let doc = run.json();
+    let want: Value = serde_json::from_str(&std::fs::read_to_string(oracle).unwrap()).unwrap();
+    let totals = &doc["captures"][0]["torch"]["totals"];
+    assert_eq!(
+        totals["reserved_bytes"],
+        want["memory"]["overall"]["reserved_bytes"]
+    );
+    assert_eq!(
+        totals["allocated_bytes"],
+        want["memory"]["overall"]["allocated_bytes"]
+    );
+    let text = memlsp(&["report", arg(&snap)], cwd.path());
+    assert_eq!(text.code, 0);
+    assert_eq!(
+        text.stdout.lines().next(),
+        doc["captures"][0]["headline"].as_str()
+    );
+}

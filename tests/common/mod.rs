@@ -1,0 +1,63 @@
+//! Spawning the real `memlsp` binary, as a user would.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Run `memlsp args…` in `cwd` with stdin closed.
+pub fn memlsp(args: &[&str], cwd: &Path) -> Run {
+    let out = Command::new(env!("CARGO_BIN_EXE_memlsp"))
+        .args(args)
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn memlsp");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+impl Run {
+    /// Exit 2 with exactly one `memlsp: …` line on stderr that mentions `needle`.
+    pub fn assert_one_line_error(&self, needle: &str) {
+        assert_eq!(self.code, 2, "exit code; stderr: {}", self.stderr);
+        let lines: Vec<&str> = self.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "one line on stderr, got: {:?}", self.stderr);
+        assert!(lines[0].starts_with("memlsp: "), "{}", lines[0]);
+        assert!(
+            lines[0].contains(needle),
+            "stderr {:?} lacks {needle:?}",
+            lines[0]
+        );
+        assert!(!self.stderr.contains("panicked"), "{}", self.stderr);
+    }
+
+    /// Stdout parsed as JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", self.stdout))
+    }
+
+    /// True (with a SKIP line) while the engine that reads this capture is still a stub on this
+    /// branch; these tests run for real once the engines are merged.
+    pub fn engine_missing(&self) -> bool {
+        let missing = self.code == 2 && self.stderr.contains("not built yet");
+        if missing {
+            eprintln!("SKIP: engine not merged yet: {}", self.stderr.trim());
+        }
+        missing
+    }
+}
+
+/// A path as a `&str` for argument lists.
+pub fn arg(p: &Path) -> &str {
+    p.to_str().expect("test paths are UTF-8")
+}
