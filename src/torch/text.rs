@@ -410,7 +410,7 @@ fn diagnosis(s: &mut String, a: &Analysis) {
     for f in &a.findings {
         let _ = writeln!(
             s,
-            "  {} {} ({}): {}",
+            "  {} {} ({}): {} {I}",
             f.code,
             f.pattern,
             f.severity.as_str(),
@@ -543,7 +543,7 @@ fn uncertainty(s: &mut String, snap: &Snapshot, a: &Analysis) {
     let _ = writeln!(
         s,
         "  - only PyTorch's caching allocator is visible: NCCL, cuDNN/cuBLAS workspaces and direct cudaMalloc \
-         are not; compare `torch.cuda.device_memory_used()` or nvidia-smi with the {} reserved here",
+         are not; compare `torch.cuda.device_memory_used()` or nvidia-smi with the {} reserved here {M}",
         fmt_bytes(o.reserved)
     );
     let _ = writeln!(
@@ -551,4 +551,74 @@ fn uncertainty(s: &mut String, snap: &Snapshot, a: &Analysis) {
         "  - roles (parameter, activation, optimizer state, …) are guessed from stack frames {I}"
     );
     let _ = snap;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::torch::analyze_snapshot;
+    use crate::torch::model::BlockState;
+    use crate::torch::stacks::tests::intern;
+    use crate::torch::totals::tests::{block, segment};
+
+    #[test]
+    fn sections_come_in_the_seed_order_and_name_what_a_trace_less_file_cannot_answer() {
+        let mut snap = Snapshot::default();
+        let st = intern(
+            &mut snap,
+            &[
+                (
+                    "/v/site-packages/torch/nn/modules/linear.py",
+                    125,
+                    "forward",
+                ),
+                ("/u/model.py", 12, "forward"),
+                ("/u/train.py", 40, "main"),
+            ],
+        );
+        let mut b = block(3 << 20, (3 << 20) - 100, BlockState::ActiveAllocated);
+        b.stack = Some(st);
+        snap.segments = vec![segment(
+            0,
+            1 << 30,
+            vec![b, block(1 << 20, 0, BlockState::Inactive)],
+        )];
+        let opts = Options::default();
+        let a = analyze_snapshot(&snap, &opts);
+        let text = render(&snap, &a, &opts, None, None);
+        let order = [
+            "Totals",
+            "Top sites",
+            "Free timeline",
+            "Diagnosis",
+            "Next steps",
+            "Uncertainty",
+        ];
+        let pos: Vec<usize> = order.iter().filter_map(|s| text.find(s)).collect();
+        assert_eq!(pos.len(), order.len(), "{text}");
+        assert!(pos.windows(2).all(|w| w[0] < w[1]), "{text}");
+        assert!(
+            text.contains("100.0%    3.00 MiB"),
+            "one site holds all live memory: {text}"
+        );
+        assert!(text.contains("called from /u/train.py:40 main"), "{text}");
+        assert!(text.contains("no trace (memory history was not recorded)"));
+        assert!(text.contains("_record_memory_history(max_entries=100000)"));
+        // Every line with a byte count carries a label.
+        for line in text
+            .lines()
+            .filter(|l| l.contains(" B)") || l.contains("MiB"))
+        {
+            assert!(
+                line.contains("[measured]")
+                    || line.contains("[read]")
+                    || line.contains("[inferred]"),
+                "unlabelled number: {line}"
+            );
+        }
+        assert_eq!(
+            summary_sentence(&snap, &a),
+            "3.00 MiB live in 4.00 MiB reserved on 1 device(s); the largest site is /u/model.py:12 with 100.0% of it, no problem pattern found."
+        );
+    }
 }
