@@ -229,11 +229,12 @@ fn sites(
             );
         }
         let frames = stack_locations(snap, site.stack, site.key);
-        let python = frames
+        // The callers in the user's own code say which loop or model part owns the memory.
+        let callers = frames
             .iter()
             .skip(1)
-            .filter(|l| opts_frames.classify(&l.file) != crate::source::frames::FrameKind::Native);
-        for l in python.take(2) {
+            .filter(|l| opts_frames.classify(&l.file) == crate::source::frames::FrameKind::User);
+        for l in callers.take(2) {
             let _ = writeln!(
                 s,
                 "        called from {}:{} {}",
@@ -573,6 +574,11 @@ mod tests {
                     "forward",
                 ),
                 ("/u/model.py", 12, "forward"),
+                (
+                    "/v/site-packages/torch/nn/modules/module.py",
+                    1747,
+                    "_call_impl",
+                ),
                 ("/u/train.py", 40, "main"),
             ],
         );
@@ -602,6 +608,10 @@ mod tests {
             "one site holds all live memory: {text}"
         );
         assert!(text.contains("called from /u/train.py:40 main"), "{text}");
+        assert!(
+            !text.contains("_call_impl"),
+            "framework callers are skipped: {text}"
+        );
         assert!(text.contains("no trace (memory history was not recorded)"));
         assert!(text.contains("_record_memory_history(max_entries=100000)"));
         // Every line with a byte count carries a label.
