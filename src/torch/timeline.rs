@@ -56,6 +56,12 @@ pub struct SiteTrace {
     pub retained_last: u64,
     /// Largest requested size among retained allocations.
     pub retained_max_size: u64,
+    /// Largest requested size among all allocations of the site in the window.
+    pub alloc_max_size: u64,
+    /// Bit w set when any allocation of the site falls in window part w.
+    pub alloc_windows: u16,
+    /// Index of the site's last allocation.
+    pub last_alloc: u64,
     pub role: Role,
     pub stack: Option<StackId>,
 }
@@ -249,6 +255,9 @@ fn device_timeline(
                     ..Default::default()
                 });
                 s.allocs += 1;
+                s.alloc_max_size = s.alloc_max_size.max(e.size);
+                s.alloc_windows |= 1 << part(i, n);
+                s.last_alloc = i as u64;
                 s.alloc_bytes = s.alloc_bytes.saturating_add(e.size);
                 running = running.saturating_add(signed(e.size));
                 let opt = s.role == Role::OptimizerState;
