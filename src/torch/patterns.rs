@@ -515,6 +515,23 @@ fn pending_frees(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
             trace_pending_bytes
         )));
     }
+    // Where the held blocks were allocated (the free stack above says where they were released).
+    let held = snap
+        .segments
+        .iter()
+        .flat_map(|s| s.blocks.iter().map(move |b| (s.stream, b)))
+        .filter(|(_, b)| b.state == BlockState::ActivePendingFree)
+        .max_by_key(|(_, b)| b.size);
+    if let Some((stream, b)) = held {
+        let (k, _) = a.stacks.site(b.stack);
+        if k.is_some() && k != key {
+            f = f.evidence(Evidence::measured(format!(
+                "the largest held block ({} B, stream {stream}) was allocated at {}",
+                b.size,
+                site_string(snap, k)
+            )));
+        }
+    }
     if delayed > 0 {
         let worst = a
             .timeline
