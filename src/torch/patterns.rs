@@ -862,7 +862,7 @@ fn top_site(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
     let (loc, stack) = culprit(snap, s.key, s.stack);
     let p = s.percent_of(allocated);
     let role = crate::torch::site_role(a, s);
-    let f = Finding::new(
+    let mut f = Finding::new(
         "PT001",
         "top live-memory site",
         Severity::Hint,
@@ -883,8 +883,10 @@ fn top_site(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
     .evidence(Evidence::measured(format!(
         "{} active_allocated blocks, {} B ({} B requested)",
         s.blocks, s.bytes, s.requested_bytes
-    )))
-    .evidence(Evidence::inferred(format!("role from the stack: {role}")));
+    )));
+    if role != "unknown" {
+        f = f.evidence(Evidence::inferred(format!("role from the stack: {role}")));
+    }
     out.push(f);
 }
 

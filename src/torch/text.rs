@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use crate::analyze::Options;
-use crate::findings::{FixKind, fmt_bytes};
+use crate::findings::fmt_bytes;
 use crate::torch::Analysis;
 use crate::torch::diff::Diff;
 use crate::torch::model::Snapshot;
@@ -435,13 +435,10 @@ fn next_steps(s: &mut String, snap: &Snapshot, a: &Analysis, have_diff: bool) {
             .unwrap_or_else(|| "(no user frame)".into());
         for fix in &f.fixes {
             n += 1;
-            let env = match &fix.kind {
-                FixKind::AllocConf { value } => format!(" — `PYTORCH_ALLOC_CONF={value}`"),
-                _ => String::new(),
-            };
+
             let _ = writeln!(
                 s,
-                "  {n}. {} [{}] {at}: {}{env}{}{}",
+                "  {n}. {} [{}] {at}: {}{}{}",
                 f.code,
                 f.severity.as_str(),
                 fix.title,
