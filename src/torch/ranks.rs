@@ -91,7 +91,7 @@ impl RankComparison {
                 fmt_bytes(r.reserved),
                 fmt_bytes(r.inactive),
                 r.peak
-                    .map(|p| format!("≈{}", fmt_bytes(p)))
+                    .map(|p| format!("≈{} [inferred]", fmt_bytes(p)))
                     .unwrap_or_else(|| "–".into()),
                 r.ooms,
                 r.top_site,

@@ -556,7 +556,8 @@ pub fn live_at(
     for (size, stack) in set.values() {
         out.bytes = out.bytes.saturating_add(*size);
         out.blocks += 1;
-        *out.role_bytes.entry(stacks.role(*stack)).or_default() += *size;
+        let r = out.role_bytes.entry(stacks.role(*stack)).or_default();
+        *r = r.saturating_add(*size);
         let (key, _) = stacks.site(*stack);
         let s = by.entry(key).or_insert((0, 0, *stack, 0));
         s.0 = s.0.saturating_add(*size);
