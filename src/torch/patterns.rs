@@ -60,7 +60,9 @@ fn any_oom(a: &Analysis) -> bool {
 
 /// PT009 for every OOM event, PT008 when the allocator state shows fragmentation.
 fn oom_findings(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
-    for oom in a.totals.oom_events() {
+    // A retry loop can record hundreds of OOMs: the first few are reported, the count is said.
+    let total = a.totals.oom_events().count();
+    for (n, oom) in a.totals.oom_events().take(4).enumerate() {
         let Some(diag) = a
             .fragmentation
             .iter()
@@ -97,6 +99,11 @@ fn oom_findings(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
                 .unwrap_or_else(|| "not recorded".into()),
         )));
         f.scope = Some(format!("device {}", oom.device));
+        if n == 0 && total > 4 {
+            f = f.evidence(Evidence::measured(format!(
+                "{total} OOM events in the trace; the first 4 are reported"
+            )));
+        }
         let live = a
             .timeline
             .device(oom.device)

@@ -329,7 +329,11 @@ fn timeline(s: &mut String, snap: &Snapshot, a: &Analysis) {
             );
         }
     }
-    for o in a.totals.oom_events() {
+    let ooms = a.totals.oom_events().count();
+    if ooms > 4 {
+        let _ = writeln!(s, "  {ooms} OOM events; the first 4: {M}");
+    }
+    for o in a.totals.oom_events().take(4) {
         let _ = writeln!(
             s,
             "  OOM on device {} at entry #{}: request {} {R}, device_free {} {R}, at {}",
