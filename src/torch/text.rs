@@ -132,6 +132,15 @@ fn totals(s: &mut String, _snap: &Snapshot, a: &Analysis) {
         "  segments                          {} {M} ({} expandable, {} holding inactive blocks)",
         o.segment_count, o.expandable_segments, o.segments_with_inactive
     );
+    if o.inactive > 0 {
+        let _ = writeln!(
+            s,
+            "  empty_cache() would return        {} in {} wholly inactive segments {M}; the rest of the \
+             inactive cache is reused by PyTorch but stays reserved (nvidia-smi counts it)",
+            fmt_bytes(o.releasable.1),
+            o.releasable.0
+        );
+    }
     if a.totals.trace_present {
         let _ = writeln!(
             s,
