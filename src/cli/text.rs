@@ -70,7 +70,12 @@ fn finding(out: &mut String, r: &CaptureReport, f: &Finding, resolver: Option<&R
         let mut line = format!("  = fix: {}", x.title);
         let mut notes = Vec::new();
         if let Some(s) = x.saving_bytes {
-            notes.push(format!("saves ~{}, inferred", fmt_bytes(s)));
+            // Titles often state the saving already; the label is what must not go missing.
+            if x.title.contains(&fmt_bytes(s)) {
+                notes.push("saving inferred".to_string());
+            } else {
+                notes.push(format!("saves ~{}, inferred", fmt_bytes(s)));
+            }
         }
         if let Some(c) = &x.cost {
             notes.push(format!("cost: {c}"));
