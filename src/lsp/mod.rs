@@ -1,6 +1,122 @@
 //! The language server (the only module that sees LSP types).
+//!
+//! Layout: `server` holds the request and notification handlers, `main_loop` the one task that
+//! owns state, `workspace` scanning and watching, `index` the per-line data built from reports,
+//! `to_proto` every conversion to LSP types, `config` the settings.
+//!
+//! Behaviour in short:
+//! - At `initialized` the server reads its settings (`initializationOptions`, then
+//!   `workspace/configuration` section `memlsp`), scans the workspace folders for captures
+//!   (`captureGlobs`; `.gitignore` respected; `.venv`, `node_modules`, `.git` skipped) and watches
+//!   them itself (notify + debouncer). Client `didChangeWatchedFiles` events take the same path.
+//! - Every capture is analysed on a blocking worker (two at a time). Results are cached by path,
+//!   mtime and size. A file that is still being written (the engine says truncated, or its size
+//!   changed during the analysis) stays quiet until it changes again; a failure on a file written
+//!   less than a second ago is looked at once more before it is reported. A truly unreadable
+//!   capture gets one log line and one `window/showMessage`, and no diagnostics.
+//! - Diagnostics are pushed for every workspace file a finding resolves to (and answered to pull
+//!   requests when the client advertises them); a deleted capture withdraws its own. When several
+//!   captures report the same code on one line for the same scope, the newest wins and the
+//!   message names the others.
+//! - Inlay hints (`38% live memory`, `41% of heap peak`), hovers (stack, sizes, labelled
+//!   evidence) and code actions (edits computed against the current buffer by
+//!   `source::edits::edits_for`; none when the line no longer matches) answer from the last
+//!   published `View` and never wait for an analysis.
+//! - Commands: `memlsp.reanalyze` (forget the cache, rescan), `memlsp.explain` (advice fixes).
+//! - Settings: `captureGlobs`, `pathMappings` (`{"recorded prefix": "local path"}`,
+//!   `${workspaceFolder}` expanded), `userFrameExcludes`, `inlayHints.enable`,
+//!   `inlayHints.minPercent` (default 1), `maxFileBytes`,
+//!   `topSites`.
 
-/// Run the language server on stdio (stub until the server lands).
+pub mod config;
+pub mod index;
+pub mod main_loop;
+pub mod server;
+pub mod to_proto;
+pub mod workspace;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock, RwLock};
+
+use crate::source::frames::FrameFilter;
+
+/// An open editor buffer (full sync).
+#[derive(Clone, Debug)]
+pub struct Doc {
+    pub text: String,
+    pub version: i32,
+}
+
+/// What the client can do, fixed at `initialize`.
+#[derive(Clone, Debug)]
+pub struct Caps {
+    pub encoding: to_proto::Encoding,
+    pub inlay_refresh: bool,
+    pub watched_files_dynamic: bool,
+    pub work_done_progress: bool,
+    pub configuration: bool,
+    pub pull_diagnostics: bool,
+    pub disabled_code_actions: bool,
+}
+
+impl Default for Caps {
+    fn default() -> Self {
+        Caps {
+            encoding: to_proto::Encoding::Utf16,
+            inlay_refresh: false,
+            watched_files_dynamic: false,
+            work_done_progress: false,
+            configuration: false,
+            pull_diagnostics: false,
+            disabled_code_actions: false,
+        }
+    }
+}
+
+/// The last published results; requests read only this (never wait for an analysis).
+#[derive(Default)]
+pub struct View {
+    pub index: Arc<index::Index>,
+    /// Exactly what was last pushed, per workspace file (also the pull-diagnostics answer).
+    pub diagnostics: HashMap<PathBuf, Vec<tower_lsp_server::ls_types::Diagnostic>>,
+    pub inlay_hints: bool,
+    pub inlay_min_percent: f64,
+    pub frames: FrameFilter,
+    pub encoding: to_proto::Encoding,
+}
+
+/// State shared between the owner task (the only writer) and the request handlers.
+#[derive(Default)]
+pub struct Shared {
+    pub view: RwLock<Arc<View>>,
+    pub docs: RwLock<HashMap<PathBuf, Doc>>,
+    pub caps: OnceLock<Caps>,
+}
+
+impl Shared {
+    pub fn view(&self) -> Arc<View> {
+        self.view
+            .read()
+            .map(|v| v.clone())
+            .unwrap_or_else(|_| Arc::new(View::default()))
+    }
+}
+
+/// Run the language server on stdin/stdout until the client says `exit`.
 pub fn run_stdio() -> anyhow::Result<()> {
-    anyhow::bail!("the language server is not built yet")
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(4)
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let (service, socket) = tower_lsp_server::LspService::new(server::Backend::new);
+        tower_lsp_server::Server::new(tokio::io::stdin(), tokio::io::stdout(), socket)
+            .serve(service)
+            .await;
+    });
+    // Do not wait for a long analysis of a capture nobody will look at any more.
+    rt.shutdown_timeout(std::time::Duration::from_millis(500));
+    Ok(())
 }

@@ -9,7 +9,7 @@ pub mod value;
 pub mod vm;
 
 pub use value::{Kind, Tree, Val, bigint_to_i128};
-pub use vm::{Limits, PickleError, PickleErrorKind, decode, decode_with};
+pub use vm::{Limits, PickleError, PickleErrorKind, Sink, decode, decode_streaming, decode_with};
 
 #[cfg(test)]
 mod tests {

@@ -20,6 +20,9 @@ const TAG_MASK: u64 = 0b111;
 const TAG_INT: u64 = 0;
 const TAG_NODE: u64 = 1;
 const TAG_CONST: u64 = 2;
+/// A zero-copy UTF-8 string: 40-bit input offset, 21-bit length, no arena node.
+const TAG_STR: u64 = 3;
+const STR_LEN_BITS: u32 = 21;
 
 /// Largest magnitude an inline int holds (±2^60).
 const INLINE_MAX: i64 = (1 << 60) - 1;
@@ -35,6 +38,20 @@ impl Val {
         (INLINE_MIN..=INLINE_MAX)
             .contains(&v)
             .then_some(Val(((v << TAG_BITS) as u64) | TAG_INT))
+    }
+    /// An inline string reference to `data[offset .. offset + len]`, if it fits.
+    pub(crate) fn inline_str(offset: usize, len: usize) -> Option<Val> {
+        (offset < (1 << 40) && len < (1 << STR_LEN_BITS))
+            .then_some(Val(((offset as u64) << (TAG_BITS + STR_LEN_BITS))
+                | ((len as u64) << TAG_BITS)
+                | TAG_STR))
+    }
+    fn str_range(self) -> Option<(usize, usize)> {
+        (self.0 & TAG_MASK == TAG_STR).then(|| {
+            let len = ((self.0 >> TAG_BITS) & ((1 << STR_LEN_BITS) - 1)) as usize;
+            let off = (self.0 >> (TAG_BITS + STR_LEN_BITS)) as usize;
+            (off, len)
+        })
     }
     pub(crate) fn node(id: u32) -> Val {
         Val(((id as u64) << TAG_BITS) | TAG_NODE)
@@ -88,6 +105,13 @@ pub enum Node {
     },
     /// A dict filled by several `SETITEM(S)` or with too many distinct shapes.
     OwnedDict(Box<Vec<(Val, Val)>>),
+    /// A list whose items were handed to a [`crate::pickle::vm::Sink`] as they were decoded.
+    StreamedList {
+        count: u32,
+        ordinal: u32,
+    },
+    /// A dict that was handed to a sink and not kept.
+    Consumed,
     /// `GLOBAL` / `STACK_GLOBAL`: recorded, never imported.
     Global(Box<(Val, Val)>),
     /// `REDUCE` / `NEWOBJ` / `OBJ` / `INST` / `BUILD`: recorded, never called. `(callable, args, state)`.
@@ -110,6 +134,8 @@ pub enum Kind<'t> {
     Dict,
     Global,
     Call,
+    /// A value already handed to a streaming sink (its content is not in the tree).
+    Consumed,
 }
 
 /// The decoded pickle: arena, container pool, dict shapes, and the root value.
@@ -156,6 +182,9 @@ impl<'a> Tree<'a> {
         if let Some(i) = v.inline_int() {
             return Kind::Int(i);
         }
+        if v.str_range().is_some() {
+            return Kind::Str;
+        }
         match v {
             Val::NONE => return Kind::None,
             Val::TRUE => return Kind::Bool(true),
@@ -167,7 +196,8 @@ impl<'a> Tree<'a> {
             Some(Node::Bytes { .. }) => Kind::Bytes,
             Some(Node::BigInt(b)) => Kind::BigInt(b),
             Some(Node::Float(f)) => Kind::Float(*f),
-            Some(Node::List { .. } | Node::OwnedList(_)) => Kind::List,
+            Some(Node::List { .. } | Node::OwnedList(_) | Node::StreamedList { .. }) => Kind::List,
+            Some(Node::Consumed) => Kind::Consumed,
             Some(Node::Tuple { .. }) => Kind::Tuple,
             Some(Node::Set(_)) => Kind::Set,
             Some(Node::Dict { .. } | Node::OwnedDict(_)) => Kind::Dict,
@@ -179,6 +209,10 @@ impl<'a> Tree<'a> {
 
     /// The text of a str value.
     pub fn str(&self, v: Val) -> Option<&str> {
+        if let Some((off, len)) = v.str_range() {
+            // Validated as UTF-8 when decoded.
+            return std::str::from_utf8(self.data.get(off..off + len)?).ok();
+        }
         match self.node(v)? {
             Node::Str { lo, hi, len } => {
                 let start = split_offset(*lo, *hi);
@@ -255,6 +289,14 @@ impl<'a> Tree<'a> {
             }
             Some(Node::OwnedList(items) | Node::Set(items)) => items,
             _ => &[],
+        }
+    }
+
+    /// For a list whose items went to a streaming sink: its list number (the sink's `list`).
+    pub fn streamed_ordinal(&self, v: Val) -> Option<u32> {
+        match self.node(v) {
+            Some(Node::StreamedList { ordinal, .. }) => Some(*ordinal),
+            _ => None,
         }
     }
 
@@ -358,6 +400,7 @@ impl<'a> Tree<'a> {
             Kind::Tuple => "a tuple".into(),
             Kind::Set => "a set".into(),
             Kind::Dict => "a dict".into(),
+            Kind::Consumed => "a streamed trace entry referenced a second time".into(),
             Kind::Global => match self.global(v) {
                 Some((m, n)) => format!("a reference to {m}.{n}"),
                 None => "a global".into(),

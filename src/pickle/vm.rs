@@ -62,6 +62,28 @@ impl Default for Limits {
     }
 }
 
+/// Receives the dict items of designated lists while they are decoded, so a caller can turn
+/// millions of small dicts into its own compact records instead of keeping them in the tree.
+///
+/// A list is streamed when it is an item of a list that is the value of the dict key
+/// [`Sink::key`] — for a PyTorch snapshot, each per-device list of `device_traces`. Streamed
+/// lists become [`Node::StreamedList`] (a count), their dicts [`Node::Consumed`].
+pub trait Sink {
+    /// The dict key whose value is a list of lists to stream.
+    fn key(&self) -> &str;
+    /// One dict of streamed list number `list` (numbered in creation order), as parallel key and
+    /// value slices. An `Err` stops decoding with that message at the current offset.
+    fn entry(
+        &mut self,
+        tree: &Tree<'_>,
+        list: u32,
+        keys: &[Val],
+        values: &[Val],
+    ) -> Result<(), String>;
+    /// `offset` bytes of input are consumed (called every few MiB), e.g. to release pages.
+    fn progress(&mut self, _offset: usize) {}
+}
+
 /// Decode a whole pickle held in memory. Strings point into `data`.
 pub fn decode(data: &[u8]) -> Result<Tree<'_>, PickleError> {
     decode_with(data, &Limits::default())
@@ -69,7 +91,23 @@ pub fn decode(data: &[u8]) -> Result<Tree<'_>, PickleError> {
 
 /// [`decode`] with explicit limits.
 pub fn decode_with<'a>(data: &'a [u8], limits: &Limits) -> Result<Tree<'a>, PickleError> {
+    decode_streaming(data, limits, None)
+}
+
+/// [`decode_with`], handing the dicts of the lists selected by `sink` to it as they complete.
+pub fn decode_streaming<'a>(
+    data: &'a [u8],
+    limits: &Limits,
+    sink: Option<&mut dyn Sink>,
+) -> Result<Tree<'a>, PickleError> {
+    let key = sink.as_ref().map(|s| s.key().as_bytes().to_vec());
     let mut vm = Vm {
+        sink,
+        stream_key: key,
+        streamed: Vec::new(),
+        next_progress: PROGRESS_STEP,
+        scratch_k: Vec::new(),
+        scratch_v: Vec::new(),
         d: data,
         p: 0,
         op_at: 0,
@@ -83,7 +121,7 @@ pub fn decode_with<'a>(data: &'a [u8], limits: &Limits) -> Result<Tree<'a>, Pick
         },
         stack: Vec::with_capacity(64),
         marks: Vec::with_capacity(16),
-        memo: Vec::new(),
+        memo: Vec::with_capacity(data.len() / 32),
         depth: Vec::new(),
         shape_ids: FxHashMap::default(),
         limits: limits.clone(),
@@ -96,7 +134,16 @@ const MARK: Val = Val::NONE; // never read back: marks are positions in `marks`
 const MAX_SHAPES: usize = 1 << 16;
 const MAX_SHAPE_KEYS: usize = 64;
 
-struct Vm<'a> {
+const PROGRESS_STEP: usize = 8 << 20;
+
+struct Vm<'a, 's> {
+    sink: Option<&'s mut dyn Sink>,
+    stream_key: Option<Vec<u8>>,
+    /// Node ids of streamed lists, in creation order (the sink's list number is the index).
+    streamed: Vec<u32>,
+    next_progress: usize,
+    scratch_k: Vec<Val>,
+    scratch_v: Vec<Val>,
     d: &'a [u8],
     p: usize,
     /// Offset of the opcode being executed (for errors).
@@ -113,7 +160,7 @@ struct Vm<'a> {
 
 type R<T> = Result<T, PickleError>;
 
-impl<'a> Vm<'a> {
+impl<'a> Vm<'a, '_> {
     fn err(&self, kind: PickleErrorKind, message: impl Into<String>) -> PickleError {
         PickleError {
             offset: self.op_at as u64,
@@ -298,6 +345,11 @@ impl<'a> Vm<'a> {
 
     fn new_str(&mut self, bytes: &'a [u8]) -> R<Val> {
         let start = bytes.as_ptr() as usize - self.d.as_ptr() as usize;
+        if bytes.is_ascii() || std::str::from_utf8(bytes).is_ok() {
+            if let Some(v) = Val::inline_str(start, bytes.len()) {
+                return Ok(v);
+            }
+        }
         let len = u32::try_from(bytes.len())
             .map_err(|_| self.err(PickleErrorKind::Limit, "string longer than 4 GiB"))?;
         let (lo, hi) = super::value::join_offset(start)
@@ -371,6 +423,9 @@ impl<'a> Vm<'a> {
     }
 
     fn append_items(&mut self, list: Val, items_from: usize) -> R<()> {
+        if let Some(Node::StreamedList { .. }) = self.tree.node_mut(list) {
+            return self.append_streamed(list, items_from);
+        }
         let items: Vec<Val> = self.stack.drain(items_from..).collect();
         self.nest(list, &items)?;
         let pool_len = self.tree.pool.len() as u32;
@@ -419,6 +474,101 @@ impl<'a> Vm<'a> {
         Ok(())
     }
 
+    /// Which streamed list (by number) the dict at stack index `di` is an item of, if any.
+    fn streamed_parent(&self, di: usize) -> Option<u32> {
+        if self.streamed.is_empty() {
+            return None;
+        }
+        let lookup = |v: Val| {
+            v.node_id()
+                .and_then(|id| self.streamed.iter().position(|&s| s == id))
+                .map(|i| i as u32)
+        };
+        let top_mark = self.marks.last().copied();
+        if let Some(m) = top_mark {
+            if m >= 1 && m <= di {
+                if let Some(k) = lookup(self.stack[m - 1]) {
+                    return Some(k);
+                }
+            }
+        }
+        if di >= 1 && top_mark.is_none_or(|m| m < di) {
+            return lookup(self.stack[di - 1]);
+        }
+        None
+    }
+
+    /// Whether a list created now (to be pushed at the stack top) is an item of the list under the
+    /// sink's key.
+    fn starts_streamed_list(&self) -> bool {
+        let Some(key) = &self.stream_key else {
+            return false;
+        };
+        let len = self.stack.len();
+        let is_outer = |i: usize| -> bool {
+            i >= 1
+                && matches!(
+                    self.tree
+                        .nodes
+                        .get(self.stack[i].node_id().unwrap_or(u32::MAX) as usize),
+                    Some(Node::List { .. } | Node::OwnedList(_))
+                )
+                && self
+                    .tree
+                    .str(self.stack[i - 1])
+                    .is_some_and(|k| k.as_bytes() == key.as_slice())
+        };
+        match self.marks.last().copied() {
+            Some(m) if m >= 1 && m <= len && is_outer(m - 1) => true,
+            top => len >= 1 && top.is_none_or(|m| m < len) && is_outer(len - 1),
+        }
+    }
+
+    fn append_streamed(&mut self, list: Val, items_from: usize) -> R<()> {
+        let ordinal = list
+            .node_id()
+            .and_then(|id| self.streamed.iter().position(|&s| s == id))
+            .unwrap_or(0) as u32;
+        let n = self.stack.len() - items_from;
+        for i in items_from..self.stack.len() {
+            let item = self.stack[i];
+            match self.tree.kind(item) {
+                crate::pickle::Kind::Consumed => {}
+                crate::pickle::Kind::Dict => {
+                    // A dict that was not streamed when filled (empty, or built with SETITEM).
+                    let (keys, values): (Vec<Val>, Vec<Val>) = self.tree.pairs(item).unzip();
+                    self.emit(ordinal, &keys, &values)?;
+                }
+                _ => {
+                    let what = self.tree.describe(item);
+                    let key = String::from_utf8_lossy(self.stream_key.as_deref().unwrap_or(b""))
+                        .into_owned();
+                    return Err(self.err(
+                        PickleErrorKind::Invalid,
+                        format!("an item of `{key}` is {what}, expected a dict"),
+                    ));
+                }
+            }
+        }
+        self.stack.truncate(items_from);
+        if let Some(Node::StreamedList { count, .. }) = self.tree.node_mut(list) {
+            *count = count.saturating_add(n as u32);
+        }
+        Ok(())
+    }
+
+    fn emit(&mut self, ordinal: u32, keys: &[Val], values: &[Val]) -> R<()> {
+        let Some(sink) = self.sink.as_deref_mut() else {
+            return Ok(());
+        };
+        sink.entry(&self.tree, ordinal, keys, values)
+            .map_err(|m| PickleError {
+                offset: self.op_at as u64,
+                kind: PickleErrorKind::Invalid,
+                message: m,
+            })
+    }
+
     fn set_items(&mut self, dict: Val, items_from: usize) -> R<()> {
         let n = self.stack.len() - items_from;
         if n % 2 != 0 {
@@ -426,6 +576,37 @@ impl<'a> Vm<'a> {
                 PickleErrorKind::Invalid,
                 "SETITEMS with an odd number of items",
             ));
+        }
+        // A fresh dict inside a streamed list goes to the sink, not into the tree.
+        if items_from >= 1 && self.stack[items_from - 1] == dict {
+            let fresh = matches!(
+                self.tree.node_mut(dict),
+                Some(Node::Dict {
+                    shape: u32::MAX,
+                    ..
+                })
+            );
+            if fresh {
+                if let Some(ordinal) = self.streamed_parent(items_from - 1) {
+                    let mut k = std::mem::take(&mut self.scratch_k);
+                    let mut v = std::mem::take(&mut self.scratch_v);
+                    k.clear();
+                    v.clear();
+                    for pair in self.stack[items_from..].chunks_exact(2) {
+                        k.push(pair[0]);
+                        v.push(pair[1]);
+                    }
+                    let r = self.emit(ordinal, &k, &v);
+                    self.scratch_k = k;
+                    self.scratch_v = v;
+                    r?;
+                    self.stack.truncate(items_from);
+                    if let Some(node) = self.tree.node_mut(dict) {
+                        *node = Node::Consumed;
+                    }
+                    return Ok(());
+                }
+            }
         }
         let items: Vec<Val> = self.stack.drain(items_from..).collect();
         self.nest(dict, &items)?;
@@ -559,6 +740,12 @@ impl<'a> Vm<'a> {
         use PickleErrorKind::*;
         loop {
             self.op_at = self.p;
+            if self.p >= self.next_progress {
+                self.next_progress = self.p + PROGRESS_STEP;
+                if let Some(sink) = self.sink.as_deref_mut() {
+                    sink.progress(self.p);
+                }
+            }
             let op = match self.d.get(self.p) {
                 Some(&b) => b,
                 None => {
@@ -793,7 +980,15 @@ impl<'a> Vm<'a> {
                 }
                 // ---- containers ----
                 b']' => {
-                    let v = self.new_node(Node::List { start: 0, len: 0 })?;
+                    let streamed = self.starts_streamed_list();
+                    let v = if streamed {
+                        let ordinal = self.streamed.len() as u32;
+                        let v = self.new_node(Node::StreamedList { count: 0, ordinal })?;
+                        self.streamed.push(v.node_id().unwrap_or(u32::MAX));
+                        v
+                    } else {
+                        self.new_node(Node::List { start: 0, len: 0 })?
+                    };
                     self.push(v)?;
                 }
                 b'l' => {

@@ -37,6 +37,11 @@ pub struct Resolver {
 }
 
 impl Resolver {
+    /// Absolute paths of the workspace's Python files the resolver matches against.
+    pub fn py_files(&self) -> impl Iterator<Item = &std::path::Path> + '_ {
+        self.files.iter().map(|f| f.abs.as_path())
+    }
+
     /// A resolver over `roots`; scans them for `*.py` files (respecting `.gitignore`, skipping
     /// `.venv` and `node_modules`, at most [`MAX_SCAN_ENTRIES`] entries per root).
     pub fn new(roots: Vec<PathBuf>, mappings: Vec<(String, PathBuf)>) -> Self {

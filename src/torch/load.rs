@@ -46,11 +46,11 @@ pub fn load_snapshot(path: &Path, opts: &LoadOptions) -> Result<Snapshot, Captur
         Ok(map) => {
             #[cfg(unix)]
             let _ = map.advise(memmap2::Advice::Sequential);
-            decode_snapshot(path, &map, opts)
+            decode_inner(path, &map, opts, Some(&map))
         }
         Err(_) => {
             let bytes = std::fs::read(path).map_err(|e| CaptureError::io(path, &e))?;
-            decode_snapshot(path, &bytes, opts)
+            decode_inner(path, &bytes, opts, None)
         }
     }
 }
@@ -60,6 +60,15 @@ pub fn decode_snapshot(
     path: &Path,
     bytes: &[u8],
     opts: &LoadOptions,
+) -> Result<Snapshot, CaptureError> {
+    decode_inner(path, bytes, opts, None)
+}
+
+fn decode_inner(
+    path: &Path,
+    bytes: &[u8],
+    opts: &LoadOptions,
+    map: Option<&memmap2::Mmap>,
 ) -> Result<Snapshot, CaptureError> {
     let first = bytes.iter().position(|b| !b.is_ascii_whitespace());
     match first.map(|i| bytes[i]) {
@@ -72,14 +81,26 @@ pub fn decode_snapshot(
         )),
         Some(b'{') | Some(b'[') => {
             let tree = tree_from_json(path, bytes)?;
-            build(path, &tree, opts)
+            build(path, &tree, opts, Interner::default(), None)
         }
         _ => {
             let limits = Limits {
                 refuse_globals: true,
                 ..Limits::default()
             };
-            let tree = pickle::decode_with(bytes, &limits).map_err(|e| {
+            let mut sink = TraceSink {
+                interner: Interner::default(),
+                traces: Vec::new(),
+                last_keys: Vec::new(),
+                last_slots: Vec::new(),
+                actions: FxHashMap::default(),
+                input_len: bytes.len(),
+                opts,
+                map,
+                error_at: None,
+            };
+            let decoded = pickle::decode_streaming(bytes, &limits, Some(&mut sink));
+            let tree = decoded.map_err(|e| {
                 let (kind, hint) = match e.kind {
                     PickleErrorKind::Truncated => (
                         ErrorKind::Truncated,
@@ -91,7 +112,8 @@ pub fn decode_snapshot(
                 };
                 CaptureError::new(path, kind, Some(e.offset), e.message, hint)
             })?;
-            let mut snap = build(path, &tree, opts)?;
+            let streamed = sink.finish();
+            let mut snap = build(path, &tree, opts, sink.interner, streamed)?;
             snap.pickle_protocol = tree.protocol;
             Ok(snap)
         }
@@ -213,28 +235,277 @@ fn line_col_to_offset(bytes: &[u8], line: usize, col: usize) -> u64 {
     bytes.len() as u64
 }
 
-/// Builds the model from the object graph, interning frames and stacks.
-struct Builder<'t, 'a> {
-    path: &'t Path,
-    t: &'t Tree<'a>,
-    snap: Snapshot,
+/// Frames and stacks interned by object identity first (PyTorch shares them), then by content.
+#[derive(Default)]
+struct Interner {
+    frames: Vec<Frame>,
+    stacks: Vec<Vec<FrameId>>,
     frame_by_val: FxHashMap<Val, FrameId>,
     frame_by_content: FxHashMap<Frame, FrameId>,
     stack_by_val: FxHashMap<Val, Option<StackId>>,
     stack_by_content: FxHashMap<Vec<FrameId>, StackId>,
+}
+
+impl Interner {
+    /// Intern a frames list. `None` for an empty list.
+    fn stack(&mut self, t: &Tree<'_>, list: Val) -> Result<Option<StackId>, String> {
+        if let Some(&s) = self.stack_by_val.get(&list) {
+            return Ok(s);
+        }
+        let items = t.items(list);
+        if items.is_empty() {
+            if !t.is_seq(list) {
+                return Err(format!(
+                    "a `frames` value is {}, expected a list",
+                    t.describe(list)
+                ));
+            }
+            self.stack_by_val.insert(list, None);
+            return Ok(None);
+        }
+        let mut ids = Vec::with_capacity(items.len());
+        for &f in items {
+            ids.push(self.frame(t, f)?);
+        }
+        let id = match self.stack_by_content.get(&ids) {
+            Some(&id) => id,
+            None => {
+                let id = u32::try_from(self.stacks.len())
+                    .map_err(|_| "more than 2^32 stacks".to_string())?;
+                self.stacks.push(ids.clone());
+                self.stack_by_content.insert(ids, id);
+                id
+            }
+        };
+        self.stack_by_val.insert(list, Some(id));
+        Ok(Some(id))
+    }
+
+    fn frame(&mut self, t: &Tree<'_>, f: Val) -> Result<FrameId, String> {
+        if let Some(&id) = self.frame_by_val.get(&f) {
+            return Ok(id);
+        }
+        let frame = if t.is_dict(f) {
+            let (mut name, mut filename, mut line) = ("", "", 0u64);
+            for (k, v) in t.pairs(f) {
+                match t.str(k) {
+                    Some("name") => name = t.str(v).unwrap_or(""),
+                    Some("filename") => filename = t.str(v).unwrap_or(""),
+                    Some("line") => {
+                        line = t
+                            .int128(v)
+                            .map_or(0, |i| u64::try_from(i.max(0)).unwrap_or(u64::MAX))
+                    }
+                    _ => {}
+                }
+            }
+            Frame {
+                name: name.to_string(),
+                filename: filename.to_string(),
+                line,
+            }
+        } else if let Some(s) = t.str(f) {
+            // `forward_frames`-style plain strings.
+            Frame {
+                name: s.to_string(),
+                filename: String::new(),
+                line: 0,
+            }
+        } else {
+            return Err(format!(
+                "a stack frame is {}, expected a dict",
+                t.describe(f)
+            ));
+        };
+        let id = match self.frame_by_content.get(&frame) {
+            Some(&id) => id,
+            None => {
+                let id = u32::try_from(self.frames.len())
+                    .map_err(|_| "more than 2^32 frames".to_string())?;
+                self.frames.push(frame.clone());
+                self.frame_by_content.insert(frame, id);
+                id
+            }
+        };
+        self.frame_by_val.insert(f, id);
+        Ok(id)
+    }
+}
+
+/// Converts trace-entry dicts to [`TraceEntry`]s while the pickle is decoded, so millions of
+/// entries never sit in the object graph.
+struct TraceSink<'o, 'm> {
+    interner: Interner,
+    /// Per streamed list (= per device): the newest entries, and how many were dropped.
+    traces: Vec<(std::collections::VecDeque<TraceEntry>, u64)>,
+    /// Key objects of the previous entry and their field slots.
+    last_keys: Vec<Val>,
+    last_slots: Vec<u8>,
+    /// Action str object → action.
+    actions: FxHashMap<Val, Action>,
+    input_len: usize,
+    opts: &'o LoadOptions,
+    map: Option<&'m memmap2::Mmap>,
+    error_at: Option<String>,
+}
+
+impl TraceSink<'_, '_> {
+    fn finish(&mut self) -> Option<Vec<(Vec<TraceEntry>, u64)>> {
+        let _ = &self.error_at;
+        if self.traces.is_empty() {
+            return None;
+        }
+        Some(
+            std::mem::take(&mut self.traces)
+                .into_iter()
+                .map(|(d, n)| (Vec::from(d), n))
+                .collect(),
+        )
+    }
+}
+
+impl pickle::Sink for TraceSink<'_, '_> {
+    fn key(&self) -> &str {
+        "device_traces"
+    }
+
+    fn entry(
+        &mut self,
+        t: &Tree<'_>,
+        list: u32,
+        keys: &[Val],
+        values: &[Val],
+    ) -> Result<(), String> {
+        let list = list as usize;
+        while self.traces.len() <= list {
+            // The first device list holds nearly all of a large file: reserve for it up front
+            // (untouched capacity costs no memory) so growing it never copies hundreds of MB.
+            let cap = if self.traces.is_empty() {
+                self.input_len / 64
+            } else {
+                0
+            };
+            self.traces
+                .push((std::collections::VecDeque::with_capacity(cap), 0));
+        }
+        // Every entry of a snapshot has the same key objects in the same order: map them once.
+        if keys != self.last_keys.as_slice() {
+            self.last_keys.clear();
+            self.last_keys.extend_from_slice(keys);
+            self.last_slots.clear();
+            for k in keys {
+                let slot = t
+                    .str(*k)
+                    .and_then(|name| TRACE_KEYS.iter().position(|w| *w == name))
+                    .map_or(u8::MAX, |i| i as u8);
+                self.last_slots.push(slot);
+            }
+        }
+        let mut fields = [None; 7];
+        for (slot, v) in self.last_slots.iter().zip(values) {
+            if let Some(f) = fields.get_mut(*slot as usize) {
+                *f = Some(*v);
+            }
+        }
+        let action = match fields[0] {
+            Some(a) => match self.actions.get(&a) {
+                Some(act) => act.clone(),
+                None => {
+                    let act = t
+                        .str(a)
+                        .map_or(Action::Other("<not a str>".into()), Action::parse);
+                    self.actions.insert(a, act.clone());
+                    act
+                }
+            },
+            None => Action::Other("<missing>".into()),
+        };
+        let entry = trace_entry(t, &mut self.interner, action, fields)?;
+        let (deque, dropped) = &mut self.traces[list];
+        if let Some(cap) = self.opts.max_trace_events {
+            if deque.len() >= cap {
+                *dropped += 1;
+                if deque.pop_front().is_none() {
+                    return Ok(());
+                }
+            }
+        }
+        deque.push_back(entry);
+        Ok(())
+    }
+
+    fn progress(&mut self, offset: usize) {
+        // Give back the pages of input already decoded: the strings kept point into the map and
+        // are re-read from the page cache if needed, so peak memory stays near the model's size.
+        #[cfg(unix)]
+        if let Some(map) = self.map {
+            let page = 4096;
+            let upto = (offset.saturating_sub(256 << 10)) / page * page;
+            if upto > 0 {
+                // SAFETY: the mapping is private and read-only; DONTNEED only drops clean pages.
+                let _ = unsafe {
+                    map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, 0, upto)
+                };
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = (offset, self.map);
+    }
+}
+
+/// One trace entry from its field values (in `TRACE_KEYS` order; the action already parsed).
+fn trace_entry(
+    t: &Tree<'_>,
+    interner: &mut Interner,
+    action: Action,
+    f: [Option<Val>; 7],
+) -> Result<TraceEntry, String> {
+    let [_, addr, size, stream, time_us, device_free, frames] = f;
+    let uint = |v: Option<Val>| {
+        v.and_then(|v| t.int128(v))
+            .map_or(0, |i| u64::try_from(i.max(0)).unwrap_or(u64::MAX))
+    };
+    let stack = match frames {
+        Some(fr) => interner.stack(t, fr)?,
+        None => None,
+    };
+    Ok(TraceEntry {
+        action,
+        addr: uint(addr),
+        size: uint(size),
+        stream: uint(stream),
+        time_us: time_us
+            .and_then(|v| t.int128(v))
+            .map(|i| i.clamp(i64::MIN as i128, i64::MAX as i128) as i64),
+        device_free: device_free.map(|v| uint(Some(v))),
+        stack,
+    })
+}
+
+/// Builds the model from the object graph.
+struct Builder<'t, 'a> {
+    path: &'t Path,
+    t: &'t Tree<'a>,
+    snap: Snapshot,
+    interner: Interner,
     /// Per dict shape: positions of the keys a reader asks for.
     shape_slots: FxHashMap<(u32, usize), Vec<Option<usize>>>,
 }
 
-fn build(path: &Path, t: &Tree<'_>, opts: &LoadOptions) -> Result<Snapshot, CaptureError> {
+type Streamed = Option<Vec<(Vec<TraceEntry>, u64)>>;
+
+fn build(
+    path: &Path,
+    t: &Tree<'_>,
+    opts: &LoadOptions,
+    interner: Interner,
+    streamed: Streamed,
+) -> Result<Snapshot, CaptureError> {
     let mut b = Builder {
         path,
         t,
         snap: Snapshot::default(),
-        frame_by_val: FxHashMap::default(),
-        frame_by_content: FxHashMap::default(),
-        stack_by_val: FxHashMap::default(),
-        stack_by_content: FxHashMap::default(),
+        interner,
         shape_slots: FxHashMap::default(),
     };
     let root = t.root;
@@ -257,7 +528,7 @@ fn build(path: &Path, t: &Tree<'_>, opts: &LoadOptions) -> Result<Snapshot, Capt
                 }
             }
             if let Some(tr) = traces {
-                b.traces(tr, opts)?;
+                b.traces(tr, opts, streamed)?;
             }
             if let Some(s) = settings {
                 b.settings(s);
@@ -267,6 +538,9 @@ fn build(path: &Path, t: &Tree<'_>, opts: &LoadOptions) -> Result<Snapshot, Capt
             b.snap.format = Some(SnapshotFormat::SegmentList);
             b.segments(root)?;
         }
+        Kind::Consumed => {
+            return Err(b.shape_error("a streamed trace entry is used as the top-level object"));
+        }
         _ => {
             let what = t.describe(root);
             return Err(b.shape_error(&format!(
@@ -274,6 +548,8 @@ fn build(path: &Path, t: &Tree<'_>, opts: &LoadOptions) -> Result<Snapshot, Capt
             )));
         }
     }
+    b.snap.frames = std::mem::take(&mut b.interner.frames);
+    b.snap.stacks = std::mem::take(&mut b.interner.stacks);
     Ok(b.snap)
 }
 
@@ -310,7 +586,6 @@ const TRACE_KEYS: &[&str; 7] = &[
     "device_free",
     "frames",
 ];
-const FRAME_KEYS: &[&str; 3] = &["name", "filename", "line"];
 
 impl<'t, 'a> Builder<'t, 'a> {
     fn shape_error(&self, what: &str) -> CaptureError {
@@ -485,7 +760,12 @@ impl<'t, 'a> Builder<'t, 'a> {
         Ok(())
     }
 
-    fn traces(&mut self, traces: Val, opts: &LoadOptions) -> Result<(), CaptureError> {
+    fn traces(
+        &mut self,
+        traces: Val,
+        opts: &LoadOptions,
+        streamed: Streamed,
+    ) -> Result<(), CaptureError> {
         let t = self.t;
         if !t.is_seq(traces) {
             let what = t.describe(traces);
@@ -493,8 +773,19 @@ impl<'t, 'a> Builder<'t, 'a> {
                 "`device_traces` is {what}, expected a list of lists"
             )));
         }
+        let mut streamed = streamed.unwrap_or_default();
         let mut all = Vec::new();
         for (d, &dev) in t.items(traces).iter().enumerate() {
+            if let Some(ordinal) = t.streamed_ordinal(dev) {
+                // Entries arrived through the sink while decoding.
+                let (entries, dropped) = streamed
+                    .get_mut(ordinal as usize)
+                    .map(std::mem::take)
+                    .unwrap_or_default();
+                self.snap.dropped_trace_entries += dropped;
+                all.push(entries);
+                continue;
+            }
             if !t.is_seq(dev) {
                 let what = t.describe(dev);
                 return Err(
@@ -527,7 +818,7 @@ impl<'t, 'a> Builder<'t, 'a> {
                             act
                         }
                     },
-                    None => Action::Other(String::from("<missing>")),
+                    None => Action::Other("<missing>".into()),
                 };
                 let stack = match frames {
                     Some(f) => self.stack(f)?,
@@ -567,70 +858,11 @@ impl<'t, 'a> Builder<'t, 'a> {
         self.snap.allocator_settings = Some(st);
     }
 
-    /// Intern a frames list. `None` for an empty list.
     fn stack(&mut self, list: Val) -> Result<Option<StackId>, CaptureError> {
-        if let Some(&s) = self.stack_by_val.get(&list) {
-            return Ok(s);
-        }
         let t = self.t;
-        let items = t.items(list);
-        if items.is_empty() {
-            self.stack_by_val.insert(list, None);
-            return Ok(None);
-        }
-        let mut ids = Vec::with_capacity(items.len());
-        for &f in items {
-            ids.push(self.frame(f)?);
-        }
-        let id = match self.stack_by_content.get(&ids) {
-            Some(&id) => id,
-            None => {
-                let id = u32::try_from(self.snap.stacks.len())
-                    .map_err(|_| self.shape_error("more than 2^32 stacks"))?;
-                self.snap.stacks.push(ids.clone());
-                self.stack_by_content.insert(ids, id);
-                id
-            }
-        };
-        self.stack_by_val.insert(list, Some(id));
-        Ok(Some(id))
-    }
-
-    fn frame(&mut self, f: Val) -> Result<FrameId, CaptureError> {
-        if let Some(&id) = self.frame_by_val.get(&f) {
-            return Ok(id);
-        }
-        let t = self.t;
-        let frame = if t.is_dict(f) {
-            let [name, filename, line] = self.fields(f, FRAME_KEYS);
-            Frame {
-                name: name.and_then(|v| t.str(v)).unwrap_or("").to_string(),
-                filename: filename.and_then(|v| t.str(v)).unwrap_or("").to_string(),
-                line: self.uint(line),
-            }
-        } else if let Some(s) = t.str(f) {
-            // `forward_frames`-style plain strings.
-            Frame {
-                name: s.to_string(),
-                filename: String::new(),
-                line: 0,
-            }
-        } else {
-            let what = t.describe(f);
-            return Err(self.shape_error(&format!("a stack frame is {what}, expected a dict")));
-        };
-        let id = match self.frame_by_content.get(&frame) {
-            Some(&id) => id,
-            None => {
-                let id = u32::try_from(self.snap.frames.len())
-                    .map_err(|_| self.shape_error("more than 2^32 frames"))?;
-                self.snap.frames.push(frame.clone());
-                self.frame_by_content.insert(frame, id);
-                id
-            }
-        };
-        self.frame_by_val.insert(f, id);
-        Ok(id)
+        self.interner
+            .stack(t, list)
+            .map_err(|m| self.shape_error(&m))
     }
 }
 

@@ -95,7 +95,8 @@ pub enum Action {
     Snapshot,
     Oom,
     Annotate,
-    Other(String),
+    /// Any other action string (boxed to keep `TraceEntry` small: millions of them are held).
+    Other(Box<str>),
 }
 
 impl Action {
@@ -111,7 +112,7 @@ impl Action {
             "snapshot" => Action::Snapshot,
             "oom" => Action::Oom,
             "annotate" => Action::Annotate,
-            other => Action::Other(other.to_string()),
+            other => Action::Other(other.into()),
         }
     }
     pub fn as_str(&self) -> &str {

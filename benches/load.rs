@@ -1,0 +1,144 @@
+//! Snapshot loading benchmark: MB/s and peak RSS of memlsp against CPython's `pickle.load`.
+//!
+//! `cargo bench --bench load [-- FILE]`. Without FILE it generates a ≥ 200 MB snapshot with
+//! PyTorch's sharing pattern (`benches/gen_snapshot.py`) under `target/bench/`. Each measurement
+//! runs in its own process so peak RSS (VmHWM) belongs to that phase alone; the numbers are the
+//! median of 3 runs.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    if args.first().map(String::as_str) == Some("--phase") {
+        let (phase, file) = (&args[1], Path::new(&args[2]));
+        run_phase(phase, file);
+        return;
+    }
+    let file = match args.first() {
+        Some(f) => PathBuf::from(f),
+        None => generate(),
+    };
+    let size = std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0);
+    let mb = size as f64 / 1e6;
+    println!("snapshot: {} ({:.1} MB)", file.display(), mb);
+    let exe = std::env::current_exe().unwrap();
+    let mut rows = Vec::new();
+    for phase in ["decode", "load", "report"] {
+        let (secs, rss) = median3(|| phase_in_child(&exe, phase, &file));
+        rows.push((format!("memlsp {phase}"), secs, rss));
+    }
+    let (py_secs, py_rss) = median3(|| python_load(&file));
+    rows.push(("CPython pickle.load".to_string(), py_secs, py_rss));
+    println!(
+        "{:<24} {:>9} {:>10} {:>12} {:>10} {:>10}",
+        "what", "seconds", "MB/s", "peak RSS MB", "RSS/file", "vs pickle"
+    );
+    for (what, secs, rss) in &rows {
+        println!(
+            "{:<24} {:>9.3} {:>10.0} {:>12.0} {:>10.2} {:>9.1}x",
+            what,
+            secs,
+            mb / secs,
+            *rss as f64 / 1e6,
+            *rss as f64 / size as f64,
+            py_secs / secs
+        );
+    }
+}
+
+fn median3(mut f: impl FnMut() -> (f64, u64)) -> (f64, u64) {
+    let mut runs: Vec<(f64, u64)> = (0..3).map(|_| f()).collect();
+    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    runs[1]
+}
+
+fn phase_in_child(exe: &Path, phase: &str, file: &Path) -> (f64, u64) {
+    let out = Command::new(exe)
+        .args(["--phase", phase])
+        .arg(file)
+        .output()
+        .expect("run bench phase");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut it = text.split_whitespace();
+    let secs: f64 = it.next().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        panic!(
+            "phase {phase} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    let rss: u64 = it.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+    (secs, rss)
+}
+
+fn run_phase(phase: &str, file: &Path) {
+    let t = Instant::now();
+    match phase {
+        "decode" => {
+            let bytes = std::fs::File::open(file)
+                .and_then(|f| unsafe { memmap2::Mmap::map(&f) })
+                .expect("map");
+            let tree = memlsp::pickle::decode(&bytes).expect("decode");
+            std::hint::black_box(tree.node_count());
+        }
+        "load" => {
+            let s = memlsp::torch::load::load_snapshot(file, &Default::default()).expect("load");
+            std::hint::black_box(s.segments.len());
+        }
+        "report" => {
+            let r = memlsp::analyze::analyze_file(file, &Default::default());
+            std::hint::black_box(r.is_ok());
+        }
+        _ => panic!("unknown phase"),
+    }
+    println!("{} {}", t.elapsed().as_secs_f64(), peak_rss());
+}
+
+fn peak_rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .unwrap_or(0)
+}
+
+fn python_load(file: &Path) -> (f64, u64) {
+    let script = "import pickle,sys,time,resource\nt=time.perf_counter()\nwith open(sys.argv[1],'rb') as f: pickle.load(f)\nprint(time.perf_counter()-t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss*1024)";
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(file)
+        .output()
+        .expect("python3");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut it = text.split_whitespace();
+    (
+        it.next().and_then(|s| s.parse().ok()).unwrap_or(f64::NAN),
+        it.next().and_then(|s| s.parse().ok()).unwrap_or(0),
+    )
+}
+
+fn generate() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench");
+    std::fs::create_dir_all(&dir).expect("mkdir target/bench");
+    let file = dir.join("snapshot_2600k.pickle");
+    if !file.exists() {
+        eprintln!("generating {} (about 30 s)…", file.display());
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("benches/gen_snapshot.py");
+        let st = Command::new("python3")
+            .arg(script)
+            .arg(&file)
+            .arg("2600000")
+            .status()
+            .expect("python3");
+        assert!(st.success(), "generator failed");
+    }
+    file
+}

@@ -1,0 +1,201 @@
+//! Server settings: the `memlsp` section of `workspace/configuration` (or `initializationOptions`).
+//!
+//! Unknown keys are ignored and a wrong type falls back to the default for that key, with a note
+//! the server logs once; a bad setting never stops the server.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::analyze::Options;
+use crate::source::frames::FrameFilter;
+
+/// Default capture globs (DESIGN.md): PyTorch pickles and JSON snapshots, JAX/XLA captures.
+pub const DEFAULT_GLOBS: [&str; 4] = [
+    "**/*.pickle",
+    "**/*.pkl",
+    "**/*snapshot*.json",
+    "**/*.xplane.pb",
+];
+
+/// Everything the user can set.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    pub capture_globs: Vec<String>,
+    /// `(recorded prefix, local prefix)`, longest recorded prefix first.
+    pub path_mappings: Vec<(String, String)>,
+    pub user_frame_excludes: Vec<String>,
+    pub inlay_hints: bool,
+    /// Sites below this share (percent) get no inlay hint: a `0% live memory` hint is noise.
+    pub inlay_min_percent: f64,
+    pub max_file_bytes: u64,
+    pub top_sites: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        let opts = Options::default();
+        Settings {
+            capture_globs: DEFAULT_GLOBS.iter().map(|s| s.to_string()).collect(),
+            path_mappings: Vec::new(),
+            user_frame_excludes: Vec::new(),
+            inlay_hints: true,
+            inlay_min_percent: 1.0,
+            max_file_bytes: opts.max_file_bytes,
+            top_sites: opts.top,
+        }
+    }
+}
+
+impl Settings {
+    /// Parse the `memlsp` section. Accepts the section itself or an object holding a `memlsp` key
+    /// (what `didChangeConfiguration` sends in the push model). Returns the settings and the
+    /// problems found (wrong types), to be logged.
+    pub fn from_json(value: &Value) -> (Settings, Vec<String>) {
+        let mut s = Settings::default();
+        let mut problems = Vec::new();
+        let v = match value.get("memlsp") {
+            Some(inner) if inner.is_object() => inner,
+            _ => value,
+        };
+        let Some(obj) = v.as_object() else {
+            return (s, problems);
+        };
+        if let Some(g) = obj.get("captureGlobs") {
+            match string_list(g) {
+                Some(list) if !list.is_empty() => s.capture_globs = list,
+                Some(_) => {}
+                None => problems.push("captureGlobs must be a list of strings".into()),
+            }
+        }
+        if let Some(m) = obj.get("pathMappings") {
+            match m.as_object() {
+                Some(map) => {
+                    for (k, v) in map {
+                        match v.as_str() {
+                            Some(local) => s.path_mappings.push((k.clone(), local.to_string())),
+                            None => problems.push(format!("pathMappings[{k:?}] must be a string")),
+                        }
+                    }
+                    // Longest recorded prefix first, so `/a/b` wins over `/a`.
+                    s.path_mappings
+                        .sort_by_key(|m| std::cmp::Reverse(m.0.len()));
+                }
+                None => problems.push(
+                    "pathMappings must be an object {\"recorded prefix\": \"local path\"}".into(),
+                ),
+            }
+        }
+        if let Some(e) = obj.get("userFrameExcludes") {
+            match string_list(e) {
+                Some(list) => s.user_frame_excludes = list,
+                None => problems.push("userFrameExcludes must be a list of strings".into()),
+            }
+        }
+        let inlay = obj
+            .get("inlayHints")
+            .and_then(|h| h.get("enable"))
+            .or_else(|| obj.get("inlayHints.enable"));
+        if let Some(b) = inlay {
+            match b.as_bool() {
+                Some(b) => s.inlay_hints = b,
+                None => problems.push("inlayHints.enable must be true or false".into()),
+            }
+        }
+        if let Some(p) = obj.get("inlayHints").and_then(|h| h.get("minPercent")) {
+            match p.as_f64() {
+                Some(p) if p >= 0.0 => s.inlay_min_percent = p,
+                _ => problems.push("inlayHints.minPercent must be a number >= 0".into()),
+            }
+        }
+        if let Some(n) = obj.get("maxFileBytes") {
+            match n.as_u64() {
+                Some(n) => s.max_file_bytes = n,
+                None => problems.push("maxFileBytes must be a positive integer".into()),
+            }
+        }
+        if let Some(n) = obj.get("topSites") {
+            match n.as_u64() {
+                Some(n) if n > 0 => s.top_sites = n as usize,
+                _ => problems.push("topSites must be a positive integer".into()),
+            }
+        }
+        (s, problems)
+    }
+
+    /// The analysis options these settings imply.
+    pub fn options(&self) -> Options {
+        Options {
+            top: self.top_sites,
+            max_file_bytes: self.max_file_bytes,
+            frames: FrameFilter::new(self.user_frame_excludes.clone()),
+            ..Options::default()
+        }
+    }
+
+    /// The settings that change analysis results (a change invalidates the cache).
+    pub fn options_key(&self) -> (usize, u64, &[String]) {
+        (
+            self.top_sites,
+            self.max_file_bytes,
+            &self.user_frame_excludes,
+        )
+    }
+
+    /// `pathMappings` with `${workspaceFolder}` expanded and relative local paths joined to the
+    /// first root.
+    pub fn mappings(&self, roots: &[PathBuf]) -> Vec<(String, PathBuf)> {
+        let first = roots
+            .first()
+            .map(PathBuf::as_path)
+            .unwrap_or(Path::new("."));
+        self.path_mappings
+            .iter()
+            .map(|(recorded, local)| {
+                let expanded = local.replace("${workspaceFolder}", &first.to_string_lossy());
+                let p = PathBuf::from(expanded);
+                let p = if p.is_absolute() { p } else { first.join(p) };
+                (recorded.clone(), p)
+            })
+            .collect()
+    }
+}
+
+fn string_list(v: &Value) -> Option<Vec<String>> {
+    v.as_array()?
+        .iter()
+        .map(|x| x.as_str().map(str::to_string))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn reads_every_key_and_keeps_defaults_for_missing_ones() {
+        let (s, problems) = Settings::from_json(&json!({
+            "captureGlobs": ["runs/**/*.pickle"],
+            "pathMappings": {"/srv": "${workspaceFolder}/x", "/srv/jaxdemo": "jax"},
+            "inlayHints": {"enable": false},
+            "topSites": 3
+        }));
+        assert!(problems.is_empty());
+        assert_eq!(s.capture_globs, vec!["runs/**/*.pickle"]);
+        assert!(!s.inlay_hints);
+        assert_eq!(s.top_sites, 3);
+        assert_eq!(s.max_file_bytes, Options::default().max_file_bytes);
+        let m = s.mappings(&[PathBuf::from("/ws")]);
+        assert_eq!(m[0], ("/srv/jaxdemo".into(), PathBuf::from("/ws/jax")));
+        assert_eq!(m[1], ("/srv".into(), PathBuf::from("/ws/x")));
+    }
+
+    #[test]
+    fn wrong_types_are_reported_not_fatal() {
+        let (s, problems) =
+            Settings::from_json(&json!({"memlsp": {"topSites": "ten", "captureGlobs": 3}}));
+        assert_eq!(problems.len(), 2);
+        assert_eq!(s, Settings::default());
+    }
+}

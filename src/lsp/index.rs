@@ -1,0 +1,364 @@
+//! What the server knows per workspace line, built from the last good report of every capture.
+//!
+//! Plain data, no LSP types: `to_proto` turns it into diagnostics, hints and hovers. Rebuilt from
+//! scratch whenever a capture's result changes (findings are few; this takes microseconds).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use crate::findings::{Finding, Location};
+use crate::report::{CaptureReport, Site};
+use crate::source::paths::Resolver;
+
+/// One capture's last good analysis.
+#[derive(Debug)]
+pub struct CaptureResult {
+    pub path: PathBuf,
+    pub mtime: SystemTime,
+    pub reports: Vec<CaptureReport>,
+}
+
+impl CaptureResult {
+    pub fn name(&self) -> String {
+        capture_name(&self.path)
+    }
+}
+
+/// The file name of a capture, as messages show it.
+pub fn capture_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.to_string_lossy().into_owned())
+}
+
+/// A stack frame with the workspace file it maps to, if any.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Frame {
+    pub recorded: Location,
+    pub local: Option<PathBuf>,
+}
+
+/// A finding placed on a workspace line.
+#[derive(Debug)]
+pub struct LineFinding {
+    pub finding: Finding,
+    pub capture: PathBuf,
+    /// Other (older) captures that report the same finding on this line.
+    pub also_in: Vec<String>,
+    /// The whole stack, innermost first, resolved where possible.
+    pub frames: Vec<Frame>,
+}
+
+impl LineFinding {
+    pub fn capture_name(&self) -> String {
+        capture_name(&self.capture)
+    }
+}
+
+/// A top live-memory site placed on a workspace line.
+#[derive(Debug)]
+pub struct LineSite {
+    pub site: Site,
+    pub capture: PathBuf,
+    pub frames: Vec<Frame>,
+}
+
+/// Everything on one line.
+#[derive(Debug, Default)]
+pub struct LineEntry {
+    pub findings: Vec<Arc<LineFinding>>,
+    pub sites: Vec<Arc<LineSite>>,
+}
+
+impl LineEntry {
+    /// The site an inlay hint shows: the largest share on this line.
+    pub fn top_site(&self) -> Option<&LineSite> {
+        self.sites
+            .iter()
+            .max_by(|a, b| a.site.percent.total_cmp(&b.site.percent))
+            .map(|s| s.as_ref())
+    }
+}
+
+/// Lines of one workspace file, keyed by 1-based line number.
+#[derive(Debug, Default)]
+pub struct FileEntry {
+    pub lines: BTreeMap<u32, LineEntry>,
+}
+
+/// The whole index.
+#[derive(Debug, Default)]
+pub struct Index {
+    pub files: HashMap<PathBuf, FileEntry>,
+    /// Recorded paths of culprit frames that did not map to a workspace file, with a count.
+    pub unresolved: BTreeMap<String, usize>,
+}
+
+impl Index {
+    /// Build from every capture's result. Newer captures win: when several captures report the
+    /// same code on the same line for the same scope (rank / module), the newest is shown and
+    /// the others are named in `also_in`.
+    pub fn build(captures: &[Arc<CaptureResult>], resolver: &Resolver) -> Index {
+        Index::build_with(captures, &|f| resolver.resolve(f))
+    }
+
+    /// `build` with any recorded-path → workspace-file function.
+    pub fn build_with(
+        captures: &[Arc<CaptureResult>],
+        resolve_path: &dyn Fn(&str) -> Option<PathBuf>,
+    ) -> Index {
+        let mut order: Vec<&Arc<CaptureResult>> = captures.iter().collect();
+        order.sort_by(|a, b| b.mtime.cmp(&a.mtime).then_with(|| a.path.cmp(&b.path)));
+
+        let mut idx = Index::default();
+        let mut cache: HashMap<String, Option<PathBuf>> = HashMap::new();
+        let mut resolve = |file: &str| -> Option<PathBuf> {
+            cache
+                .entry(file.to_string())
+                .or_insert_with(|| resolve_path(file))
+                .clone()
+        };
+        // (file, line, code, scope) → index into the line's findings.
+        let mut seen_findings: HashMap<(PathBuf, u32, &'static str, Option<String>), usize> =
+            HashMap::new();
+        let mut seen_sites: HashMap<(PathBuf, u32, Option<String>), ()> = HashMap::new();
+
+        for cap in order {
+            let name = cap.name();
+            for report in &cap.reports {
+                for f in &report.findings {
+                    let Some(loc) = &f.location else { continue };
+                    let Some(local) = resolve(&loc.file) else {
+                        *idx.unresolved.entry(loc.file.clone()).or_default() += 1;
+                        continue;
+                    };
+                    let key = (local.clone(), loc.line, f.code, f.scope.clone());
+                    let line = idx
+                        .files
+                        .entry(local)
+                        .or_default()
+                        .lines
+                        .entry(loc.line)
+                        .or_default();
+                    if let Some(&i) = seen_findings.get(&key) {
+                        if let Some(existing) = line.findings.get_mut(i) {
+                            if let Some(e) = Arc::get_mut(existing) {
+                                if !e.also_in.contains(&name) {
+                                    e.also_in.push(name.clone());
+                                }
+                            }
+                        }
+                        continue;
+                    }
+                    let frames = f
+                        .stack
+                        .iter()
+                        .map(|l| Frame {
+                            recorded: l.clone(),
+                            local: resolve(&l.file),
+                        })
+                        .collect();
+                    seen_findings.insert(key, line.findings.len());
+                    line.findings.push(Arc::new(LineFinding {
+                        finding: f.clone(),
+                        capture: cap.path.clone(),
+                        also_in: Vec::new(),
+                        frames,
+                    }));
+                }
+                for s in &report.sites {
+                    let Some(loc) = &s.location else { continue };
+                    let Some(local) = resolve(&loc.file) else {
+                        *idx.unresolved.entry(loc.file.clone()).or_default() += 1;
+                        continue;
+                    };
+                    let key = (local.clone(), loc.line, s.scope.clone());
+                    if seen_sites.insert(key, ()).is_some() {
+                        continue;
+                    }
+                    let frames = s
+                        .stack
+                        .iter()
+                        .map(|l| Frame {
+                            recorded: l.clone(),
+                            local: resolve(&l.file),
+                        })
+                        .collect();
+                    idx.files
+                        .entry(local)
+                        .or_default()
+                        .lines
+                        .entry(loc.line)
+                        .or_default()
+                        .sites
+                        .push(Arc::new(LineSite {
+                            site: s.clone(),
+                            capture: cap.path.clone(),
+                            frames,
+                        }));
+                }
+            }
+        }
+        // Most severe first on each line.
+        for file in idx.files.values_mut() {
+            for line in file.lines.values_mut() {
+                line.findings
+                    .sort_by_key(|f| std::cmp::Reverse(f.finding.severity));
+            }
+        }
+        idx
+    }
+
+    pub fn line(&self, file: &Path, line: u32) -> Option<&LineEntry> {
+        self.files.get(file)?.lines.get(&line)
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::findings::{Evidence, Fix, FixKind, Severity};
+    use crate::report::{CaptureKind, EngineData};
+    use std::time::Duration;
+
+    pub fn loc(file: &str, line: u32, function: &str) -> Location {
+        Location {
+            file: file.into(),
+            line,
+            function: function.into(),
+        }
+    }
+
+    /// A PyTorch-shaped report: one PT002 finding and one site on `train.py:8`.
+    pub fn report(capture: &str, scope: Option<&str>) -> CaptureReport {
+        let stack = vec![
+            loc(
+                "/usr/lib/python3/site-packages/torch/_tensor.py",
+                40,
+                "__add__",
+            ),
+            loc("/job/proj/train.py", 8, "step"),
+            loc("/job/proj/main.py", 20, "main"),
+        ];
+        let finding = Finding::new(
+            "PT002",
+            "retained autograd graph",
+            Severity::Warning,
+            "`loss` keeps the autograd graph alive: 1.20 GiB (38%) live at the snapshot",
+        )
+        .at(
+            Some(loc("/job/proj/train.py", 8, "step")),
+            stack[1..].to_vec(),
+        )
+        .bytes(1_288_490_188, Some(38.0))
+        .evidence(Evidence::measured(
+            "12 blocks allocated in backward stay live",
+        ))
+        .evidence(Evidence::inferred("accumulated without .detach()"))
+        .fix(
+            Fix::new(
+                "Accumulate `loss.detach()`",
+                FixKind::DetachAccumulated { item: false },
+            )
+            .preferred(),
+        );
+        let mut finding = finding;
+        finding.scope = scope.map(str::to_string);
+        CaptureReport {
+            path: PathBuf::from(capture),
+            kind: CaptureKind::TorchSnapshot,
+            headline: "h".into(),
+            engine: EngineData::None,
+            sites: vec![Site {
+                location: Some(loc("/job/proj/train.py", 8, "step")),
+                bytes: 1_288_490_188,
+                requested_bytes: None,
+                blocks: 12,
+                percent: 38.2,
+                stack,
+                role: None,
+                scope: scope.map(str::to_string),
+                percent_of: "live memory",
+            }],
+            findings: vec![finding],
+            text: String::new(),
+        }
+    }
+
+    fn resolve(f: &str) -> Option<PathBuf> {
+        f.strip_prefix("/job/proj/")
+            .map(|rel| PathBuf::from("/ws").join(rel))
+    }
+
+    fn capture(path: &str, age_s: u64, reports: Vec<CaptureReport>) -> Arc<CaptureResult> {
+        Arc::new(CaptureResult {
+            path: PathBuf::from(path),
+            mtime: SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000 - age_s),
+            reports,
+        })
+    }
+
+    #[test]
+    fn findings_and_sites_land_on_the_resolved_line() {
+        let caps = vec![capture(
+            "/ws/runs/a.pickle",
+            0,
+            vec![report("/ws/runs/a.pickle", None)],
+        )];
+        let idx = Index::build_with(&caps, &resolve);
+        let line = idx.line(Path::new("/ws/train.py"), 8).expect("line 8");
+        assert_eq!(line.findings.len(), 1);
+        assert_eq!(line.findings[0].finding.code, "PT002");
+        assert_eq!(line.top_site().map(|s| s.site.percent), Some(38.2));
+        // The torch frame does not resolve and is counted; the user frames do.
+        assert_eq!(idx.unresolved.len(), 0);
+        let frames = &line.findings[0].frames;
+        assert_eq!(frames[1].local.as_deref(), Some(Path::new("/ws/main.py")));
+    }
+
+    #[test]
+    fn the_newest_capture_wins_per_scope_and_names_the_others() {
+        let caps = vec![
+            capture(
+                "/ws/old.pickle",
+                100,
+                vec![report("/ws/old.pickle", Some("rank 0"))],
+            ),
+            capture(
+                "/ws/new.pickle",
+                0,
+                vec![report("/ws/new.pickle", Some("rank 0"))],
+            ),
+            capture(
+                "/ws/r1.pickle",
+                50,
+                vec![report("/ws/r1.pickle", Some("rank 1"))],
+            ),
+        ];
+        let idx = Index::build_with(&caps, &resolve);
+        let line = idx.line(Path::new("/ws/train.py"), 8).expect("line 8");
+        assert_eq!(line.findings.len(), 2, "one per scope");
+        let r0 = line
+            .findings
+            .iter()
+            .find(|f| f.finding.scope.as_deref() == Some("rank 0"))
+            .expect("rank 0");
+        assert_eq!(r0.capture, PathBuf::from("/ws/new.pickle"));
+        assert_eq!(r0.also_in, vec!["old.pickle".to_string()]);
+        assert_eq!(line.sites.len(), 2);
+    }
+
+    #[test]
+    fn unresolved_culprits_are_listed_not_lost() {
+        let caps = vec![capture(
+            "/ws/a.pickle",
+            0,
+            vec![report("/ws/a.pickle", None)],
+        )];
+        let idx = Index::build_with(&caps, &|_| None);
+        assert!(idx.files.is_empty());
+        assert_eq!(idx.unresolved.get("/job/proj/train.py"), Some(&2));
+    }
+}

@@ -1,0 +1,741 @@
+//! The one task that owns the server's state.
+//!
+//! tower-lsp-server runs handlers concurrently, so every notification that changes state is sent
+//! here over an mpsc channel and applied in order. Analyses run on blocking workers and report
+//! back with `Event::Done`; requests never wait for them: they read the last published `View`.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::panic::AssertUnwindSafe;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use serde_json::Value;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tower_lsp_server::Client;
+use tower_lsp_server::ls_types as lsp;
+
+use crate::analyze::{self, Options};
+use crate::error::CaptureError;
+use crate::lsp::config::Settings;
+use crate::lsp::index::{CaptureResult, Index, capture_name};
+use crate::lsp::to_proto;
+use crate::lsp::workspace::{CaptureMatcher, Watcher};
+use crate::lsp::{Caps, Doc, Shared, View};
+use crate::report::CaptureReport;
+use crate::source::paths::Resolver;
+
+/// How long to wait for a quiet file before the watcher reports it.
+const DEBOUNCE: Duration = Duration::from_millis(150);
+/// Analyses shorter than this show no progress.
+const PROGRESS_AFTER: Duration = Duration::from_millis(200);
+/// A failure on a file modified this recently may be a write in progress: look again first.
+const SETTLE: Duration = Duration::from_millis(1000);
+/// Interval of the two size polls before an analysis.
+const STABLE_POLL: Duration = Duration::from_millis(50);
+
+/// Everything that changes server state.
+pub enum Event {
+    Init {
+        roots: Vec<PathBuf>,
+        init_options: Option<Value>,
+    },
+    Initialized,
+    /// `didChangeConfiguration`: the pushed settings, or `None` to pull them again.
+    ConfigChanged(Option<Value>),
+    Settings(Value),
+    Open(PathBuf, Doc),
+    Change(PathBuf, Doc),
+    Close(PathBuf),
+    /// Paths that may have been created, changed or deleted (watcher or client).
+    Paths(Vec<PathBuf>),
+    Reanalyze(Option<oneshot::Sender<usize>>),
+    Done {
+        path: PathBuf,
+        key: FileKey,
+        after: Option<FileKey>,
+        outcome: Outcome,
+    },
+    Recheck(PathBuf),
+    ResolverReady(u64, Arc<Resolver>),
+    /// Answered once every earlier event has been applied (requests that need fresh buffers).
+    Barrier(oneshot::Sender<()>),
+    WatchError(String),
+    Shutdown,
+}
+
+/// What one analysis produced.
+pub enum Outcome {
+    /// The file changed between two polls before the analysis started.
+    Unstable,
+    Reports(Vec<CaptureReport>),
+    Error(CaptureError),
+    Panic(String),
+}
+
+/// Cache key of a capture: a changed size or mtime means new content.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileKey {
+    pub mtime: SystemTime,
+    pub len: u64,
+}
+
+impl FileKey {
+    pub fn of(path: &Path) -> Option<FileKey> {
+        let m = std::fs::metadata(path).ok()?;
+        m.is_file().then(|| FileKey {
+            mtime: m.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+            len: m.len(),
+        })
+    }
+}
+
+#[derive(Debug)]
+enum Status {
+    /// Never analysed, or invalidated.
+    New,
+    Good,
+    /// Still being written: quiet until it changes again.
+    Incomplete,
+    /// Failed on a freshly written file: looked at again after `SETTLE` before it is reported.
+    Provisional(String),
+    Failed,
+}
+
+struct Entry {
+    /// Key of the content last analysed (or being analysed).
+    key: Option<FileKey>,
+    running: bool,
+    /// Changed while an analysis was running: look again when it ends.
+    dirty: bool,
+    status: Status,
+    /// The last good result (kept while a newer write is incomplete).
+    result: Option<Arc<CaptureResult>>,
+}
+
+pub struct Owner {
+    client: Client,
+    shared: Arc<Shared>,
+    tx: mpsc::UnboundedSender<Event>,
+    roots: Vec<PathBuf>,
+    init_options: Option<Value>,
+    settings: Settings,
+    matcher: CaptureMatcher,
+    resolver: Option<Arc<Resolver>>,
+    resolver_gen: u64,
+    captures: BTreeMap<PathBuf, Entry>,
+    published: HashMap<PathBuf, Vec<lsp::Diagnostic>>,
+    watcher: Option<Watcher>,
+    registered: bool,
+    workers: Arc<Semaphore>,
+    progress_seq: u64,
+    logged_unresolved: BTreeMap<String, usize>,
+    /// Files already seen as `.py` by the resolver (to notice new ones).
+    py_files: HashSet<PathBuf>,
+}
+
+impl Owner {
+    pub fn new(client: Client, shared: Arc<Shared>, tx: mpsc::UnboundedSender<Event>) -> Owner {
+        let settings = Settings::default();
+        let (matcher, _) = CaptureMatcher::new(&[], &settings.capture_globs);
+        Owner {
+            client,
+            shared,
+            tx,
+            roots: Vec::new(),
+            init_options: None,
+            settings,
+            matcher,
+            resolver: None,
+            resolver_gen: 0,
+            captures: BTreeMap::new(),
+            published: HashMap::new(),
+            watcher: None,
+            registered: false,
+            workers: Arc::new(Semaphore::new(2)),
+            progress_seq: 0,
+            logged_unresolved: BTreeMap::new(),
+            py_files: HashSet::new(),
+        }
+    }
+
+    pub async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Event>) {
+        while let Some(ev) = rx.recv().await {
+            if matches!(ev, Event::Shutdown) {
+                self.watcher = None;
+                break;
+            }
+            self.handle(ev).await;
+        }
+    }
+
+    fn caps(&self) -> Caps {
+        self.shared.caps.get().cloned().unwrap_or_default()
+    }
+
+    async fn log(&self, typ: lsp::MessageType, msg: String) {
+        eprintln!("memlsp: {msg}");
+        self.client.log_message(typ, msg).await;
+    }
+
+    async fn handle(&mut self, ev: Event) {
+        match ev {
+            Event::Init {
+                roots,
+                init_options,
+            } => {
+                self.roots = roots;
+                self.init_options = init_options;
+            }
+            Event::Initialized => {
+                if let Some(opts) = self.init_options.clone() {
+                    self.apply_settings(&opts).await;
+                } else {
+                    self.apply_settings(&Value::Null).await;
+                }
+                self.pull_settings();
+                self.start_watching().await;
+            }
+            Event::ConfigChanged(Some(v)) if v.get("memlsp").is_some() => {
+                self.apply_settings(&v).await
+            }
+            Event::ConfigChanged(_) => self.pull_settings(),
+            Event::Settings(v) => self.apply_settings(&v).await,
+            Event::Open(path, doc) | Event::Change(path, doc) => {
+                if let Ok(mut docs) = self.shared.docs.write() {
+                    let newer = docs.get(&path).is_none_or(|d| d.version <= doc.version);
+                    if newer {
+                        docs.insert(path, doc);
+                    }
+                }
+            }
+            Event::Close(path) => {
+                if let Ok(mut docs) = self.shared.docs.write() {
+                    docs.remove(&path);
+                }
+            }
+            Event::Paths(paths) => {
+                let mut changed = false;
+                let mut py_changed = false;
+                for p in paths {
+                    if self.matcher.is_capture(&p) {
+                        changed |= self.consider(&p);
+                    } else if p.extension().is_some_and(|e| e == "py") {
+                        let exists = p.is_file();
+                        if exists != self.py_files.contains(&p) {
+                            py_changed = true;
+                        }
+                    }
+                }
+                if py_changed {
+                    self.rebuild_resolver();
+                }
+                if changed {
+                    self.republish().await;
+                }
+            }
+            Event::Reanalyze(reply) => {
+                let paths: Vec<PathBuf> = self.captures.keys().cloned().collect();
+                for e in self.captures.values_mut() {
+                    e.key = None;
+                    e.status = Status::New;
+                }
+                self.rescan();
+                let mut n = 0;
+                for p in &paths {
+                    self.consider(p);
+                    n += 1;
+                }
+                if let Some(r) = reply {
+                    let _ = r.send(n);
+                }
+            }
+            Event::Done {
+                path,
+                key,
+                after,
+                outcome,
+            } => {
+                self.finish(path, key, after, outcome).await;
+            }
+            Event::Recheck(path) => self.recheck(&path).await,
+            Event::ResolverReady(generation, resolver) => {
+                if generation == self.resolver_gen {
+                    self.py_files = resolver.py_files().map(|p| p.to_path_buf()).collect();
+                    self.resolver = Some(resolver);
+                    self.republish().await;
+                }
+            }
+            Event::Barrier(reply) => {
+                let _ = reply.send(());
+            }
+            Event::WatchError(e) => {
+                self.log(lsp::MessageType::WARNING, format!("file watcher: {e}"))
+                    .await
+            }
+            Event::Shutdown => {}
+        }
+    }
+
+    /// Ask the client for the `memlsp` section (in a task: the owner never waits on the client).
+    fn pull_settings(&self) {
+        if !self.caps().configuration {
+            return;
+        }
+        let client = self.client.clone();
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let item = lsp::ConfigurationItem {
+                scope_uri: None,
+                section: Some("memlsp".into()),
+            };
+            let res =
+                tokio::time::timeout(Duration::from_secs(5), client.configuration(vec![item]));
+            if let Ok(Ok(mut values)) = res.await {
+                if let Some(v) = values.pop() {
+                    if !v.is_null() {
+                        let _ = tx.send(Event::Settings(v));
+                    }
+                }
+            }
+        });
+    }
+
+    async fn apply_settings(&mut self, v: &Value) {
+        let (settings, problems) = Settings::from_json(v);
+        for p in problems {
+            self.log(lsp::MessageType::WARNING, format!("settings: {p}"))
+                .await;
+        }
+        let first = self.resolver_gen == 0;
+        if !first && settings == self.settings {
+            return;
+        }
+        let options_changed = settings.options_key() != self.settings.options_key();
+        self.settings = settings;
+        let (matcher, bad) = CaptureMatcher::new(&self.roots, &self.settings.capture_globs);
+        for b in bad {
+            self.log(lsp::MessageType::WARNING, format!("captureGlobs: {b}"))
+                .await;
+        }
+        self.matcher = matcher;
+        // Captures that no longer match the globs are dropped.
+        let before = self.captures.len();
+        let m = &self.matcher;
+        self.captures.retain(|p, _| m.is_capture(p));
+        if options_changed {
+            for e in self.captures.values_mut() {
+                e.key = None;
+                e.status = Status::New;
+            }
+        }
+        self.store_view(None);
+        self.rebuild_resolver();
+        self.rescan();
+        if before != self.captures.len() {
+            self.republish().await;
+        }
+    }
+
+    fn rebuild_resolver(&mut self) {
+        self.resolver_gen += 1;
+        let generation = self.resolver_gen;
+        let roots = self.roots.clone();
+        let mappings = self.settings.mappings(&roots);
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let built =
+                tokio::task::spawn_blocking(move || Arc::new(Resolver::new(roots, mappings))).await;
+            match built {
+                Ok(r) => {
+                    let _ = tx.send(Event::ResolverReady(generation, r));
+                }
+                Err(e) => eprintln!("memlsp: indexing the workspace failed: {e}"),
+            }
+        });
+    }
+
+    /// Find every capture under the roots (off the async executor).
+    fn rescan(&self) {
+        let matcher = self.matcher.clone();
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            if let Ok(found) = tokio::task::spawn_blocking(move || matcher.scan()).await {
+                let _ = tx.send(Event::Paths(found));
+            }
+        });
+    }
+
+    async fn start_watching(&mut self) {
+        if self.watcher.is_none() && !self.roots.is_empty() {
+            let tx = self.tx.clone();
+            let tx_err = self.tx.clone();
+            match crate::lsp::workspace::watch(
+                &self.roots,
+                DEBOUNCE,
+                move |paths| {
+                    let _ = tx.send(Event::Paths(paths));
+                },
+                move |e| {
+                    let _ = tx_err.send(Event::WatchError(e));
+                },
+            ) {
+                Ok(w) => self.watcher = Some(w),
+                Err(e) => {
+                    self.log(
+                        lsp::MessageType::WARNING,
+                        format!("cannot watch the workspace ({e}); captures update on memlsp.reanalyze or client file events"),
+                    )
+                    .await
+                }
+            }
+        }
+        if !self.registered && self.caps().watched_files_dynamic {
+            self.registered = true;
+            let watchers = self
+                .settings
+                .capture_globs
+                .iter()
+                .map(|g| lsp::FileSystemWatcher {
+                    glob_pattern: lsp::GlobPattern::String(g.clone()),
+                    kind: None,
+                })
+                .collect();
+            let opts = lsp::DidChangeWatchedFilesRegistrationOptions { watchers };
+            let client = self.client.clone();
+            if let Ok(options) = serde_json::to_value(opts) {
+                tokio::spawn(async move {
+                    let reg = lsp::Registration {
+                        id: "memlsp-captures".into(),
+                        method: "workspace/didChangeWatchedFiles".into(),
+                        register_options: Some(options),
+                    };
+                    let _ = client.register_capability(vec![reg]).await;
+                });
+            }
+        }
+    }
+
+    /// Look at one capture path; start an analysis when its content is new. Returns true when a
+    /// published result went away (deleted file).
+    fn consider(&mut self, path: &Path) -> bool {
+        let Some(key) = FileKey::of(path) else {
+            // Gone (or a directory): withdraw what it said.
+            return self
+                .captures
+                .remove(path)
+                .is_some_and(|e| e.result.is_some());
+        };
+        let entry = self.captures.entry(path.to_path_buf()).or_insert(Entry {
+            key: None,
+            running: false,
+            dirty: false,
+            status: Status::New,
+            result: None,
+        });
+        if entry.running {
+            entry.dirty = true;
+            return false;
+        }
+        if entry.key == Some(key) && !matches!(entry.status, Status::New) {
+            return false; // cached: same path, mtime and size
+        }
+        entry.key = Some(key);
+        entry.running = true;
+        self.spawn_analysis(path.to_path_buf(), key);
+        false
+    }
+
+    fn spawn_analysis(&mut self, path: PathBuf, key: FileKey) {
+        let opts: Options = self.settings.options();
+        let tx = self.tx.clone();
+        let workers = self.workers.clone();
+        let client = self.client.clone();
+        let progress = self.caps().work_done_progress;
+        self.progress_seq += 1;
+        let token = lsp::ProgressToken::String(format!("memlsp/analyse/{}", self.progress_seq));
+        tokio::spawn(async move {
+            let _permit = workers.acquire_owned().await;
+            // Two polls of the size: a file still growing is not read yet (the engines map files
+            // into memory; reading one mid-write only wastes work).
+            tokio::time::sleep(STABLE_POLL).await;
+            let polled = FileKey::of(&path);
+            if polled != Some(key) {
+                let _ = tx.send(Event::Done {
+                    path,
+                    key,
+                    after: polled,
+                    outcome: Outcome::Unstable,
+                });
+                return;
+            }
+            let p = path.clone();
+            let mut job = tokio::task::spawn_blocking(move || {
+                let outcome = match std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    analyze::analyze_file(&p, &opts)
+                })) {
+                    Ok(Ok(report)) => Outcome::Reports(vec![report]),
+                    Ok(Err(e)) => Outcome::Error(e),
+                    Err(panic) => Outcome::Panic(panic_message(panic.as_ref())),
+                };
+                (outcome, FileKey::of(&p))
+            });
+            let joined = tokio::select! {
+                r = &mut job => r,
+                _ = tokio::time::sleep(PROGRESS_AFTER) => {
+                    if progress && client.create_work_done_progress(token.clone()).await.is_ok() {
+                        let bar = client
+                            .progress(token, format!("memlsp: analysing {}", capture_name(&path)))
+                            .begin()
+                            .await;
+                        let r = job.await;
+                        bar.finish().await;
+                        r
+                    } else {
+                        job.await
+                    }
+                }
+            };
+            let (outcome, after) = match joined {
+                Ok(x) => x,
+                Err(e) => (Outcome::Panic(e.to_string()), None),
+            };
+            let _ = tx.send(Event::Done {
+                path,
+                key,
+                after,
+                outcome,
+            });
+        });
+    }
+
+    async fn finish(
+        &mut self,
+        path: PathBuf,
+        key: FileKey,
+        after: Option<FileKey>,
+        outcome: Outcome,
+    ) {
+        let Some(entry) = self.captures.get_mut(&path) else {
+            return; // deleted or no longer matching while it ran
+        };
+        entry.running = false;
+        let stable = after == Some(key);
+        let mut changed = false;
+        let mut report_failure: Option<String> = None;
+        match outcome {
+            Outcome::Reports(reports) if stable => {
+                entry.status = Status::Good;
+                entry.result = Some(Arc::new(CaptureResult {
+                    path: path.clone(),
+                    mtime: key.mtime,
+                    reports,
+                }));
+                changed = true;
+            }
+            Outcome::Reports(_) | Outcome::Unstable => {
+                // Changed while being read: look again now (the new content has a new key).
+                entry.status = Status::Incomplete;
+                entry.dirty = true;
+            }
+            Outcome::Error(e) if e.is_incomplete() || !stable => {
+                entry.status = Status::Incomplete;
+                eprintln!(
+                    "memlsp: {} is still being written; retrying on its next change",
+                    path.display()
+                );
+                schedule_recheck(&self.tx, &path);
+            }
+            Outcome::Error(e) => {
+                let fresh = SystemTime::now()
+                    .duration_since(key.mtime)
+                    .is_ok_and(|age| age < SETTLE);
+                if fresh && !matches!(entry.status, Status::Provisional(_)) {
+                    entry.status = Status::Provisional(e.to_string());
+                    schedule_recheck(&self.tx, &path);
+                } else {
+                    entry.status = Status::Failed;
+                    changed = entry.result.take().is_some();
+                    report_failure = Some(e.to_string());
+                }
+            }
+            Outcome::Panic(msg) => {
+                entry.status = Status::Failed;
+                changed = entry.result.take().is_some();
+                report_failure = Some(format!(
+                    "{}: the analysis panicked ({msg}); please report this with the file",
+                    path.display()
+                ));
+            }
+        }
+        let again = std::mem::take(&mut entry.dirty);
+        if let Some(msg) = report_failure {
+            self.report_failure(msg).await;
+        }
+        if again {
+            changed |= self.consider(&path);
+        }
+        if changed {
+            self.republish().await;
+        }
+    }
+
+    /// A second look at a file whose last analysis was inconclusive.
+    async fn recheck(&mut self, path: &Path) {
+        let Some(entry) = self.captures.get_mut(path) else {
+            return;
+        };
+        if entry.running {
+            return;
+        }
+        let now = FileKey::of(path);
+        if now != entry.key {
+            let changed = self.consider(path);
+            if changed {
+                self.republish().await;
+            }
+            return;
+        }
+        // Unchanged for `SETTLE`: a provisional failure is real now. An incomplete file stays
+        // quiet until it changes (a dump that stopped half-way is not the user's error yet).
+        if let Status::Provisional(msg) = &entry.status {
+            let msg = msg.clone();
+            entry.status = Status::Failed;
+            let changed = entry.result.take().is_some();
+            self.report_failure(msg).await;
+            if changed {
+                self.republish().await;
+            }
+        }
+    }
+
+    async fn report_failure(&self, msg: String) {
+        self.log(
+            lsp::MessageType::ERROR,
+            format!("cannot read capture: {msg}"),
+        )
+        .await;
+        self.client
+            .show_message(lsp::MessageType::WARNING, format!("memlsp: {msg}"))
+            .await;
+    }
+
+    fn store_view(&self, index: Option<Index>) {
+        let caps = self.caps();
+        if let Ok(mut view) = self.shared.view.write() {
+            let index = match index {
+                Some(i) => Arc::new(i),
+                None => view.index.clone(),
+            };
+            *view = Arc::new(View {
+                index,
+                diagnostics: self.published.clone(),
+                inlay_hints: self.settings.inlay_hints,
+                inlay_min_percent: self.settings.inlay_min_percent,
+                frames: self.settings.options().frames,
+                encoding: caps.encoding,
+            });
+        }
+    }
+
+    /// Rebuild the index from every capture's last good result and publish what changed.
+    async fn republish(&mut self) {
+        let Some(resolver) = self.resolver.clone() else {
+            return; // published once the workspace index is ready
+        };
+        let results: Vec<Arc<CaptureResult>> = self
+            .captures
+            .values()
+            .filter_map(|e| e.result.clone())
+            .collect();
+        let index = Index::build(&results, &resolver);
+
+        if index.unresolved != self.logged_unresolved && !index.unresolved.is_empty() {
+            let list: Vec<String> = index
+                .unresolved
+                .iter()
+                .map(|(f, n)| format!("{f} ({n})"))
+                .collect();
+            self.log(
+                lsp::MessageType::INFO,
+                format!(
+                    "{} recorded file(s) not found in the workspace (set memlsp.pathMappings): {}",
+                    index.unresolved.len(),
+                    list.join(", ")
+                ),
+            )
+            .await;
+        }
+        self.logged_unresolved = index.unresolved.clone();
+
+        let enc = self.caps().encoding;
+        let mut next: HashMap<PathBuf, Vec<lsp::Diagnostic>> = HashMap::new();
+        for (file, fe) in &index.files {
+            let text = self.text_of(file);
+            let mut diags = Vec::new();
+            for (line, le) in &fe.lines {
+                let lt = text
+                    .as_deref()
+                    .and_then(|t| to_proto::line_of(t, line.saturating_sub(1)));
+                for lf in &le.findings {
+                    diags.push(to_proto::diagnostic(lf, lt, enc));
+                }
+            }
+            if !diags.is_empty() {
+                next.insert(file.clone(), diags);
+            }
+        }
+        let mut to_send = Vec::new();
+        for (file, diags) in &next {
+            if self.published.get(file) != Some(diags) {
+                to_send.push((file.clone(), diags.clone()));
+            }
+        }
+        for file in self.published.keys() {
+            if !next.contains_key(file) {
+                to_send.push((file.clone(), Vec::new()));
+            }
+        }
+        self.published = next;
+        self.store_view(Some(index));
+        for (file, diags) in to_send {
+            if let Some(uri) = to_proto::uri(&file) {
+                self.client.publish_diagnostics(uri, diags, None).await;
+            }
+        }
+        if self.caps().inlay_refresh {
+            let client = self.client.clone();
+            tokio::spawn(async move {
+                let _ = client.inlay_hint_refresh().await;
+            });
+        }
+    }
+
+    fn text_of(&self, path: &Path) -> Option<String> {
+        if let Ok(docs) = self.shared.docs.read() {
+            if let Some(d) = docs.get(path) {
+                return Some(d.text.clone());
+            }
+        }
+        std::fs::read_to_string(path).ok()
+    }
+}
+
+fn schedule_recheck(tx: &mpsc::UnboundedSender<Event>, path: &Path) {
+    let tx = tx.clone();
+    let p = path.to_path_buf();
+    tokio::spawn(async move {
+        tokio::time::sleep(SETTLE).await;
+        let _ = tx.send(Event::Recheck(p));
+    });
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".into()
+    }
+}

@@ -1,0 +1,429 @@
+//! Request and notification handlers.
+//!
+//! Notifications only forward to the owner task (`main_loop`); requests answer from the last
+//! published `View`, so a running analysis never delays a hover or an inlay hint.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot};
+use tower_lsp_server::jsonrpc::Result;
+use tower_lsp_server::ls_types::*;
+use tower_lsp_server::{Client, LanguageServer};
+
+use crate::findings::{self, FixKind};
+use crate::lsp::main_loop::{Event, Owner};
+use crate::lsp::to_proto::{self, Encoding};
+use crate::lsp::{Caps, Doc, Shared};
+use crate::source::edits;
+
+pub const CMD_REANALYZE: &str = "memlsp.reanalyze";
+pub const CMD_EXPLAIN: &str = "memlsp.explain";
+
+pub struct Backend {
+    client: Client,
+    shared: Arc<Shared>,
+    tx: mpsc::UnboundedSender<Event>,
+}
+
+impl Backend {
+    /// Build the backend and start its owner task (needs a running tokio runtime).
+    pub fn new(client: Client) -> Backend {
+        let shared = Arc::new(Shared::default());
+        let (tx, rx) = mpsc::unbounded_channel();
+        let owner = Owner::new(client.clone(), shared.clone(), tx.clone());
+        tokio::spawn(owner.run(rx));
+        Backend { client, shared, tx }
+    }
+
+    fn send(&self, ev: Event) {
+        // Fails only after shutdown, when nothing is listening any more.
+        let _ = self.tx.send(ev);
+    }
+
+    /// Wait until every notification received before this request has been applied.
+    async fn barrier(&self) {
+        let (tx, rx) = oneshot::channel();
+        self.send(Event::Barrier(tx));
+        let _ = tokio::time::timeout(Duration::from_secs(1), rx).await;
+    }
+
+    fn text_of(&self, path: &Path) -> Option<String> {
+        if let Ok(docs) = self.shared.docs.read() {
+            if let Some(d) = docs.get(path) {
+                return Some(d.text.clone());
+            }
+        }
+        std::fs::read_to_string(path).ok()
+    }
+
+    fn caps(&self) -> Caps {
+        self.shared.caps.get().cloned().unwrap_or_default()
+    }
+}
+
+/// A document's path in the form the index uses (canonical when it exists).
+fn doc_path(uri: &Uri) -> Option<PathBuf> {
+    let p = to_proto::path(uri)?;
+    Some(std::fs::canonicalize(&p).unwrap_or(p))
+}
+
+/// Exit when the editor that started us is gone (it may die without sending `exit`).
+fn exit_with_parent(pid: u32) {
+    let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+    if !proc_dir.exists() {
+        return; // not Linux, or the pid is from another namespace: nothing reliable to poll
+    }
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            if !proc_dir.exists() {
+                eprintln!("memlsp: the client (pid {pid}) is gone; exiting");
+                std::process::exit(0);
+            }
+        }
+    });
+}
+
+fn client_caps(c: &ClientCapabilities) -> Caps {
+    let ws = c.workspace.as_ref();
+    let td = c.text_document.as_ref();
+    Caps {
+        encoding: Encoding::negotiate(
+            c.general
+                .as_ref()
+                .and_then(|g| g.position_encodings.as_deref()),
+        ),
+        inlay_refresh: ws
+            .and_then(|w| w.inlay_hint.as_ref())
+            .and_then(|i| i.refresh_support)
+            .unwrap_or(false),
+        watched_files_dynamic: ws
+            .and_then(|w| w.did_change_watched_files.as_ref())
+            .and_then(|d| d.dynamic_registration)
+            .unwrap_or(false),
+        work_done_progress: c
+            .window
+            .as_ref()
+            .and_then(|w| w.work_done_progress)
+            .unwrap_or(false),
+        configuration: ws.and_then(|w| w.configuration).unwrap_or(false),
+        pull_diagnostics: td.and_then(|t| t.diagnostic.as_ref()).is_some(),
+        disabled_code_actions: td
+            .and_then(|t| t.code_action.as_ref())
+            .and_then(|a| a.disabled_support)
+            .unwrap_or(false),
+    }
+}
+
+impl LanguageServer for Backend {
+    async fn initialize(&self, params: InitializeParams) -> Result<InitializeResult> {
+        let caps = client_caps(&params.capabilities);
+        let mut roots: Vec<PathBuf> = params
+            .workspace_folders
+            .iter()
+            .flatten()
+            .filter_map(|f| to_proto::path(&f.uri))
+            .collect();
+        #[allow(deprecated)]
+        if roots.is_empty() {
+            if let Some(p) = params.root_uri.as_ref().and_then(to_proto::path) {
+                roots.push(p);
+            }
+        }
+        let roots = roots
+            .into_iter()
+            .map(|r| std::fs::canonicalize(&r).unwrap_or(r))
+            .collect();
+        if let Some(pid) = params.process_id {
+            exit_with_parent(pid);
+        }
+        let encoding = caps.encoding;
+        let pull = caps.pull_diagnostics;
+        let _ = self.shared.caps.set(caps);
+        self.send(Event::Init {
+            roots,
+            init_options: params.initialization_options,
+        });
+        Ok(InitializeResult {
+            server_info: Some(ServerInfo {
+                name: "memlsp".into(),
+                version: Some(env!("CARGO_PKG_VERSION").into()),
+            }),
+            capabilities: ServerCapabilities {
+                position_encoding: Some(encoding.to_proto()),
+                text_document_sync: Some(TextDocumentSyncCapability::Kind(
+                    TextDocumentSyncKind::FULL,
+                )),
+                hover_provider: Some(HoverProviderCapability::Simple(true)),
+                inlay_hint_provider: Some(OneOf::Left(true)),
+                code_action_provider: Some(CodeActionProviderCapability::Options(
+                    CodeActionOptions {
+                        code_action_kinds: Some(vec![CodeActionKind::QUICKFIX]),
+                        ..Default::default()
+                    },
+                )),
+                execute_command_provider: Some(ExecuteCommandOptions {
+                    commands: vec![CMD_REANALYZE.into(), CMD_EXPLAIN.into()],
+                    ..Default::default()
+                }),
+                diagnostic_provider: pull.then(|| {
+                    DiagnosticServerCapabilities::Options(DiagnosticOptions {
+                        identifier: Some("memlsp".into()),
+                        inter_file_dependencies: true,
+                        workspace_diagnostics: false,
+                        ..Default::default()
+                    })
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+    }
+
+    async fn initialized(&self, _: InitializedParams) {
+        self.send(Event::Initialized);
+    }
+
+    async fn shutdown(&self) -> Result<()> {
+        self.send(Event::Shutdown);
+        Ok(())
+    }
+
+    async fn did_open(&self, p: DidOpenTextDocumentParams) {
+        if let Some(path) = doc_path(&p.text_document.uri) {
+            self.send(Event::Open(
+                path,
+                Doc {
+                    text: p.text_document.text,
+                    version: p.text_document.version,
+                },
+            ));
+        }
+    }
+
+    async fn did_change(&self, p: DidChangeTextDocumentParams) {
+        // Full sync: the last change holds the whole text.
+        let Some(change) = p.content_changes.into_iter().last() else {
+            return;
+        };
+        if let Some(path) = doc_path(&p.text_document.uri) {
+            self.send(Event::Change(
+                path,
+                Doc {
+                    text: change.text,
+                    version: p.text_document.version,
+                },
+            ));
+        }
+    }
+
+    async fn did_close(&self, p: DidCloseTextDocumentParams) {
+        if let Some(path) = doc_path(&p.text_document.uri) {
+            self.send(Event::Close(path));
+        }
+    }
+
+    async fn did_change_configuration(&self, p: DidChangeConfigurationParams) {
+        let v = (!p.settings.is_null()).then_some(p.settings);
+        self.send(Event::ConfigChanged(v));
+    }
+
+    async fn did_change_watched_files(&self, p: DidChangeWatchedFilesParams) {
+        // Created, changed and deleted are handled alike: the owner stats each path.
+        let paths = p
+            .changes
+            .iter()
+            .filter_map(|c| to_proto::path(&c.uri))
+            .collect();
+        self.send(Event::Paths(paths));
+    }
+
+    async fn hover(&self, p: HoverParams) -> Result<Option<Hover>> {
+        let pos = &p.text_document_position_params;
+        let Some(path) = doc_path(&pos.text_document.uri) else {
+            return Ok(None);
+        };
+        let view = self.shared.view();
+        let Some(entry) = view.index.line(&path, pos.position.line.saturating_add(1)) else {
+            return Ok(None);
+        };
+        if entry.findings.is_empty() && entry.sites.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(Hover {
+            contents: HoverContents::Markup(MarkupContent {
+                kind: MarkupKind::Markdown,
+                value: to_proto::hover_markdown(entry, &view.frames),
+            }),
+            range: None,
+        }))
+    }
+
+    async fn inlay_hint(&self, p: InlayHintParams) -> Result<Option<Vec<InlayHint>>> {
+        let Some(path) = doc_path(&p.text_document.uri) else {
+            return Ok(None);
+        };
+        let view = self.shared.view();
+        if !view.inlay_hints {
+            return Ok(Some(Vec::new()));
+        }
+        let Some(file) = view.index.files.get(&path) else {
+            return Ok(Some(Vec::new()));
+        };
+        self.barrier().await;
+        let text = self.text_of(&path).unwrap_or_default();
+        let first = p.range.start.line.saturating_add(1);
+        let last = p.range.end.line.saturating_add(1).max(first);
+        let hints = file
+            .lines
+            .range(first..=last)
+            .filter_map(|(line, entry)| {
+                let site = entry
+                    .top_site()
+                    .filter(|s| s.site.percent >= view.inlay_min_percent)?;
+                let line0 = line - 1;
+                let lt = to_proto::line_of(&text, line0)?;
+                Some(to_proto::inlay_hint(site, line0, lt, view.encoding))
+            })
+            .collect();
+        Ok(Some(hints))
+    }
+
+    async fn diagnostic(
+        &self,
+        p: DocumentDiagnosticParams,
+    ) -> Result<DocumentDiagnosticReportResult> {
+        let items = doc_path(&p.text_document.uri)
+            .and_then(|path| self.shared.view().diagnostics.get(&path).cloned())
+            .unwrap_or_default();
+        Ok(DocumentDiagnosticReportResult::Report(
+            DocumentDiagnosticReport::Full(RelatedFullDocumentDiagnosticReport {
+                related_documents: None,
+                full_document_diagnostic_report: FullDocumentDiagnosticReport {
+                    result_id: None,
+                    items,
+                },
+            }),
+        ))
+    }
+
+    async fn code_action(&self, p: CodeActionParams) -> Result<Option<CodeActionResponse>> {
+        let Some(path) = doc_path(&p.text_document.uri) else {
+            return Ok(None);
+        };
+        self.barrier().await;
+        let view = self.shared.view();
+        let Some(file) = view.index.files.get(&path) else {
+            return Ok(None);
+        };
+        let Some(text) = self.text_of(&path) else {
+            return Ok(None);
+        };
+        let caps = self.caps();
+        let file_str = path.to_string_lossy().into_owned();
+        let published = view.diagnostics.get(&path);
+        let mut out = Vec::new();
+        let first = p.range.start.line.saturating_add(1);
+        let last = p.range.end.line.saturating_add(1).max(first);
+        for (line, entry) in file.lines.range(first..=last) {
+            for lf in &entry.findings {
+                let f = &lf.finding;
+                let diag = published.and_then(|ds| {
+                    ds.iter().find(|d| {
+                        d.range.start.line + 1 == *line
+                            && d.code == Some(NumberOrString::String(f.code.to_string()))
+                    })
+                });
+                for fix in &f.fixes {
+                    let mut action = CodeAction {
+                        title: fix.title.clone(),
+                        kind: Some(CodeActionKind::QUICKFIX),
+                        diagnostics: diag.map(|d| vec![d.clone()]),
+                        ..Default::default()
+                    };
+                    if fix.kind == FixKind::Advice {
+                        action.command = Some(Command {
+                            title: fix.title.clone(),
+                            command: CMD_EXPLAIN.into(),
+                            arguments: Some(vec![json!({
+                                "code": f.code,
+                                "title": fix.title,
+                                "url": findings::docs_url(f.code),
+                            })]),
+                        });
+                        out.push(CodeActionOrCommand::CodeAction(action));
+                        continue;
+                    }
+                    // A bug in edit computation must not take the server down.
+                    let edits = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        edits::edits_for(&fix.kind, &file_str, &text, *line)
+                    }))
+                    .unwrap_or_else(|_| Err(edits::NoEdit("computing the edit failed".into())));
+                    let ws_edit = match &edits {
+                        Ok(e) if !e.is_empty() => to_proto::workspace_edit(
+                            e,
+                            &|f: &str| {
+                                if f == file_str {
+                                    Some(text.clone())
+                                } else {
+                                    self.text_of(Path::new(f))
+                                }
+                            },
+                            &|f: &str| to_proto::uri(Path::new(f)),
+                            view.encoding,
+                        ),
+                        _ => None,
+                    };
+                    match ws_edit {
+                        Some(edit) => {
+                            action.edit = Some(edit);
+                            action.is_preferred = Some(fix.preferred);
+                        }
+                        None => {
+                            let reason = match edits {
+                                Err(edits::NoEdit(r)) => r,
+                                Ok(_) => "nothing to change on this line".into(),
+                            };
+                            action.title = format!("{} (no edit: {reason})", fix.title);
+                            if caps.disabled_code_actions {
+                                action.disabled = Some(CodeActionDisabled { reason });
+                            }
+                        }
+                    }
+                    out.push(CodeActionOrCommand::CodeAction(action));
+                }
+            }
+        }
+        Ok(Some(out))
+    }
+
+    async fn execute_command(&self, p: ExecuteCommandParams) -> Result<Option<LSPAny>> {
+        match p.command.as_str() {
+            CMD_REANALYZE => {
+                let (tx, rx) = oneshot::channel();
+                self.send(Event::Reanalyze(Some(tx)));
+                let n = tokio::time::timeout(Duration::from_secs(5), rx)
+                    .await
+                    .ok()
+                    .and_then(|r| r.ok())
+                    .unwrap_or(0);
+                Ok(Some(json!({ "captures": n })))
+            }
+            CMD_EXPLAIN => {
+                let arg = p.arguments.first().cloned().unwrap_or(Value::Null);
+                let title = arg.get("title").and_then(Value::as_str).unwrap_or("");
+                let url = arg.get("url").and_then(Value::as_str).unwrap_or("");
+                self.client
+                    .show_message(MessageType::INFO, format!("memlsp: {title} ({url})"))
+                    .await;
+                Ok(None)
+            }
+            other => Err(tower_lsp_server::jsonrpc::Error::invalid_params(format!(
+                "unknown command {other}"
+            ))),
+        }
+    }
+}

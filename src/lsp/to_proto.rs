@@ -1,0 +1,501 @@
+//! The only place where memlsp's data meets LSP types (the rust-analyzer `to_proto` pattern).
+//!
+//! Columns inside memlsp are 0-based UTF-8 byte offsets; LSP columns are in the negotiated
+//! position encoding (UTF-16 unless the client offers UTF-8).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use serde_json::json;
+use tower_lsp_server::ls_types as lsp;
+use tower_lsp_server::ls_types::Uri;
+
+use crate::findings::{self, Severity, fmt_bytes};
+use crate::lsp::index::{Frame, LineEntry, LineFinding, LineSite, capture_name};
+use crate::report::Site;
+use crate::source::frames::{FrameFilter, FrameKind};
+
+/// How LSP columns are counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Encoding {
+    Utf8,
+    #[default]
+    Utf16,
+}
+
+impl Encoding {
+    /// Pick UTF-8 when the client offers it (no conversion), else the mandatory UTF-16.
+    pub fn negotiate(offered: Option<&[lsp::PositionEncodingKind]>) -> Encoding {
+        match offered {
+            Some(list) if list.contains(&lsp::PositionEncodingKind::UTF8) => Encoding::Utf8,
+            _ => Encoding::Utf16,
+        }
+    }
+
+    pub fn to_proto(self) -> lsp::PositionEncodingKind {
+        match self {
+            Encoding::Utf8 => lsp::PositionEncodingKind::UTF8,
+            Encoding::Utf16 => lsp::PositionEncodingKind::UTF16,
+        }
+    }
+}
+
+/// A byte column of `line` as an LSP column. Columns past the end clamp to the end; a column
+/// inside a UTF-8 sequence counts up to the character's start.
+pub fn column(line: &str, byte_col: u32, enc: Encoding) -> u32 {
+    let b = (byte_col as usize).min(line.len());
+    let mut end = b;
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    match enc {
+        Encoding::Utf8 => end as u32,
+        Encoding::Utf16 => line[..end].encode_utf16().count() as u32,
+    }
+}
+
+/// LSP column → byte column of `line` (for ranges the client sends).
+pub fn byte_column(line: &str, col: u32, enc: Encoding) -> u32 {
+    match enc {
+        Encoding::Utf8 => col.min(line.len() as u32),
+        Encoding::Utf16 => {
+            let mut units = 0u32;
+            for (i, ch) in line.char_indices() {
+                if units >= col {
+                    return i as u32;
+                }
+                units += ch.len_utf16() as u32;
+            }
+            line.len() as u32
+        }
+    }
+}
+
+/// Line `n` (0-based) of `text` without its line ending.
+pub fn line_of(text: &str, n: u32) -> Option<&str> {
+    text.split('\n')
+        .nth(n as usize)
+        .map(|l| l.strip_suffix('\r').unwrap_or(l))
+}
+
+pub fn uri(path: &Path) -> Option<Uri> {
+    Uri::from_file_path(path)
+}
+
+pub fn path(uri: &Uri) -> Option<PathBuf> {
+    uri.to_file_path().map(|p| p.into_owned())
+}
+
+pub fn severity(s: Severity) -> lsp::DiagnosticSeverity {
+    match s {
+        Severity::Error => lsp::DiagnosticSeverity::ERROR,
+        Severity::Warning => lsp::DiagnosticSeverity::WARNING,
+        Severity::Information => lsp::DiagnosticSeverity::INFORMATION,
+        Severity::Hint => lsp::DiagnosticSeverity::HINT,
+    }
+}
+
+/// The range a line-level finding covers: first non-blank column to the end of the line.
+fn line_range(line0: u32, text: Option<&str>, enc: Encoding) -> lsp::Range {
+    let (start, end) = match text {
+        Some(t) => {
+            let first = t.len() - t.trim_start().len();
+            (column(t, first as u32, enc), column(t, t.len() as u32, enc))
+        }
+        None => (0, 0),
+    };
+    lsp::Range::new(
+        lsp::Position::new(line0, start),
+        lsp::Position::new(line0, end),
+    )
+}
+
+fn frame_label(loc: &findings::Location) -> String {
+    format!("{}:{} {}", loc.file, loc.line, loc.function)
+}
+
+/// The diagnostic for a finding on `line_text` (the current text of the culprit line).
+pub fn diagnostic(lf: &LineFinding, line_text: Option<&str>, enc: Encoding) -> lsp::Diagnostic {
+    let f = &lf.finding;
+    let line0 = f.location.as_ref().map_or(0, |l| l.line.saturating_sub(1));
+    let name = lf.capture_name();
+    let mut whence = format!("capture {name}");
+    if let Some(scope) = &f.scope {
+        whence.push_str(&format!(", {scope}"));
+    }
+    if !lf.also_in.is_empty() {
+        whence.push_str(&format!("; also in {}", lf.also_in.join(", ")));
+    }
+    let message = format!("{} ({whence})", f.message);
+
+    let mut related = Vec::new();
+    if let Some(cap) = uri(&lf.capture) {
+        let mut what = format!("evidence: {name}");
+        if let Some(b) = f.bytes {
+            what.push_str(&format!(", {}", fmt_bytes(b)));
+            if let Some(p) = f.percent {
+                what.push_str(&format!(" ({p:.0}%)"));
+            }
+        }
+        related.push(lsp::DiagnosticRelatedInformation {
+            location: lsp::Location::new(cap, lsp::Range::default()),
+            message: what,
+        });
+    }
+    // The next frames of the allocation stack that resolve, outermost callers last.
+    for fr in lf
+        .frames
+        .iter()
+        .skip(1)
+        .filter(|fr| fr.local.is_some())
+        .take(5)
+    {
+        let Some(u) = fr.local.as_deref().and_then(uri) else {
+            continue;
+        };
+        let l0 = fr.recorded.line.saturating_sub(1);
+        related.push(lsp::DiagnosticRelatedInformation {
+            location: lsp::Location::new(
+                u,
+                lsp::Range::new(lsp::Position::new(l0, 0), lsp::Position::new(l0, 0)),
+            ),
+            message: format!("called from {}", frame_label(&fr.recorded)),
+        });
+    }
+
+    let fixes: Vec<_> = f
+        .fixes
+        .iter()
+        .map(|x| {
+            json!({
+                "title": x.title,
+                "fix": x.kind,
+                "preferred": x.preferred,
+                "saving_bytes": x.saving_bytes,
+            })
+        })
+        .collect();
+
+    lsp::Diagnostic {
+        range: line_range(line0, line_text, enc),
+        severity: Some(severity(f.severity)),
+        code: Some(lsp::NumberOrString::String(f.code.to_string())),
+        code_description: lsp::Uri::from_str(&findings::docs_url(f.code))
+            .ok()
+            .map(|href| lsp::CodeDescription { href }),
+        source: Some("memlsp".into()),
+        message,
+        related_information: Some(related),
+        tags: None,
+        data: Some(json!({
+            "capture": lf.capture.to_string_lossy(),
+            "code": f.code,
+            "line": line0 + 1,
+            "scope": f.scope,
+            "fixes": fixes,
+        })),
+    }
+}
+
+/// `38% live memory` (PyTorch) or `41% of heap peak` (JAX).
+pub fn hint_label(site: &Site) -> String {
+    let p = site.percent;
+    match site.percent_of {
+        "live memory" => format!("{p:.0}% live memory"),
+        other => format!("{p:.0}% of {other}"),
+    }
+}
+
+/// The inlay hint at the end of `line_text` (line `line0`, 0-based).
+pub fn inlay_hint(ls: &LineSite, line0: u32, line_text: &str, enc: Encoding) -> lsp::InlayHint {
+    let s = &ls.site;
+    let mut tip = format!(
+        "{} in {} block{} ({:.1}% of {}), capture {}",
+        fmt_bytes(s.bytes),
+        s.blocks,
+        if s.blocks == 1 { "" } else { "s" },
+        s.percent,
+        s.percent_of,
+        capture_name(&ls.capture)
+    );
+    if let Some(scope) = &s.scope {
+        tip.push_str(&format!(", {scope}"));
+    }
+    lsp::InlayHint {
+        position: lsp::Position::new(line0, column(line_text, line_text.len() as u32, enc)),
+        label: lsp::InlayHintLabel::String(hint_label(s)),
+        kind: None,
+        text_edits: None,
+        tooltip: Some(lsp::InlayHintTooltip::String(tip)),
+        padding_left: Some(true),
+        padding_right: None,
+        data: None,
+    }
+}
+
+/// The allocation stack as hover text: user frames first, framework and native frames folded.
+fn stack_block(frames: &[Frame], filter: &FrameFilter) -> String {
+    let mut out = String::new();
+    let mut folded = 0usize;
+    let mut folded_native = 0usize;
+    for fr in frames {
+        match filter.classify(&fr.recorded.file) {
+            FrameKind::User => {
+                let shown = match &fr.local {
+                    Some(p) => format!(
+                        "{}:{} {}",
+                        p.display(),
+                        fr.recorded.line,
+                        fr.recorded.function
+                    ),
+                    None => format!("{} (not in the workspace)", frame_label(&fr.recorded)),
+                };
+                out.push_str(&shown);
+                out.push('\n');
+            }
+            FrameKind::Framework => folded += 1,
+            FrameKind::Native => folded_native += 1,
+        }
+    }
+    if folded > 0 {
+        out.push_str(&format!("… {folded} framework frames folded\n"));
+    }
+    if folded_native > 0 {
+        out.push_str(&format!("… {folded_native} native frames folded\n"));
+    }
+    out
+}
+
+/// Markdown hover for a line: each finding, then the sites, each with its stack and evidence.
+pub fn hover_markdown(entry: &LineEntry, filter: &FrameFilter) -> String {
+    let mut md = String::new();
+    for lf in &entry.findings {
+        let f = &lf.finding;
+        md.push_str(&format!(
+            "**{} {}** ({}), capture `{}`",
+            f.code,
+            f.pattern,
+            f.severity.as_str(),
+            lf.capture_name()
+        ));
+        if let Some(scope) = &f.scope {
+            md.push_str(&format!(", {scope}"));
+        }
+        md.push_str("\n\n");
+        md.push_str(&f.message);
+        md.push_str("\n\n");
+        if let Some(b) = f.bytes {
+            md.push_str(&format!("**{}**", fmt_bytes(b)));
+            if let Some(p) = f.percent {
+                md.push_str(&format!(" ({p:.1}%)"));
+            }
+            md.push_str("\n\n");
+        }
+        for e in &f.evidence {
+            md.push_str(&format!("- *{}*: {}\n", e.label.as_str(), e.text));
+        }
+        if !f.evidence.is_empty() {
+            md.push('\n');
+        }
+        for fix in &f.fixes {
+            md.push_str(&format!("- fix: {}", fix.title));
+            if let Some(s) = fix.saving_bytes {
+                md.push_str(&format!(" (saves about {}, *inferred*)", fmt_bytes(s)));
+            }
+            md.push('\n');
+        }
+        if !lf.frames.is_empty() {
+            md.push_str("\nAllocation stack (innermost first):\n```text\n");
+            md.push_str(&stack_block(&lf.frames, filter));
+            md.push_str("```\n");
+        }
+        md.push_str(&format!(
+            "\n[{}]({})\n\n---\n\n",
+            f.code,
+            findings::docs_url(f.code)
+        ));
+    }
+    for ls in &entry.sites {
+        let s = &ls.site;
+        md.push_str(&format!(
+            "**{}** live in {} block{} ({:.1}% of {}, *measured*), capture `{}`",
+            fmt_bytes(s.bytes),
+            s.blocks,
+            if s.blocks == 1 { "" } else { "s" },
+            s.percent,
+            s.percent_of,
+            capture_name(&ls.capture)
+        ));
+        if let Some(scope) = &s.scope {
+            md.push_str(&format!(", {scope}"));
+        }
+        if let Some(role) = &s.role {
+            md.push_str(&format!("; role: {role} (*inferred*)"));
+        }
+        md.push('\n');
+        if !ls.frames.is_empty() {
+            md.push_str("\nAllocation stack (innermost first):\n```text\n");
+            md.push_str(&stack_block(&ls.frames, filter));
+            md.push_str("```\n");
+        }
+        md.push_str("\n---\n\n");
+    }
+    md.trim_end().trim_end_matches("---").trim_end().to_string()
+}
+
+/// memlsp text edits → an LSP `WorkspaceEdit`. `text_of` gives the current text of an edited
+/// file (buffer or disk) so byte columns can be converted; `uri_of` maps the edit's file.
+pub fn workspace_edit(
+    edits: &[findings::TextEdit],
+    text_of: &dyn Fn(&str) -> Option<String>,
+    uri_of: &dyn Fn(&str) -> Option<Uri>,
+    enc: Encoding,
+) -> Option<lsp::WorkspaceEdit> {
+    let mut changes: HashMap<Uri, Vec<lsp::TextEdit>> = HashMap::new();
+    let mut texts: HashMap<String, Option<String>> = HashMap::new();
+    for e in edits {
+        let u = uri_of(&e.file)?;
+        let text = texts
+            .entry(e.file.clone())
+            .or_insert_with(|| text_of(&e.file));
+        let line0 = e.line.saturating_sub(1);
+        let line = text
+            .as_deref()
+            .and_then(|t| line_of(t, line0))
+            .unwrap_or("");
+        let range = lsp::Range::new(
+            lsp::Position::new(line0, column(line, e.start_col, enc)),
+            lsp::Position::new(line0, column(line, e.end_col, enc)),
+        );
+        changes
+            .entry(u)
+            .or_default()
+            .push(lsp::TextEdit::new(range, e.new_text.clone()));
+    }
+    Some(lsp::WorkspaceEdit {
+        changes: Some(changes),
+        ..Default::default()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_columns_become_utf16_columns() {
+        let line = "x = 'é𝄞' + loss";
+        let b = line.find("loss").unwrap() as u32;
+        // é is 2 bytes / 1 unit, 𝄞 is 4 bytes / 2 units.
+        assert_eq!(column(line, b, Encoding::Utf16), b - 1 - 2);
+        assert_eq!(column(line, b, Encoding::Utf8), b);
+        assert_eq!(
+            byte_column(line, column(line, b, Encoding::Utf16), Encoding::Utf16),
+            b
+        );
+        assert_eq!(
+            column(line, 999, Encoding::Utf16),
+            line.encode_utf16().count() as u32
+        );
+    }
+
+    #[test]
+    fn lines_are_split_without_their_endings() {
+        assert_eq!(line_of("a\r\nb\n", 0), Some("a"));
+        assert_eq!(line_of("a\r\nb\n", 1), Some("b"));
+        assert_eq!(line_of("a", 3), None);
+    }
+}
+
+#[cfg(test)]
+mod conversion_tests {
+    use super::*;
+    use crate::lsp::index::{CaptureResult, Index, tests::report};
+    use std::sync::Arc;
+
+    fn index() -> Index {
+        let caps = vec![Arc::new(CaptureResult {
+            path: PathBuf::from("/ws/runs/step_100.pickle"),
+            mtime: std::time::SystemTime::UNIX_EPOCH,
+            reports: vec![report("/ws/runs/step_100.pickle", Some("rank 0"))],
+        })];
+        Index::build_with(&caps, &|f| {
+            f.strip_prefix("/job/proj/")
+                .map(|r| PathBuf::from("/ws").join(r))
+        })
+    }
+
+    #[test]
+    fn diagnostic_carries_code_link_capture_and_fix_data() {
+        let idx = index();
+        let line = idx.line(Path::new("/ws/train.py"), 8).unwrap();
+        let d = diagnostic(
+            &line.findings[0],
+            Some("        total += loss"),
+            Encoding::Utf16,
+        );
+        assert_eq!(d.range.start, lsp::Position::new(7, 8));
+        assert_eq!(d.range.end, lsp::Position::new(7, 21));
+        assert_eq!(d.source.as_deref(), Some("memlsp"));
+        assert_eq!(d.severity, Some(lsp::DiagnosticSeverity::WARNING));
+        assert_eq!(d.code, Some(lsp::NumberOrString::String("PT002".into())));
+        assert_eq!(
+            d.code_description.unwrap().href.as_str(),
+            findings::docs_url("PT002")
+        );
+        assert!(
+            d.message.ends_with("(capture step_100.pickle, rank 0)"),
+            "{}",
+            d.message
+        );
+        let rel = d.related_information.unwrap();
+        assert_eq!(
+            rel[0].location.uri.as_str(),
+            "file:///ws/runs/step_100.pickle"
+        );
+        assert_eq!(rel[1].location.uri.as_str(), "file:///ws/main.py");
+        assert_eq!(rel[1].location.range.start.line, 19);
+        let data = d.data.unwrap();
+        assert_eq!(data["fixes"][0]["fix"]["kind"], "detach_accumulated");
+        assert_eq!(data["fixes"][0]["preferred"], true);
+    }
+
+    #[test]
+    fn hint_and_hover_say_what_the_user_needs() {
+        let idx = index();
+        let line = idx.line(Path::new("/ws/train.py"), 8).unwrap();
+        let site = line.top_site().unwrap();
+        let h = inlay_hint(site, 7, "  total += loss  # é", Encoding::Utf16);
+        // 21 bytes, 20 UTF-16 units.
+        assert_eq!(h.position, lsp::Position::new(7, 20));
+        match h.label {
+            lsp::InlayHintLabel::String(s) => assert_eq!(s, "38% live memory"),
+            other => panic!("label {other:?}"),
+        }
+        let md = hover_markdown(line, &FrameFilter::default());
+        assert!(
+            md.contains(
+                "**PT002 retained autograd graph** (warning), capture `step_100.pickle`, rank 0"
+            ),
+            "{md}"
+        );
+        assert!(
+            md.contains("- *measured*: 12 blocks allocated in backward stay live"),
+            "{md}"
+        );
+        assert!(
+            md.contains("- *inferred*: accumulated without .detach()"),
+            "{md}"
+        );
+        assert!(
+            md.contains("/ws/train.py:8 step\n/ws/main.py:20 main\n"),
+            "{md}"
+        );
+        assert!(md.contains("… 1 framework frames folded"), "{md}");
+        assert!(
+            md.contains("1.20 GiB** live in 12 blocks (38.2% of live memory"),
+            "{md}"
+        );
+    }
+}

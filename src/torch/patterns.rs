@@ -1,0 +1,997 @@
+//! Named memory patterns (PT001–PT010), each fired only on evidence found in the snapshot.
+//!
+//! Every finding carries the evidence that supports it, each line labelled measured (counted from
+//! blocks or trace entries), read (a field of the file) or inferred (a role guess, a cause, an
+//! estimated saving). Expected retention is said to be expected.
+
+use crate::findings::{Evidence, Finding, Fix, FixKind, Location, Severity, fmt_bytes};
+use crate::torch::Analysis;
+use crate::torch::fragmentation::Verdict;
+use crate::torch::model::{BlockState, Snapshot, StackId};
+use crate::torch::sites::percent;
+use crate::torch::stacks::{Role, SiteKey, location, site_string, stack_locations};
+use crate::torch::timeline::{DeviceTimeline, SiteTrace, WINDOWS};
+
+/// Allocations needed in a device trace before "repeats every step" can be judged.
+const MIN_ALLOCS_FOR_STEPS: u64 = 24;
+/// Requested bytes at or below which a retained tensor looks like a loss / metric scalar.
+const SCALAR_BYTES: u64 = 64;
+
+/// Culprit location and stack (starting at the culprit) for a site.
+pub fn culprit(
+    snap: &Snapshot,
+    key: SiteKey,
+    stack: Option<StackId>,
+) -> (Option<Location>, Vec<Location>) {
+    let loc = key.and_then(|k| location(snap, k));
+    (loc, stack_locations(snap, stack, key))
+}
+
+fn pct_text(p: Option<f64>) -> String {
+    p.map(|p| format!("{p:.1}%")).unwrap_or_else(|| "–".into())
+}
+
+fn where_(snap: &Snapshot, key: SiteKey) -> String {
+    match key.and_then(|k| snap.frames.get(k as usize)) {
+        Some(f) => format!("{}:{} ({})", f.filename, f.line, f.name),
+        None => "an allocation without a Python stack".into(),
+    }
+}
+
+/// Run every detector.
+pub fn detect(snap: &Snapshot, a: &Analysis) -> Vec<Finding> {
+    let mut out = Vec::new();
+    oom_findings(snap, a, &mut out);
+    for t in &a.timeline.devices {
+        retained_per_step(snap, a, t, &mut out);
+        batched_frees(snap, a, t, &mut out);
+    }
+    pending_frees(snap, a, &mut out);
+    optimizer_state(snap, a, &mut out);
+    activation_pressure(snap, a, &mut out);
+    ddp_replication(snap, a, &mut out);
+    top_site(snap, a, &mut out);
+    out
+}
+
+fn any_oom(a: &Analysis) -> bool {
+    a.totals.oom_events().next().is_some()
+}
+
+/// PT009 for every OOM event, PT008 when the allocator state shows fragmentation.
+fn oom_findings(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
+    for oom in a.totals.oom_events() {
+        let Some(diag) = a
+            .fragmentation
+            .iter()
+            .find(|d| d.device == oom.device && d.index == oom.index)
+        else {
+            continue;
+        };
+        let (loc, stack) = culprit(snap, oom.site_key, oom.stack);
+        let free = oom
+            .device_free
+            .map(|f| format!(" with {} free on the device", fmt_bytes(f)))
+            .unwrap_or_default();
+        let mut f = Finding::new(
+            "PT009",
+            "OOM event",
+            Severity::Error,
+            format!(
+                "Out of memory on device {}: a request of {}{} failed at {}.",
+                oom.device,
+                fmt_bytes(oom.size),
+                free,
+                where_(snap, oom.site_key),
+            ),
+        )
+        .at(loc.clone(), stack.clone())
+        .bytes(oom.size, None)
+        .evidence(Evidence::read(format!(
+            "trace entry #{} of device {}: action oom, size {} B, device_free {}",
+            oom.index,
+            oom.device,
+            oom.size,
+            oom.device_free
+                .map(|v| format!("{v} B"))
+                .unwrap_or_else(|| "not recorded".into()),
+        )));
+        f.scope = Some(format!("device {}", oom.device));
+        let live = a
+            .timeline
+            .device(oom.device)
+            .and_then(|t| t.oom_sets.iter().find(|s| s.index == oom.index));
+        if let Some(live) = live {
+            f = f.evidence(Evidence::measured(format!(
+                "just before the OOM {} were live in {} blocks (replayed back from the snapshot state)",
+                fmt_bytes(live.bytes),
+                live.blocks
+            )));
+            for (k, bytes, blocks, _) in live.sites.iter().take(3) {
+                f = f.evidence(Evidence::measured(format!(
+                    "held at the OOM: {} in {} blocks from {} ({})",
+                    fmt_bytes(*bytes),
+                    blocks,
+                    site_string(snap, *k),
+                    pct_text(percent(*bytes, live.bytes)),
+                )));
+            }
+        }
+        f = f.evidence(Evidence::inferred(diag.explain()));
+        if diag.verdict == Verdict::LiveTensorsNearCapacity {
+            f = f.fix(Fix::advice(
+                "Reduce live memory: smaller batch or sequence, activation checkpointing, \
+                 sharding (FSDP/ZeRO) or lower precision; allocator settings will not help here",
+            ));
+        }
+        // The cause (PT008) leads; the event (PT009) follows.
+        if diag.verdict == Verdict::Fragmentation {
+            let mut g = Finding::new(
+                "PT008",
+                "fragmentation OOM",
+                Severity::Error,
+                format!(
+                    "Fragmentation caused the OOM on device {}: {} requested, but the largest \
+                     inactive block is {} while {} sit inactive across {} segments.",
+                    diag.device,
+                    fmt_bytes(diag.request),
+                    fmt_bytes(diag.largest_inactive),
+                    fmt_bytes(diag.inactive),
+                    diag.segments_with_inactive,
+                ),
+            )
+            .at(loc, stack)
+            .bytes(diag.request, None)
+            .evidence(Evidence::read(format!(
+                "failed request {} B (oom entry #{})",
+                diag.request, diag.index
+            )))
+            .evidence(Evidence::measured(format!(
+                "largest inactive block {} B; inactive total {} B in {} of {} segments",
+                diag.largest_inactive,
+                diag.inactive,
+                diag.segments_with_inactive,
+                diag.segment_count
+            )))
+            .evidence(Evidence::inferred(diag.explain()));
+            g.scope = Some(format!("device {}", diag.device));
+            if diag.expandable_already {
+                g = g.evidence(Evidence::read(
+                    "expandable segments are already on in this run",
+                ));
+            } else {
+                g = g.fix(
+                    Fix::new(
+                        "Set PYTORCH_ALLOC_CONF=expandable_segments:True before `import torch`",
+                        FixKind::AllocConf {
+                            value: "expandable_segments:True".into(),
+                        },
+                    )
+                    .preferred(),
+                );
+            }
+            let mb = diag.max_split_mb();
+            g = g
+                .fix(Fix::new(
+                    format!(
+                        "Then try PYTORCH_ALLOC_CONF=max_split_size_mb:{mb} (near the failed request) \
+                         so large cached blocks are not split"
+                    ),
+                    FixKind::AllocConf {
+                        value: format!("max_split_size_mb:{mb}"),
+                    },
+                ))
+                .fix(Fix::advice(
+                    "Reduce the variety of allocation sizes: pad batches and sequences to fixed shapes",
+                ));
+            out.push(g);
+        }
+        out.push(f);
+    }
+}
+
+fn repeats(s: &SiteTrace) -> bool {
+    s.retained >= 3 && s.retained_parts() >= 3
+}
+
+/// PT002 (retained autograd graph) and PT003 (growing Python container).
+fn retained_per_step(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mut Vec<Finding>) {
+    if t.allocs < MIN_ALLOCS_FOR_STEPS {
+        return;
+    }
+    let allocated = a.totals.overall.allocated;
+    // Only sites with a Python frame can be pinned; `<no stack>` merges unrelated allocations.
+    let rep: Vec<&SiteTrace> = t
+        .sites
+        .iter()
+        .filter(|s| s.key.is_some() && repeats(s))
+        .collect();
+    if rep.is_empty() {
+        return;
+    }
+    let floor = match (t.floors.first(), t.floors.last()) {
+        (Some(a), Some(b)) if b > a => Some((*a, *b)),
+        _ => None,
+    };
+    let activations: Vec<&&SiteTrace> = rep.iter().filter(|s| s.role == Role::Activation).collect();
+    let scalars: Vec<&&SiteTrace> = rep
+        .iter()
+        .filter(|s| s.role != Role::Activation && s.retained_max_size <= SCALAR_BYTES)
+        .collect();
+    // A loop over layers also repeats activation sites within one forward; what marks separate
+    // steps is a loss-sized tensor kept from each of them alongside.
+    if !activations.is_empty() && !scalars.is_empty() {
+        let act_bytes = activations
+            .iter()
+            .fold(0u64, |x, s| x.saturating_add(s.retained_bytes));
+        let act_blocks: u64 = activations.iter().map(|s| s.retained).sum();
+        let parts = activations
+            .iter()
+            .map(|s| s.retained_parts())
+            .max()
+            .unwrap_or(0);
+        let Some(lead) = scalars.iter().max_by_key(|s| s.retained).copied().copied() else {
+            return;
+        };
+        let (loc, stack) = culprit(snap, lead.key, lead.stack);
+        let total = scalars
+            .iter()
+            .fold(act_bytes, |x, s| x.saturating_add(s.retained_bytes));
+        let mut f = Finding::new(
+            "PT002",
+            "retained autograd graph",
+            Severity::Warning,
+            format!(
+                "Autograd graphs are kept alive across steps: {} of forward activations allocated \
+                 in {} of {} parts of the trace are never freed; {} holds a tensor that keeps them \
+                 alive.",
+                fmt_bytes(act_bytes),
+                parts,
+                WINDOWS,
+                where_(snap, lead.key),
+            ),
+        )
+        .at(loc, stack)
+        .bytes(total, percent(total, allocated))
+        .evidence(Evidence::measured(format!(
+            "{} activation allocations from {} forward site(s) spread over {} of {} parts of the \
+             trace were never freed ({} still live)",
+            act_blocks,
+            activations.len(),
+            parts,
+            WINDOWS,
+            fmt_bytes(act_bytes)
+        )));
+        for s in scalars.iter().take(2) {
+            f = f.evidence(Evidence::measured(format!(
+                "a loss-sized tensor (≤ {} B requested) allocated at {} {} times is still live every \
+                 time ({} allocations, {} freed)",
+                s.retained_max_size,
+                site_string(snap, s.key),
+                s.retained,
+                s.allocs,
+                s.freed
+            )));
+        }
+        if let Some((lo, hi)) = floor {
+            f = f.evidence(Evidence::measured(format!(
+                "the floor of live memory rose from {} to {} across the trace",
+                fmt_bytes(lo.max(0) as u64),
+                fmt_bytes(hi.max(0) as u64)
+            )));
+        }
+        f = f
+            .evidence(Evidence::inferred(
+                "a tensor that requires grad is accumulated or logged each step (e.g. \
+                 `total_loss += loss`), so every step's graph and its saved activations stay reachable",
+            ))
+            .fix(
+                Fix::new(
+                    "Accumulate `loss.detach()` instead of `loss`",
+                    FixKind::DetachAccumulated { item: false },
+                )
+                .saving(total)
+                .preferred(),
+            )
+            .fix(
+                Fix::new(
+                    "Or accumulate `loss.item()` (a Python float; synchronises with the GPU)",
+                    FixKind::DetachAccumulated { item: true },
+                )
+                .saving(total),
+            )
+            .fix(Fix::advice(
+                "If nothing is accumulated, look for `backward(retain_graph=True)`",
+            ));
+        f.scope = Some(format!("device {}", t.device));
+        out.push(f);
+        // The other retained user sites belong to the same graphs.
+        return;
+    }
+    // Containers: repeated, never-freed allocations that are not model state, activations or
+    // scalars, in a trace that shows several steps (sawtooth cycles or optimizer steps).
+    let steps = t.cycles.max(t.optimizer_runs);
+    if steps < 3 {
+        return;
+    }
+    let containers = rep
+        .iter()
+        .filter(|s| s.role == Role::Unknown && s.retained_max_size > SCALAR_BYTES);
+    for s in containers.take(2) {
+        let (loc, stack) = culprit(snap, s.key, s.stack);
+        let per_part = s.retained as f64 / f64::from(s.retained_parts().max(1));
+        let mut f = Finding::new(
+            "PT003",
+            "growing Python container",
+            Severity::Warning,
+            format!(
+                "{} keeps allocating tensors that are never freed: {} blocks ({}) in {} of {} parts \
+                 of the trace — a container that grows every step.",
+                where_(snap, s.key),
+                s.retained,
+                fmt_bytes(s.retained_bytes),
+                s.retained_parts(),
+                WINDOWS,
+            ),
+        )
+        .at(loc, stack)
+        .bytes(s.retained_bytes, percent(s.retained_bytes, allocated))
+        .evidence(Evidence::measured(format!(
+            "{} allocations at {} in the trace, {} freed, {} still live (about {:.1} more per part of \
+             the trace)",
+            s.allocs,
+            site_string(snap, s.key),
+            s.freed,
+            s.retained,
+            per_part
+        )))
+        .evidence(Evidence::measured(format!(
+            "the trace spans about {steps} steps ({} sawtooth cycles of live memory, {} optimizer steps)",
+            t.cycles, t.optimizer_runs
+        )));
+        if let Some((lo, hi)) = floor {
+            f = f.evidence(Evidence::measured(format!(
+                "the floor of live memory rose from {} to {}",
+                fmt_bytes(lo.max(0) as u64),
+                fmt_bytes(hi.max(0) as u64)
+            )));
+        }
+        f = f
+            .evidence(Evidence::inferred(
+                "the same line's tensors are kept by a Python list/dict that is appended to each step",
+            ))
+            .fix(
+                Fix::new(
+                    "Append `x.detach().cpu()` instead of the GPU tensor",
+                    FixKind::DetachCpuAppend,
+                )
+                .saving(s.retained_bytes)
+                .preferred(),
+            )
+            .fix(Fix::advice(
+                "Or bound the container (`collections.deque(maxlen=N)`) or keep Python numbers",
+            ));
+        f.scope = Some(format!("device {}", t.device));
+        out.push(f);
+    }
+}
+
+/// PT007: frees that arrive in batches, long after allocation (Python GC collecting cycles).
+fn batched_frees(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mut Vec<Finding>) {
+    let Some(b) = &t.burst else { return };
+    // Without the collector in the free stacks, only a repeated pattern counts: bulk frees at the
+    // end of a compiled graph or of a phase are normal.
+    let fire = b.frees >= 8 && (b.gc && b.alloc_parts >= 2 || t.batched_bursts >= 3);
+    if !fire {
+        return;
+    }
+    let (loc, stack) = culprit(snap, b.site, b.stack);
+    let mut f = Finding::new(
+        "PT007",
+        "reference cycle",
+        Severity::Warning,
+        format!(
+            "Frees arrive in batches: {} blocks ({}) allocated over {} parts of the trace were freed \
+             together{} — tensors held by reference cycles until the garbage collector runs.",
+            b.frees,
+            fmt_bytes(b.bytes),
+            b.alloc_parts,
+            if b.gc { " from the garbage collector" } else { "" },
+        ),
+    )
+    .at(loc, stack)
+    .bytes(b.bytes, percent(b.bytes, a.totals.overall.allocated))
+    .evidence(Evidence::measured(format!(
+        "trace entries #{}–#{} of device {}: {} frees with no allocation in between",
+        b.start, b.end, t.device, b.frees
+    )))
+    .evidence(Evidence::measured(format!(
+        "{} such batched free runs on this device; the largest freed mostly blocks from {}",
+        t.batched_bursts,
+        site_string(snap, b.site)
+    )));
+    if b.gc {
+        f = f.evidence(Evidence::measured(
+            "the free stack goes through Python's garbage collector (gc_collect)",
+        ));
+    }
+    f = f
+        .evidence(Evidence::inferred(
+            "memory that should be freed each step waits for a GC cycle: a reference cycle holds the tensors",
+        ))
+        .fix(Fix::advice(
+            "At start-up: `from torch.utils.viz._cycles import warn_tensor_cycles; warn_tensor_cycles()` \
+             reports each cycle that holds a CUDA tensor; break it (weakref, del, avoid closures over self)",
+        ));
+    f.scope = Some(format!("device {}", t.device));
+    out.push(f);
+}
+
+/// PT010: blocks freed by the program but still held for another stream.
+fn pending_frees(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
+    let snap_pending = a.totals.overall.pending_free;
+    let trace_pending: Vec<_> = a
+        .timeline
+        .devices
+        .iter()
+        .flat_map(|t| t.pending.iter().map(move |p| (t.device, p)))
+        .collect();
+    let trace_pending_bytes = trace_pending
+        .iter()
+        .fold(0u64, |x, (_, p)| x.saturating_add(p.size));
+    let delayed: u64 = a.timeline.devices.iter().map(|t| t.delayed.count).sum();
+    let delayed_bytes = a
+        .timeline
+        .devices
+        .iter()
+        .fold(0u64, |x, t| x.saturating_add(t.delayed.bytes));
+    if snap_pending == 0 && trace_pending.is_empty() && delayed == 0 {
+        return;
+    }
+    // Culprit: the free stack of the largest pending free, else a pending block's stack, else a
+    // delayed free.
+    let mut stack: Option<StackId> = trace_pending
+        .iter()
+        .max_by_key(|(_, p)| p.size)
+        .and_then(|(_, p)| p.stack);
+    if stack.is_none() {
+        stack = snap
+            .segments
+            .iter()
+            .flat_map(|s| s.blocks.iter())
+            .filter(|b| b.state == BlockState::ActivePendingFree)
+            .max_by_key(|b| b.size)
+            .and_then(|b| b.stack);
+    }
+    if stack.is_none() {
+        stack = a.timeline.devices.iter().find_map(|t| t.delayed.example);
+    }
+    let (key, _) = a.stacks.site(stack);
+    let (loc, st) = culprit(snap, key, stack);
+    let waiting = snap_pending.max(trace_pending_bytes);
+    let severity = if waiting > 0 {
+        Severity::Warning
+    } else {
+        Severity::Information
+    };
+    let message = if waiting > 0 {
+        format!(
+            "{} was freed by the program but is still held until another stream's work completes \
+             (pending free){}.",
+            fmt_bytes(waiting),
+            key.map(|_| format!(", freed at {}", where_(snap, key)))
+                .unwrap_or_default()
+        )
+    } else {
+        format!(
+            "{delayed} frees ({}) completed only after later allocations: their memory was held \
+             for another stream.",
+            fmt_bytes(delayed_bytes)
+        )
+    };
+    let mut f = Finding::new("PT010", "delayed free", severity, message)
+        .at(loc, st)
+        .bytes(waiting.max(delayed_bytes), None);
+    if snap_pending > 0 {
+        f = f.evidence(Evidence::measured(format!(
+            "{} B in active_pending_free blocks at snapshot time",
+            snap_pending
+        )));
+    }
+    if !trace_pending.is_empty() {
+        f = f.evidence(Evidence::measured(format!(
+            "{} free_requested entries ({} B) with no free_completed by the end of the trace",
+            trace_pending.len(),
+            trace_pending_bytes
+        )));
+    }
+    if delayed > 0 {
+        let worst = a
+            .timeline
+            .devices
+            .iter()
+            .map(|t| t.delayed.max_entries_between)
+            .max()
+            .unwrap_or(0);
+        let us = a
+            .timeline
+            .devices
+            .iter()
+            .filter_map(|t| t.delayed.max_us)
+            .max();
+        f = f.evidence(Evidence::measured(format!(
+            "{delayed} frees completed late ({} B), up to {worst} trace entries{} after the request",
+            delayed_bytes,
+            us.map(|u| format!(" / {:.3} ms", u as f64 / 1000.0))
+                .unwrap_or_default()
+        )));
+    }
+    f = f
+        .evidence(Evidence::inferred(
+            "a tensor used on a side stream (`record_stream`, NCCL, prefetch) is released only when that \
+             stream's recorded events complete",
+        ))
+        .fix(Fix::advice(
+            "Release the tensor after the side stream's work (`torch.cuda.current_stream().wait_stream(s)`), \
+             avoid `record_stream` on large buffers, or synchronise before the next large allocation",
+        ));
+    out.push(f);
+}
+
+/// PT004: optimizer state allocated once at the first step (expected retention).
+fn optimizer_state(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
+    let allocated = a.totals.overall.allocated;
+    let opt = a.sites.role_total(Role::OptimizerState);
+    if opt == 0 || allocated == 0 || opt.saturating_mul(10) < allocated {
+        return;
+    }
+    // Growing optimizer state is not the first-step pattern.
+    let grows = a.timeline.devices.iter().any(|t| {
+        t.sites
+            .iter()
+            .any(|s| s.role == Role::OptimizerState && repeats(s))
+    });
+    if grows {
+        return;
+    }
+    let Some(site) = a
+        .sites
+        .sites
+        .iter()
+        .find(|s| s.role() == Role::OptimizerState)
+    else {
+        return;
+    };
+    let (loc, stack) = culprit(snap, site.key, site.stack);
+    let blocks: u64 = a
+        .sites
+        .sites
+        .iter()
+        .filter(|s| s.role() == Role::OptimizerState)
+        .map(|s| s.blocks)
+        .sum();
+    let mut f = Finding::new(
+        "PT004",
+        "first-step optimizer state",
+        Severity::Information,
+        format!(
+            "{} ({}) of live memory is optimizer state created by the first optimizer.step() at {} — \
+             expected retention, not a leak.",
+            fmt_bytes(opt),
+            pct_text(percent(opt, allocated)),
+            where_(snap, site.key),
+        ),
+    )
+    .at(loc, stack)
+    .bytes(opt, percent(opt, allocated))
+    .evidence(Evidence::measured(format!(
+        "{blocks} live blocks ({} B) were allocated under torch/optim",
+        opt
+    )));
+    let params = a.sites.role_total(Role::Parameter);
+    if params > 0 {
+        f = f.evidence(Evidence::inferred(format!(
+            "optimizer state is {:.2}× the identified parameter memory ({}); Adam keeps two states \
+             per parameter",
+            opt as f64 / params as f64,
+            fmt_bytes(params)
+        )));
+    }
+    let traced: Vec<&SiteTrace> = a
+        .timeline
+        .devices
+        .iter()
+        .flat_map(|t| t.sites.iter())
+        .filter(|s| s.role == Role::OptimizerState && s.allocs > 0)
+        .collect();
+    if traced.is_empty() {
+        f = f.evidence(Evidence::measured(
+            "no optimizer allocation appears in the recorded trace: the state predates the window and \
+             was not re-allocated since",
+        ));
+    } else {
+        let retained: u64 = traced.iter().map(|s| s.retained).sum();
+        let parts = traced
+            .iter()
+            .fold(0u16, |m, s| m | s.retained_windows)
+            .count_ones();
+        f = f.evidence(Evidence::measured(format!(
+            "in the trace, {retained} optimizer allocations were kept, all within {parts} of {WINDOWS} \
+             parts: allocated once, then stable"
+        )));
+    }
+    f = f
+        .evidence(Evidence::inferred(
+            "optimizer state lives as long as the optimizer; it does not grow after the first step",
+        ))
+        .fix(Fix::advice(
+            "Not a leak. If it does not fit: a smaller model or batch, a lighter optimizer (SGD with \
+             momentum, 8-bit Adam, Adafactor), or shard optimizer state (ZeRO / FSDP)",
+        ));
+    out.push(f);
+}
+
+/// PT005: forward activations dominate the peak (or the OOM) and are freed after it.
+fn activation_pressure(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
+    // At an OOM, the live set just before it; otherwise the trace peak with most activations.
+    let at_oom = a
+        .timeline
+        .devices
+        .iter()
+        .filter_map(|t| t.oom_sets.first().map(|p| (t, p)))
+        .max_by_key(|(_, p)| p.role(Role::Activation));
+    let at_peak = a
+        .timeline
+        .devices
+        .iter()
+        .filter_map(|t| t.peak_set.as_ref().map(|p| (t, p)))
+        .max_by_key(|(_, p)| p.role(Role::Activation));
+    let oom = at_oom.is_some();
+    let Some((t, set)) = at_oom.or(at_peak) else {
+        return;
+    };
+    let act = set.role(Role::Activation);
+    if act == 0 || act.saturating_mul(2) < set.bytes {
+        return;
+    }
+    let end_act = a
+        .device_sites
+        .iter()
+        .zip(a.totals.devices.iter())
+        .find(|(_, d)| d.device == t.device)
+        .map(|(s, _)| s.role_total(Role::Activation))
+        .unwrap_or(0);
+    let freed = act.saturating_sub(end_act);
+    if !oom && freed.saturating_mul(2) < act {
+        // Not freed after the peak: retention, not pressure (PT002 looks at that).
+        return;
+    }
+    let act_sites: Vec<_> = set
+        .sites
+        .iter()
+        .filter(|(_, _, _, st)| a.stacks.role(*st) == Role::Activation)
+        .collect();
+    let Some((key, _, _, stack)) = act_sites.first().copied() else {
+        return;
+    };
+    let (loc, st) = culprit(snap, *key, *stack);
+    // Layers repeat their sites: the median block count per activation site estimates how many
+    // layers there are; checkpointing keeps about one layer's activations alive at a time.
+    let mut counts: Vec<u64> = act_sites.iter().map(|(_, _, n, _)| *n).collect();
+    counts.sort_unstable();
+    let layers = counts.get(counts.len() / 2).copied().unwrap_or(1).max(1);
+    let saving = act.saturating_sub(act / layers);
+    let severity = if oom || any_oom(a) {
+        Severity::Warning
+    } else {
+        Severity::Information
+    };
+    let cost = match t.rise_us {
+        Some(us) if us > 0 && !oom => format!(
+            "one extra forward pass per step: the forward up to the peak took {:.1} ms in this trace",
+            us as f64 / 1000.0
+        ),
+        _ => "one extra forward pass per step (about a third more step time when backward ≈ 2× forward)"
+            .to_string(),
+    };
+    let when = if oom {
+        "when the device ran out of memory"
+    } else {
+        "at the trace peak"
+    };
+    let message = if oom {
+        format!(
+            "Forward activations filled the device: {} of {} live when it ran out of memory ({}).",
+            fmt_bytes(act),
+            fmt_bytes(set.bytes),
+            pct_text(percent(act, set.bytes)),
+        )
+    } else {
+        format!(
+            "Forward activations dominate peak memory: {} of {} live at the peak ({}), freed again \
+             after it.",
+            fmt_bytes(act),
+            fmt_bytes(set.bytes),
+            pct_text(percent(act, set.bytes)),
+        )
+    };
+    let mut f = Finding::new("PT005", "activation pressure", severity, message)
+        .at(loc, st)
+        .bytes(act, percent(act, set.bytes))
+        .evidence(Evidence::measured(format!(
+            "{when} (before entry #{} of device {}), {} activation sites held {} of {} live",
+            set.index,
+            t.device,
+            act_sites.len(),
+            fmt_bytes(act),
+            fmt_bytes(set.bytes)
+        )));
+    if !oom {
+        f = f.evidence(Evidence::measured(format!(
+            "{} of them were freed after the peak (sawtooth), {} of activations remain at the snapshot",
+            fmt_bytes(freed),
+            fmt_bytes(end_act)
+        )));
+        if let Some(us) = t.rise_us {
+            f = f.evidence(Evidence::measured(format!(
+                "live memory rose from its trough to the peak in {:.1} ms",
+                us as f64 / 1000.0
+            )));
+        }
+    }
+    f = f
+        .evidence(Evidence::inferred(
+            "activations are saved by the forward pass for backward (role guessed from nn.Module \
+             forward frames)",
+        ))
+        .evidence(Evidence::inferred(format!(
+            "activation sites repeat about {layers}× (layers); checkpointing each layer keeps about one \
+             layer's activations at a time: about {} saved",
+            fmt_bytes(saving)
+        )))
+        .fix(
+            Fix::advice(
+                "Wrap repeated blocks in `torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)`",
+            )
+            .saving(saving)
+            .cost(cost),
+        );
+    f.scope = Some(format!("device {}", t.device));
+    out.push(f);
+}
+
+/// PT006: DDP keeps full gradient buckets next to full parameters on each rank.
+fn ddp_replication(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
+    let allocated = a.totals.overall.allocated;
+    let comm = a.sites.role_total(Role::CommunicationBuffer);
+    if comm == 0 || allocated == 0 || comm.saturating_mul(20) < allocated {
+        return;
+    }
+    let params = a.sites.role_total(Role::Parameter);
+    let opt = a.sites.role_total(Role::OptimizerState);
+    let grads = a.sites.role_total(Role::Backward);
+    let model_state = comm
+        .saturating_add(params)
+        .saturating_add(opt)
+        .saturating_add(grads);
+    if model_state.saturating_mul(2) < allocated {
+        return;
+    }
+    let Some(site) = a
+        .sites
+        .sites
+        .iter()
+        .find(|s| s.role() == Role::CommunicationBuffer)
+    else {
+        return;
+    };
+    let (loc, stack) = culprit(snap, site.key, site.stack);
+    let severity = if any_oom(a) {
+        Severity::Warning
+    } else {
+        Severity::Information
+    };
+    let f = Finding::new(
+        "PT006",
+        "replicated gradients/params under DDP",
+        severity,
+        format!(
+            "DDP keeps a full replica on this rank: {} of gradient buckets next to {} of parameters \
+             and {} of optimizer state ({} of live memory).",
+            fmt_bytes(comm),
+            fmt_bytes(params),
+            fmt_bytes(opt),
+            pct_text(percent(model_state, allocated)),
+        ),
+    )
+    .at(loc, stack)
+    .bytes(model_state, percent(model_state, allocated))
+    .evidence(Evidence::measured(format!(
+        "{} live in blocks allocated under torch.distributed / DDP's reducer",
+        fmt_bytes(comm)
+    )))
+    .evidence(Evidence::measured(format!(
+        "parameters {} · optimizer state {} · backward buffers {} (role guessed from stacks)",
+        fmt_bytes(params),
+        fmt_bytes(opt),
+        fmt_bytes(grads)
+    )))
+    .evidence(Evidence::inferred(
+        "every DDP rank holds the same full-size parameters, gradients and optimizer state",
+    ))
+    .fix(Fix::advice(
+        "Shard model state: FSDP (`torch.distributed.fsdp.fully_shard`) or ZeRO \
+         (`ZeroRedundancyOptimizer`) keep about 1/world_size of it per rank",
+    ));
+    out.push(f);
+}
+
+/// PT001: the site that holds the most live memory (attribution hint).
+fn top_site(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
+    let allocated = a.totals.overall.allocated;
+    let Some(s) = a.sites.sites.iter().find(|s| s.key.is_some()) else {
+        return;
+    };
+    let (loc, stack) = culprit(snap, s.key, s.stack);
+    let p = s.percent_of(allocated);
+    let role = crate::torch::site_role(a, s);
+    let f = Finding::new(
+        "PT001",
+        "top live-memory site",
+        Severity::Hint,
+        format!(
+            "{} of live memory ({}) was allocated at {}{}.",
+            pct_text(p),
+            fmt_bytes(s.bytes),
+            where_(snap, s.key),
+            if role == "unknown" {
+                String::new()
+            } else {
+                format!(" ({role})")
+            }
+        ),
+    )
+    .at(loc, stack)
+    .bytes(s.bytes, p)
+    .evidence(Evidence::measured(format!(
+        "{} active_allocated blocks, {} B ({} B requested)",
+        s.blocks, s.bytes, s.requested_bytes
+    )))
+    .evidence(Evidence::inferred(format!("role from the stack: {role}")));
+    out.push(f);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analyze::Options;
+    use crate::torch::analyze_snapshot;
+    use crate::torch::model::{Action, TraceEntry};
+    use crate::torch::stacks::tests::intern;
+    use crate::torch::totals::tests::{block, entry, segment};
+
+    fn codes(f: &[Finding]) -> Vec<&'static str> {
+        f.iter().map(|f| f.code).collect()
+    }
+
+    /// A training loop of `steps` steps: forward activations freed in backward, plus `extra`.
+    fn training(
+        snap: &mut Snapshot,
+        steps: u64,
+        mut extra: impl FnMut(&mut Snapshot, u64, &mut Vec<TraceEntry>),
+    ) -> Vec<TraceEntry> {
+        let act = intern(
+            snap,
+            &[
+                (
+                    "/v/site-packages/torch/nn/modules/linear.py",
+                    125,
+                    "forward",
+                ),
+                (
+                    "/v/site-packages/torch/nn/modules/module.py",
+                    1747,
+                    "_call_impl",
+                ),
+                ("/u/model.py", 30, "forward"),
+            ],
+        );
+        let mut list = Vec::new();
+        for step in 0..steps {
+            for k in 0..4u64 {
+                let mut e = entry(Action::Alloc, 0x10_0000 + step * 0x1000 + k, 1 << 20);
+                e.stack = Some(act);
+                list.push(e);
+            }
+            extra(snap, step, &mut list);
+            for k in 0..4u64 {
+                let addr = 0x10_0000 + step * 0x1000 + k;
+                list.push(entry(Action::FreeRequested, addr, 1 << 20));
+                list.push(entry(Action::FreeCompleted, addr, 1 << 20));
+            }
+        }
+        list
+    }
+
+    #[test]
+    fn healthy_training_loop_raises_no_warning() {
+        let mut snap = Snapshot::default();
+        let list = training(&mut snap, 8, |_, _, _| {});
+        snap.device_traces = Some(vec![list]);
+        snap.segments = vec![segment(
+            0,
+            1 << 30,
+            vec![block(8 << 20, 8 << 20, BlockState::Inactive)],
+        )];
+        let a = analyze_snapshot(&snap, &Options::default());
+        assert!(
+            a.findings.iter().all(|f| f.severity < Severity::Warning),
+            "{:?}",
+            codes(&a.findings)
+        );
+    }
+
+    #[test]
+    fn growing_container_is_pt003_at_the_appending_line() {
+        let mut snap = Snapshot::default();
+        let grow = intern(&mut snap, &[("/u/train.py", 44, "main")]);
+        let mut live = Vec::new();
+        let list = training(&mut snap, 8, |_, step, list| {
+            let mut e = entry(Action::Alloc, 0x900_0000 + step * 0x1000, 4096);
+            e.stack = Some(grow);
+            list.push(e);
+        });
+        for step in 0..8u64 {
+            let mut b = block(4096, 4096, BlockState::ActiveAllocated);
+            b.stack = Some(grow);
+            live.push(b);
+            let _ = step;
+        }
+        snap.segments = vec![segment(0, 0x900_0000, live)];
+        snap.device_traces = Some(vec![list]);
+        let a = analyze_snapshot(&snap, &Options::default());
+        let f = a.findings.iter().find(|f| f.code == "PT003");
+        let f = f.unwrap_or_else(|| panic!("no PT003 in {:?}", codes(&a.findings)));
+        assert_eq!(f.location.as_ref().map(|l| l.line), Some(44));
+        assert_eq!(f.fixes[0].kind, FixKind::DetachCpuAppend);
+        assert!(!codes(&a.findings).contains(&"PT002"));
+    }
+
+    #[test]
+    fn oom_with_split_cache_is_pt008_and_pt009() {
+        let mut snap = Snapshot::default();
+        let st = intern(&mut snap, &[("/u/train.py", 12, "main")]);
+        snap.segments = (0..4u64)
+            .map(|i| {
+                segment(
+                    0,
+                    (i + 1) << 32,
+                    vec![
+                        block(40 << 20, 40 << 20, BlockState::ActiveAllocated),
+                        block(24 << 20, 0, BlockState::Inactive),
+                    ],
+                )
+            })
+            .collect();
+        let mut oom = entry(Action::Oom, 0, 64 << 20);
+        oom.device_free = Some(1 << 20);
+        oom.stack = Some(st);
+        snap.device_traces = Some(vec![vec![oom]]);
+        let a = analyze_snapshot(&snap, &Options::default());
+        assert_eq!(&codes(&a.findings)[..2], &["PT008", "PT009"]);
+        let pt8 = &a.findings[0];
+        assert_eq!(
+            pt8.fixes[0].kind,
+            FixKind::AllocConf {
+                value: "expandable_segments:True".into()
+            }
+        );
+        assert_eq!(
+            pt8.fixes[1].kind,
+            FixKind::AllocConf {
+                value: "max_split_size_mb:64".into()
+            }
+        );
+        assert_eq!(pt8.location.as_ref().map(|l| l.line), Some(12));
+    }
+}

@@ -1,0 +1,706 @@
+//! When memory was freed: one linear pass per device trace.
+//!
+//! Matches `free_requested` with `free_completed` (pending and delayed frees), counts segment
+//! traffic, tracks which allocations made inside the recorded window are never freed (and in how
+//! many parts of the window they recur), finds bursts of frees, and reconstructs the live set at
+//! an index (OOM, peak) by replaying the trace backwards from the snapshot's block state — exact
+//! whatever was dropped from the front of the window.
+
+use rustc_hash::FxHashMap;
+use serde_json::{Value, json};
+
+use crate::torch::model::{Action, BlockState, Snapshot, StackId, TraceEntry};
+use crate::torch::stacks::{Role, SiteKey, StackIndex, site_string};
+
+/// The window is cut into this many equal parts to tell "once" from "every step".
+pub const WINDOWS: usize = 8;
+
+/// Frees whose completion waited for other events (streams) or never came.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DelayedFrees {
+    /// `free_completed` that came later than right after its `free_requested`.
+    pub count: u64,
+    pub bytes: u64,
+    /// Largest number of entries between request and completion.
+    pub max_entries_between: u64,
+    /// Largest delay in µs (when the trace has `time_us`).
+    pub max_us: Option<i64>,
+    /// Stack of the largest delayed free (free stack with `context="all"`).
+    pub example: Option<StackId>,
+}
+
+/// A `free_requested` with no `free_completed` by the end of the trace.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PendingFree {
+    pub index: u64,
+    pub addr: u64,
+    pub size: u64,
+    pub stream: u64,
+    pub stack: Option<StackId>,
+}
+
+/// What the trace says about the allocations of one site.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SiteTrace {
+    pub key: SiteKey,
+    pub allocs: u64,
+    pub alloc_bytes: u64,
+    /// In-window allocations later freed (`free_completed`).
+    pub freed: u64,
+    /// In-window allocations still live at the end of the trace.
+    pub retained: u64,
+    pub retained_bytes: u64,
+    /// Bit w set when a retained allocation falls in window part w.
+    pub retained_windows: u16,
+    pub retained_first: u64,
+    pub retained_last: u64,
+    /// Largest requested size among retained allocations.
+    pub retained_max_size: u64,
+    pub role: Role,
+    pub stack: Option<StackId>,
+}
+
+impl SiteTrace {
+    pub fn retained_parts(&self) -> u32 {
+        self.retained_windows.count_ones()
+    }
+}
+
+/// The largest run of frees with no allocation in between.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FreeBurst {
+    pub start: u64,
+    pub end: u64,
+    pub frees: u64,
+    pub bytes: u64,
+    /// Distinct window parts in which the freed blocks had been allocated.
+    pub alloc_parts: u32,
+    /// A free stack in the run goes through Python's garbage collector.
+    pub gc: bool,
+    /// Site that allocated most of the freed bytes.
+    pub site: SiteKey,
+    pub stack: Option<StackId>,
+    pub time_us: Option<i64>,
+}
+
+/// Live blocks at one trace index, grouped by site.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LiveSet {
+    pub index: u64,
+    pub bytes: u64,
+    pub blocks: u64,
+    /// (site, bytes, blocks, representative stack), bytes descending.
+    pub sites: Vec<(SiteKey, u64, u64, Option<StackId>)>,
+    pub role_bytes: FxHashMap<Role, u64>,
+    /// Segment bytes added (map/alloc) minus removed (unmap/free) after this index.
+    pub reserved_added_after: i64,
+    /// Whether any block was allocated or freed after this index (the dump is not this state).
+    pub changed_after: bool,
+}
+
+impl LiveSet {
+    pub fn role(&self, r: Role) -> u64 {
+        self.role_bytes.get(&r).copied().unwrap_or(0)
+    }
+}
+
+/// Everything the trace of one device says.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DeviceTimeline {
+    pub device: i64,
+    pub entries: u64,
+    pub allocs: u64,
+    pub alloc_bytes: u64,
+    pub free_requested: u64,
+    pub free_completed: u64,
+    pub freed_bytes: u64,
+    /// `free_completed` of blocks allocated before the window (no `alloc` seen).
+    pub frees_of_older_blocks: u64,
+    pub delayed: DelayedFrees,
+    pub pending: Vec<PendingFree>,
+    pub segment_allocs: (u64, u64),
+    pub segment_frees: (u64, u64),
+    pub segment_maps: (u64, u64),
+    pub segment_unmaps: (u64, u64),
+    pub has_time: bool,
+    pub first_time_us: Option<i64>,
+    pub last_time_us: Option<i64>,
+    /// Per-site allocation history in the window, retained bytes descending.
+    pub sites: Vec<SiteTrace>,
+    pub burst: Option<FreeBurst>,
+    /// Runs of ≥ 8 frees whose blocks were allocated in ≥ 3 parts of the window (batched frees).
+    pub batched_bursts: u64,
+    /// Sawtooth cycles of live memory (rise then fall by ≥ 1/8 of the window's range): steps.
+    pub cycles: u64,
+    /// Separate runs of optimizer allocations (one per `optimizer.step()` that allocates).
+    pub optimizer_runs: u64,
+    /// Live bytes reconstructed from the snapshot state: before the first entry, at the peak, at the end.
+    pub live_start: i64,
+    pub live_peak: i64,
+    pub live_peak_index: Option<u64>,
+    pub live_end: i64,
+    /// Lowest live bytes in each window part (the floor of a sawtooth).
+    pub floors: Vec<i64>,
+    /// Trough before the peak (start of the step that peaks), and µs from it to the peak.
+    pub rise_us: Option<i64>,
+    pub peak_set: Option<LiveSet>,
+    /// Live set just before each `oom` entry (at most 4).
+    pub oom_sets: Vec<LiveSet>,
+}
+
+/// Timelines of every device that has a trace list.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Timeline {
+    pub devices: Vec<DeviceTimeline>,
+}
+
+impl Timeline {
+    pub fn device(&self, d: i64) -> Option<&DeviceTimeline> {
+        self.devices.iter().find(|t| t.device == d)
+    }
+}
+
+fn part(i: usize, n: usize) -> usize {
+    i.saturating_mul(WINDOWS)
+        .checked_div(n)
+        .map_or(0, |p| p.min(WINDOWS - 1))
+}
+
+fn signed(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// Analyse every device trace of the snapshot.
+pub fn compute(snap: &Snapshot, stacks: &StackIndex) -> Timeline {
+    let mut out = Timeline::default();
+    let Some(traces) = &snap.device_traces else {
+        return out;
+    };
+    for (d, list) in traces.iter().enumerate() {
+        if list.is_empty() {
+            continue;
+        }
+        out.devices
+            .push(device_timeline(snap, stacks, d as i64, list));
+    }
+    out
+}
+
+fn device_timeline(
+    snap: &Snapshot,
+    stacks: &StackIndex,
+    device: i64,
+    list: &[TraceEntry],
+) -> DeviceTimeline {
+    let n = list.len();
+    let mut t = DeviceTimeline {
+        device,
+        entries: n as u64,
+        first_time_us: list.first().and_then(|e| e.time_us),
+        last_time_us: list.last().and_then(|e| e.time_us),
+        has_time: list.iter().any(|e| e.time_us.is_some()),
+        ..Default::default()
+    };
+    // addr → (alloc index, requested size, stack)
+    let mut live: FxHashMap<u64, (usize, u64, Option<StackId>)> = FxHashMap::default();
+    // addr → free_requested index, size, stream, stack
+    let mut requested: FxHashMap<u64, (usize, u64, u64, Option<StackId>)> = FxHashMap::default();
+    let mut sites: FxHashMap<SiteKey, SiteTrace> = FxHashMap::default();
+    let mut run = FreeBurst::default();
+    let mut run_parts: u16 = 0;
+    let mut run_sites: FxHashMap<SiteKey, (u64, Option<StackId>)> = FxHashMap::default();
+    let mut best: Option<FreeBurst> = None;
+    let mut running: i64 = 0;
+    let mut floors_rel = [i64::MAX; WINDOWS];
+    let mut peak_rel: Option<(i64, usize)> = None;
+    let mut trough_before_peak: (i64, usize) = (0, 0);
+    let mut trough: (i64, usize) = (i64::MAX, 0);
+    let mut prev_alloc_opt = false;
+
+    for (i, e) in list.iter().enumerate() {
+        let is_free_like = matches!(
+            e.action,
+            Action::FreeRequested
+                | Action::FreeCompleted
+                | Action::SegmentFree
+                | Action::SegmentUnmap
+                | Action::Snapshot
+        );
+        if !is_free_like && run.frees > 0 {
+            close_run(
+                &mut run,
+                run_parts,
+                &mut run_sites,
+                &mut best,
+                &mut t.batched_bursts,
+            );
+            run_parts = 0;
+        }
+        match e.action {
+            Action::Alloc => {
+                t.allocs += 1;
+                t.alloc_bytes = t.alloc_bytes.saturating_add(e.size);
+                live.insert(e.addr, (i, e.size, e.stack));
+                let (key, _) = stacks.site(e.stack);
+                let s = sites.entry(key).or_insert_with(|| SiteTrace {
+                    key,
+                    role: stacks.role(e.stack),
+                    stack: e.stack,
+                    ..Default::default()
+                });
+                s.allocs += 1;
+                s.alloc_bytes = s.alloc_bytes.saturating_add(e.size);
+                running = running.saturating_add(signed(e.size));
+                let opt = s.role == Role::OptimizerState;
+                if opt && !prev_alloc_opt {
+                    t.optimizer_runs += 1;
+                }
+                prev_alloc_opt = opt;
+            }
+            Action::FreeRequested => {
+                t.free_requested += 1;
+                requested.insert(e.addr, (i, e.size, e.stream, e.stack));
+            }
+            Action::FreeCompleted => {
+                t.free_completed += 1;
+                t.freed_bytes = t.freed_bytes.saturating_add(e.size);
+                running = running.saturating_sub(signed(e.size));
+                if let Some((ri, size, _, stack)) = requested.remove(&e.addr)
+                    && i > ri + 1
+                {
+                    let d = &mut t.delayed;
+                    d.count += 1;
+                    d.bytes = d.bytes.saturating_add(size);
+                    let between = (i - ri - 1) as u64;
+                    if between > d.max_entries_between {
+                        d.max_entries_between = between;
+                        d.example = stack.or(e.stack);
+                    }
+                    if let (Some(a), Some(b)) = (list[ri].time_us, e.time_us) {
+                        d.max_us = Some(d.max_us.unwrap_or(0).max(b.saturating_sub(a)));
+                    }
+                }
+                if run.frees == 0 {
+                    run.start = i as u64;
+                    run.time_us = e.time_us;
+                }
+                run.end = i as u64;
+                run.frees += 1;
+                run.bytes = run.bytes.saturating_add(e.size);
+                run.gc |= stacks.has_gc_frame(e.stack);
+                match live.remove(&e.addr) {
+                    Some((ai, size, stack)) => {
+                        let (key, _) = stacks.site(stack);
+                        if let Some(s) = sites.get_mut(&key) {
+                            s.freed += 1;
+                        }
+                        run_parts |= 1 << part(ai, n);
+                        let rs = run_sites.entry(key).or_insert((0, stack));
+                        rs.0 = rs.0.saturating_add(size);
+                    }
+                    None => t.frees_of_older_blocks += 1,
+                }
+            }
+            Action::SegmentAlloc => add(&mut t.segment_allocs, e.size),
+            Action::SegmentFree => add(&mut t.segment_frees, e.size),
+            Action::SegmentMap => add(&mut t.segment_maps, e.size),
+            Action::SegmentUnmap => add(&mut t.segment_unmaps, e.size),
+            _ => {}
+        }
+        let w = part(i, n);
+        floors_rel[w] = floors_rel[w].min(running);
+        if running < trough.0 {
+            trough = (running, i);
+        }
+        if peak_rel.is_none_or(|(b, _)| running > b) {
+            peak_rel = Some((running, i));
+            trough_before_peak = if trough.0 <= running {
+                trough
+            } else {
+                (running, i)
+            };
+        }
+    }
+    if run.frees > 0 {
+        close_run(
+            &mut run,
+            run_parts,
+            &mut run_sites,
+            &mut best,
+            &mut t.batched_bursts,
+        );
+    }
+    t.burst = best;
+    t.cycles = sawtooth_cycles(list, peak_rel.map(|p| p.0).unwrap_or(0), trough.0);
+
+    for (ai, size, stack) in live.values() {
+        let (key, _) = stacks.site(*stack);
+        if let Some(s) = sites.get_mut(&key) {
+            s.retained += 1;
+            s.retained_bytes = s.retained_bytes.saturating_add(*size);
+            s.retained_windows |= 1 << part(*ai, n);
+            let ai = *ai as u64;
+            if s.retained == 1 || ai < s.retained_first {
+                s.retained_first = ai;
+            }
+            s.retained_last = s.retained_last.max(ai);
+            s.retained_max_size = s.retained_max_size.max(*size);
+        }
+    }
+    let mut pending: Vec<PendingFree> = requested
+        .into_iter()
+        .map(|(addr, (i, size, stream, stack))| PendingFree {
+            index: i as u64,
+            addr,
+            size,
+            stream,
+            stack,
+        })
+        .collect();
+    pending.sort_by_key(|p| p.index);
+    t.pending = pending;
+
+    let mut sites: Vec<SiteTrace> = sites.into_values().collect();
+    sites.sort_by(|a, b| {
+        b.retained_bytes
+            .cmp(&a.retained_bytes)
+            .then(b.allocs.cmp(&a.allocs))
+            .then(a.key.cmp(&b.key))
+    });
+    t.sites = sites;
+
+    // Absolute live bytes: the snapshot's live blocks are the state after the last entry.
+    let end_live = live_bytes_at_end(snap, device);
+    let offset = end_live.saturating_sub(running);
+    t.live_end = end_live;
+    t.live_start = offset;
+    t.floors = floors_rel
+        .iter()
+        .filter(|f| **f != i64::MAX)
+        .map(|f| f.saturating_add(offset))
+        .collect();
+    if let Some((b, i)) = peak_rel {
+        t.live_peak = b.saturating_add(offset).max(offset);
+        t.live_peak_index = Some(i as u64);
+        if b > 0 {
+            t.peak_set = Some(live_at(snap, stacks, device, list, i + 1));
+            if let (Some(a), Some(z)) = (list[trough_before_peak.1].time_us, list[i].time_us) {
+                t.rise_us = Some(z.saturating_sub(a));
+            }
+        } else {
+            t.live_peak = offset;
+        }
+    }
+    for (i, e) in list.iter().enumerate() {
+        if e.action == Action::Oom && t.oom_sets.len() < 4 {
+            t.oom_sets.push(live_at(snap, stacks, device, list, i));
+        }
+    }
+    t
+}
+
+/// Count rise-then-fall cycles of the running live bytes, each at least 1/8 of the range.
+fn sawtooth_cycles(list: &[TraceEntry], max: i64, min: i64) -> u64 {
+    let min = min.min(0);
+    let thr = max.saturating_sub(min) / 8;
+    if thr <= 0 {
+        return 0;
+    }
+    let mut run: i64 = 0;
+    let mut low: i64 = 0;
+    let mut high: i64 = 0;
+    let mut up = false;
+    let mut cycles = 0;
+    for e in list {
+        match e.action {
+            Action::Alloc => run = run.saturating_add(signed(e.size)),
+            Action::FreeCompleted => run = run.saturating_sub(signed(e.size)),
+            _ => continue,
+        }
+        if up {
+            high = high.max(run);
+            if high.saturating_sub(run) >= thr {
+                cycles += 1;
+                up = false;
+                low = run;
+            }
+        } else {
+            low = low.min(run);
+            if run.saturating_sub(low) >= thr {
+                up = true;
+                high = run;
+            }
+        }
+    }
+    cycles
+}
+
+fn add(slot: &mut (u64, u64), size: u64) {
+    slot.0 += 1;
+    slot.1 = slot.1.saturating_add(size);
+}
+
+fn close_run(
+    run: &mut FreeBurst,
+    parts: u16,
+    sites: &mut FxHashMap<SiteKey, (u64, Option<StackId>)>,
+    best: &mut Option<FreeBurst>,
+    batched: &mut u64,
+) {
+    run.alloc_parts = parts.count_ones();
+    if run.frees >= 8 && run.alloc_parts >= 3 {
+        *batched += 1;
+    }
+    if let Some((k, (_, st))) = sites
+        .iter()
+        .max_by(|a, b| a.1.0.cmp(&b.1.0).then(b.0.cmp(a.0)))
+    {
+        run.site = *k;
+        run.stack = *st;
+    }
+    let better = match best {
+        None => true,
+        Some(b) => (run.alloc_parts, run.frees) > (b.alloc_parts, b.frees),
+    };
+    if better {
+        *best = Some(run.clone());
+    }
+    *run = FreeBurst::default();
+    sites.clear();
+}
+
+fn live_bytes_at_end(snap: &Snapshot, device: i64) -> i64 {
+    let mut total: u64 = 0;
+    for seg in snap.segments.iter().filter(|s| s.device == device) {
+        for b in &seg.blocks {
+            if matches!(
+                b.state,
+                BlockState::ActiveAllocated | BlockState::ActivePendingFree
+            ) {
+                total = total.saturating_add(b.size);
+            }
+        }
+    }
+    signed(total)
+}
+
+/// Live blocks of `device` just before trace entry `k` (after entries `0..k`).
+///
+/// Starts from the snapshot's live blocks (exact, unlike a forward replay that misses everything
+/// allocated before the window) and undoes entries `k..n` backwards. Blocks brought back take the
+/// stack of their `alloc` entry when it is in the window, else the stack of their free entry.
+pub fn live_at(
+    snap: &Snapshot,
+    stacks: &StackIndex,
+    device: i64,
+    list: &[TraceEntry],
+    k: usize,
+) -> LiveSet {
+    let k = k.min(list.len());
+    // Stacks of allocations made before k, by address (latest wins).
+    let mut alloc_stack: FxHashMap<u64, Option<StackId>> = FxHashMap::default();
+    for e in &list[..k] {
+        if e.action == Action::Alloc {
+            alloc_stack.insert(e.addr, e.stack);
+        }
+    }
+    let mut set: FxHashMap<u64, (u64, Option<StackId>)> = FxHashMap::default();
+    let mut reserved_added_after: i64 = 0;
+    let mut changed_after = false;
+    for seg in snap.segments.iter().filter(|s| s.device == device) {
+        for b in &seg.blocks {
+            if matches!(
+                b.state,
+                BlockState::ActiveAllocated | BlockState::ActivePendingFree
+            ) {
+                set.insert(b.address, (b.size, b.stack));
+            }
+        }
+    }
+    for e in list[k..].iter().rev() {
+        match e.action {
+            Action::Alloc => {
+                changed_after = true;
+                set.remove(&e.addr);
+            }
+            Action::FreeCompleted => {
+                changed_after = true;
+                let stack = alloc_stack.get(&e.addr).copied().unwrap_or(e.stack);
+                set.insert(e.addr, (e.size, stack));
+            }
+            Action::SegmentAlloc | Action::SegmentMap => {
+                reserved_added_after = reserved_added_after.saturating_add(signed(e.size))
+            }
+            Action::SegmentFree | Action::SegmentUnmap => {
+                reserved_added_after = reserved_added_after.saturating_sub(signed(e.size))
+            }
+            _ => {}
+        }
+    }
+    let mut out = LiveSet {
+        index: k as u64,
+        reserved_added_after,
+        changed_after,
+        ..Default::default()
+    };
+    let mut by: FxHashMap<SiteKey, (u64, u64, Option<StackId>, u64)> = FxHashMap::default();
+    for (size, stack) in set.values() {
+        out.bytes = out.bytes.saturating_add(*size);
+        out.blocks += 1;
+        *out.role_bytes.entry(stacks.role(*stack)).or_default() += *size;
+        let (key, _) = stacks.site(*stack);
+        let s = by.entry(key).or_insert((0, 0, *stack, 0));
+        s.0 = s.0.saturating_add(*size);
+        s.1 += 1;
+        if *size > s.3 {
+            s.3 = *size;
+            s.2 = *stack;
+        }
+    }
+    let mut sites: Vec<(SiteKey, u64, u64, Option<StackId>)> =
+        by.into_iter().map(|(k, v)| (k, v.0, v.1, v.2)).collect();
+    sites.sort_by(|a, b| b.1.cmp(&a.1).then(b.2.cmp(&a.2)).then(a.0.cmp(&b.0)));
+    out.sites = sites;
+    out
+}
+
+impl Timeline {
+    /// The `timeline` key of the engine JSON.
+    pub fn to_json(&self, snap: &Snapshot) -> Value {
+        Value::Array(
+            self.devices
+                .iter()
+                .map(|t| {
+                    let live_sites = |s: &LiveSet| -> Value {
+                        json!({
+                            "index": s.index,
+                            "live_bytes": s.bytes,
+                            "live_blocks": s.blocks,
+                            "sites": s.sites.iter().take(5).map(|(k, b, n, _)| json!({
+                                "site": site_string(snap, *k), "bytes": b, "blocks": n,
+                            })).collect::<Vec<_>>(),
+                        })
+                    };
+                    json!({
+                        "device": t.device,
+                        "entries": t.entries,
+                        "allocs": t.allocs,
+                        "free_requested": t.free_requested,
+                        "free_completed": t.free_completed,
+                        "frees_of_blocks_allocated_before_window": t.frees_of_older_blocks,
+                        "delayed_frees": {"count": t.delayed.count, "bytes": t.delayed.bytes,
+                            "max_entries_between": t.delayed.max_entries_between,
+                            "max_us": t.delayed.max_us},
+                        "pending_frees": {"count": t.pending.len(),
+                            "bytes": t.pending.iter().fold(0u64, |a, p| a.saturating_add(p.size))},
+                        "segment_alloc": {"count": t.segment_allocs.0, "bytes": t.segment_allocs.1},
+                        "segment_free": {"count": t.segment_frees.0, "bytes": t.segment_frees.1},
+                        "segment_map": {"count": t.segment_maps.0, "bytes": t.segment_maps.1},
+                        "segment_unmap": {"count": t.segment_unmaps.0, "bytes": t.segment_unmaps.1},
+                        "live_bytes_reconstructed": {"start": t.live_start, "peak": t.live_peak,
+                            "peak_index": t.live_peak_index, "end": t.live_end,
+                            "floors": t.floors},
+                        "repeating_unfreed_sites": t.sites.iter()
+                            .filter(|s| s.retained_parts() >= 3 && s.retained >= 3)
+                            .map(|s| json!({"site": site_string(snap, s.key),
+                                "allocs": s.allocs, "freed": s.freed, "retained": s.retained,
+                                "retained_bytes": s.retained_bytes,
+                                "window_parts": s.retained_parts()}))
+                            .collect::<Vec<_>>(),
+                        "oom_live": t.oom_sets.iter().map(live_sites).collect::<Vec<_>>(),
+                        "peak_live": t.peak_set.as_ref().map(live_sites),
+                    })
+                })
+                .collect(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::frames::FrameFilter;
+    use crate::torch::stacks::tests::intern;
+    use crate::torch::totals::tests::{block, entry, segment};
+
+    #[test]
+    fn pending_and_delayed_frees_are_told_apart() {
+        let snap = Snapshot {
+            device_traces: Some(vec![vec![
+                entry(Action::Alloc, 100, 512),
+                entry(Action::Alloc, 200, 512),
+                entry(Action::FreeRequested, 100, 512),
+                entry(Action::Alloc, 300, 512),
+                entry(Action::FreeCompleted, 100, 512),
+                entry(Action::FreeRequested, 200, 512),
+                entry(Action::FreeCompleted, 200, 512),
+                entry(Action::FreeRequested, 300, 512),
+            ]]),
+            ..Snapshot::default()
+        };
+        let idx = StackIndex::new(&snap, &FrameFilter::default());
+        let t = compute(&snap, &idx);
+        let d = &t.devices[0];
+        assert_eq!(d.delayed.count, 1, "only addr 100 waited");
+        assert_eq!(d.delayed.max_entries_between, 1);
+        assert_eq!(d.pending.len(), 1);
+        assert_eq!(d.pending[0].addr, 300);
+    }
+
+    #[test]
+    fn live_set_before_an_oom_is_replayed_from_snapshot_state() {
+        let mut snap = Snapshot::default();
+        let a = intern(&mut snap, &[("/u/train.py", 3, "main")]);
+        let b = intern(&mut snap, &[("/u/train.py", 9, "main")]);
+        let mut keep = block(4096, 4096, BlockState::ActiveAllocated);
+        keep.stack = Some(a);
+        snap.segments = vec![segment(
+            0,
+            0x1000,
+            vec![keep, block(8192, 0, BlockState::Inactive)],
+        )];
+        let mut alloc_b = entry(Action::Alloc, 0x2000, 8192);
+        alloc_b.stack = Some(b);
+        snap.device_traces = Some(vec![vec![
+            alloc_b.clone(),
+            entry(Action::Oom, 0, 1 << 30),
+            entry(Action::FreeRequested, 0x2000, 8192),
+            entry(Action::FreeCompleted, 0x2000, 8192),
+        ]]);
+        let idx = StackIndex::new(&snap, &FrameFilter::default());
+        let t = compute(&snap, &idx);
+        let set = &t.devices[0].oom_sets[0];
+        assert_eq!(set.bytes, 4096 + 8192, "freed-after-OOM block was live");
+        assert_eq!(site_string(&snap, set.sites[0].0), "/u/train.py:9:main");
+        assert_eq!(set.sites[0].1, 8192);
+    }
+
+    #[test]
+    fn allocations_repeated_across_the_window_without_frees_are_retained() {
+        let mut snap = Snapshot::default();
+        let leak = intern(&mut snap, &[("/u/train.py", 20, "main")]);
+        let tmp = intern(&mut snap, &[("/u/train.py", 15, "main")]);
+        let mut list = Vec::new();
+        for step in 0..8u64 {
+            let mut t = entry(Action::Alloc, 1000 + step, 512);
+            t.stack = Some(tmp);
+            list.push(t);
+            list.push(entry(Action::FreeRequested, 1000 + step, 512));
+            list.push(entry(Action::FreeCompleted, 1000 + step, 512));
+            let mut l = entry(Action::Alloc, 5000 + step, 2048);
+            l.stack = Some(leak);
+            list.push(l);
+        }
+        snap.device_traces = Some(vec![list]);
+        let idx = StackIndex::new(&snap, &FrameFilter::default());
+        let t = compute(&snap, &idx);
+        let d = &t.devices[0];
+        let top = &d.sites[0];
+        assert_eq!(site_string(&snap, top.key), "/u/train.py:20:main");
+        assert_eq!((top.allocs, top.retained, top.freed), (8, 8, 0));
+        assert_eq!(top.retained_parts(), 8);
+        let tmp_site = &d.sites[1];
+        assert_eq!((tmp_site.retained, tmp_site.freed), (0, 8));
+        assert!(d.floors.windows(2).all(|w| w[0] <= w[1]), "floor rises");
+    }
+}

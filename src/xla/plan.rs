@@ -1,0 +1,647 @@
+//! The compile-time plan of one module: xprof memory_viewer's arithmetic (XPLANE_FORMAT.md §4)
+//! over the buffer assignment, plus what a diagnosis needs (donation, roles, lines).
+
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use super::hlo::{self, Frame};
+use super::pb::xla as hpb;
+
+/// Buffers below this size are lumped into one `small` row, as xprof does.
+pub const SMALL_BUFFER_BYTES: u64 = 16384;
+
+/// xprof's allocation category (first match in this order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Category {
+    Parameter,
+    Output,
+    ThreadLocal,
+    Constant,
+    Temporary,
+}
+
+impl Category {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Category::Parameter => "Parameter",
+            Category::Output => "Output",
+            Category::ThreadLocal => "Thread-local",
+            Category::Constant => "Constant",
+            Category::Temporary => "Temporary",
+        }
+    }
+    fn of(a: &hpb::BufferAllocationProto) -> Category {
+        if a.is_entry_computation_parameter {
+            Category::Parameter
+        } else if a.maybe_live_out {
+            Category::Output
+        } else if a.is_thread_local {
+            Category::ThreadLocal
+        } else if a.is_constant {
+            Category::Constant
+        } else {
+            Category::Temporary
+        }
+    }
+}
+
+/// Indefinite lifetime: parameters, outputs, constants. Thread-local allocations (per-thread
+/// scratch on CPU/GPU) are left out of every total, as xprof 2.24 does (checked against the
+/// oracles: counting them adds 4-byte allocations xprof does not show).
+fn is_indefinite(a: &hpb::BufferAllocationProto) -> bool {
+    a.is_entry_computation_parameter || a.is_constant || a.maybe_live_out
+}
+
+/// What a buffer is for, from the JAX name stack (inferred).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// `jvp(` outside `transpose(`: forward activations kept for the backward pass.
+    Forward,
+    /// `while/body` outside `transpose(`: per-iteration values stacked by a scan (forward).
+    ScanStack,
+    /// `checkpoint/rematted_computation`: a forward value recomputed by jax.checkpoint for the
+    /// backward pass (inside `transpose(`, but forward work).
+    Recomputed,
+    /// `transpose(`: the backward pass (gradients and their temporaries).
+    Backward,
+    /// s8 custom-call outputs: library (GEMM/conv) workspace.
+    Workspace,
+    Other,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Forward => "forward, kept for the backward pass",
+            Role::ScanStack => "forward, stacked by a scan (while/body)",
+            Role::Recomputed => "forward, recomputed by jax.checkpoint",
+            Role::Backward => "backward",
+            Role::Workspace => "workspace",
+            Role::Other => "other",
+        }
+    }
+    /// Key in the JSON `roles` object (scan stacks count as forward).
+    pub fn key(self) -> &'static str {
+        match self {
+            Role::Forward | Role::ScanStack | Role::Recomputed => "forward",
+            Role::Backward => "backward",
+            Role::Workspace => "workspace",
+            Role::Other => "other",
+        }
+    }
+}
+
+/// Role of an instruction from its op_name (first name of a fused `a;b` list) and shape.
+pub fn role_of(op_name: &str, opcode: &str, element_type: i32) -> Role {
+    if opcode == "custom-call" && element_type == 2 {
+        return Role::Workspace;
+    }
+    let first = op_name.split(';').next().unwrap_or("");
+    if first.contains("rematted_computation") {
+        Role::Recomputed
+    } else if first.contains("transpose(") {
+        Role::Backward
+    } else if first.contains("while/body") {
+        Role::ScanStack
+    } else if first.contains("jvp(") {
+        Role::Forward
+    } else {
+        Role::Other
+    }
+}
+
+/// One row of "buffers at peak".
+#[derive(Clone, Debug)]
+pub struct PeakBuffer {
+    pub logical_buffer_id: i64,
+    pub size: u64,
+    pub instruction: String,
+    pub shape: String,
+    pub op_name: String,
+    pub opcode: String,
+    pub category: Category,
+    /// True for heap-simulator (temporary) buffers, false for indefinite allocations.
+    pub heap: bool,
+    pub source: Option<Frame>,
+    /// Innermost first.
+    pub stack: Vec<Frame>,
+    pub role: Role,
+    /// For a buffer XLA created without a name stack: the `while` loop it is carried by (a scan's
+    /// stacked values), whose line stands in for the missing one (inferred).
+    pub via: Option<String>,
+    pub via_stack: Vec<Frame>,
+}
+
+impl PeakBuffer {
+    /// The stack to attribute the buffer to: its own, else the one of the loop carrying it.
+    pub fn frames(&self) -> &[Frame] {
+        if self.stack.is_empty() && self.source.is_none() {
+            &self.via_stack
+        } else {
+            &self.stack
+        }
+    }
+    /// The source line to show: xprof's, else the carrying loop's.
+    pub fn line(&self) -> Option<&Frame> {
+        self.source.as_ref().or(self.via_stack.first())
+    }
+}
+
+/// The plan of one module in memory colour 0 (or another colour).
+#[derive(Clone, Debug, Default)]
+pub struct Plan {
+    pub module: String,
+    pub hlo_name: String,
+    pub program_id: u64,
+    pub entry_computation: String,
+    pub parameter_bytes: u64,
+    pub output_bytes: u64,
+    /// Σ parameter allocations named by input_output_alias / buffer_donor.
+    pub donated_bytes: u64,
+    /// Outputs that are not parameter allocations: new memory on every execution.
+    pub non_aliased_output_bytes: u64,
+    pub indefinite_bytes: u64,
+    /// Indefinite bytes xprof adds to the peak (allocations with a non-empty largest buffer).
+    pub indefinite_in_peak: u64,
+    pub total_allocation_bytes: u64,
+    /// total − indefinite: the temporary block(s) the runtime allocates per execution.
+    pub temp_bytes: u64,
+    /// Sizes of the Temporary allocations (the runtime join key).
+    pub temp_allocations: Vec<u64>,
+    pub non_reusable_bytes: u64,
+    pub heap_peak_bytes: u64,
+    pub total_peak_bytes: u64,
+    pub heap_points: usize,
+    pub peak_position: usize,
+    pub peak_instruction: String,
+    /// Named rows (≥ 16 KiB) and all heap buffers at the peak, largest first.
+    pub at_peak: Vec<PeakBuffer>,
+    pub small_lumped_bytes: u64,
+    /// Heap bytes at the peak by role.
+    pub roles: FxHashMap<&'static str, u64>,
+    /// Number of input_output_alias entries.
+    pub alias_count: usize,
+    /// Entry parameters: (number, op_name, allocation bytes).
+    pub parameters: Vec<Param>,
+    /// Instructions under `checkpoint/rematted_computation` (the user's jax.checkpoint).
+    pub user_remat_instructions: usize,
+    /// Instructions XLA's rematerialization pass cloned (`*.remat*` names).
+    pub xla_remat_instructions: usize,
+    /// Shapes (without layout) of the entry computation's outputs.
+    pub output_shapes: Vec<String>,
+    /// Caller frames of the entry computation's instructions: the call site of the jitted fn.
+    pub call_site: Vec<Frame>,
+}
+
+/// One entry-computation parameter.
+#[derive(Clone, Debug)]
+pub struct Param {
+    pub number: i64,
+    /// Shape without layout, e.g. `f32[2048,2048]`.
+    pub shape: String,
+    pub op_name: String,
+    pub bytes: u64,
+    pub donated: bool,
+}
+
+struct Buf<'a> {
+    proto: &'a hpb::LogicalBufferProto,
+    alloc: usize,
+    instr: &'a hpb::HloInstructionProto,
+    canonical: Option<i64>,
+    refs: i64,
+}
+
+/// Compute the plan as xprof's memory_viewer does, for `color`.
+pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan {
+    let mut plan = Plan {
+        module: m.name.clone(),
+        hlo_name: m.hlo_name.clone(),
+        program_id: m.program_id,
+        ..Plan::default()
+    };
+    let empty_module = hpb::HloModuleProto::default();
+    let module = proto.hlo_module.as_ref().unwrap_or(&empty_module);
+    plan.entry_computation = module.entry_computation_name.clone();
+    let sfi = module.stack_frame_index.as_ref();
+    let empty_ba = hpb::BufferAssignmentProto::default();
+    let ba = proto.buffer_assignment.as_ref().unwrap_or(&empty_ba);
+
+    let mut by_id: FxHashMap<i64, &hpb::HloInstructionProto> = FxHashMap::default();
+    let mut users: FxHashMap<i64, Vec<&hpb::HloInstructionProto>> = FxHashMap::default();
+    for c in &module.computations {
+        for i in &c.instructions {
+            by_id.insert(i.id, i);
+            for o in &i.operand_ids {
+                users.entry(*o).or_default().push(i);
+            }
+        }
+    }
+    // The `while` an unnamed instruction's value flows into (through tuples and copies).
+    let carrying_while = |start: &hpb::HloInstructionProto| -> Option<&hpb::HloInstructionProto> {
+        let mut frontier = vec![start.id];
+        for _ in 0..4 {
+            let mut next = Vec::new();
+            for id in frontier {
+                for u in users.get(&id).map(|v| v.as_slice()).unwrap_or(&[]) {
+                    if u.opcode == "while" {
+                        return Some(u);
+                    }
+                    if matches!(
+                        u.opcode.as_str(),
+                        "tuple" | "copy" | "bitcast" | "get-tuple-element"
+                    ) {
+                        next.push(u.id);
+                    }
+                }
+            }
+            frontier = next;
+        }
+        None
+    };
+    let lb_proto: FxHashMap<i64, &hpb::LogicalBufferProto> =
+        ba.logical_buffers.iter().map(|b| (b.id, b)).collect();
+    let mut bufs: FxHashMap<i64, Buf> = FxHashMap::default();
+    for (ai, a) in ba.buffer_allocations.iter().enumerate() {
+        for asg in &a.assigned {
+            let Some(p) = lb_proto.get(&asg.logical_buffer_id) else {
+                continue;
+            };
+            let iid = p.defined_at.as_ref().map(|d| d.instruction_id).unwrap_or(0);
+            let Some(instr) = by_id.get(&iid) else {
+                continue;
+            };
+            bufs.insert(
+                asg.logical_buffer_id,
+                Buf {
+                    proto: p,
+                    alloc: ai,
+                    instr,
+                    canonical: None,
+                    refs: 0,
+                },
+            );
+        }
+    }
+
+    // Totals over allocations of this colour.
+    let allocs: Vec<(usize, &hpb::BufferAllocationProto)> = ba
+        .buffer_allocations
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| a.color == color)
+        .collect();
+    let donors = donated_params(module);
+    for (_, a) in &allocs {
+        let size = a.size.max(0) as u64;
+        if a.is_thread_local || a.is_tuple {
+            plan.non_reusable_bytes += size;
+        }
+        if a.is_thread_local {
+            continue;
+        }
+        plan.total_allocation_bytes += size;
+        if a.is_entry_computation_parameter {
+            plan.parameter_bytes += size;
+            if donors.contains(&(a.parameter_number, a.parameter_shape_index.clone())) {
+                plan.donated_bytes += size;
+            }
+        }
+        if a.maybe_live_out {
+            plan.output_bytes += size;
+            if !a.is_entry_computation_parameter {
+                plan.non_aliased_output_bytes += size;
+            }
+        }
+        if is_indefinite(a) {
+            plan.indefinite_bytes += size;
+        } else {
+            plan.temp_allocations.push(size);
+        }
+    }
+    plan.temp_bytes = plan.total_allocation_bytes - plan.indefinite_bytes;
+    plan.alias_count = module
+        .input_output_alias
+        .as_ref()
+        .map(|a| a.entries.len())
+        .unwrap_or(0);
+
+    // Heap-simulator trace: the trace whose first event's buffer lies in a temporary allocation
+    // of this colour; else the trace with most events of this colour.
+    let traces = &ba.heap_simulator_traces;
+    let mut trace_of_alloc: FxHashMap<usize, usize> = FxHashMap::default();
+    for (ti, t) in traces.iter().enumerate() {
+        let Some(e) = t.events.first() else { continue };
+        if let Some(b) = bufs.get(&e.buffer_id) {
+            trace_of_alloc.insert(b.alloc, ti);
+        }
+    }
+    let mut trace = allocs
+        .iter()
+        .filter(|(_, a)| !is_indefinite(a) && !a.is_thread_local)
+        .find_map(|(ai, _)| trace_of_alloc.get(ai).copied());
+    if trace.is_none() {
+        let mut best = (0usize, None);
+        for (ti, t) in traces.iter().enumerate() {
+            let n = t
+                .events
+                .iter()
+                .filter(|e| {
+                    bufs.get(&e.buffer_id)
+                        .is_some_and(|b| b.proto.color == color)
+                })
+                .count();
+            if n > best.0 {
+                best = (n, Some(ti));
+            }
+        }
+        trace = best.1;
+    }
+
+    // Replay.
+    let mut peak_ids: Vec<i64> = Vec::new();
+    if let Some(t) = trace.and_then(|ti| traces.get(ti)) {
+        let mut live: Vec<i64> = Vec::new();
+        let mut heap: i64 = 0;
+        let mut peak: i64 = 0;
+        for (pos, e) in t.events.iter().enumerate() {
+            plan.heap_points += 1;
+            if !bufs.contains_key(&e.buffer_id) {
+                continue;
+            }
+            let mut grew = None;
+            match e.kind {
+                0 => {
+                    let root = root_of(&bufs, e.buffer_id);
+                    if let Some(b) = bufs.get_mut(&root) {
+                        b.refs += 1;
+                    }
+                    grew = Some(e.buffer_id);
+                }
+                1 => {
+                    let root = root_of(&bufs, e.buffer_id);
+                    let refs = match bufs.get_mut(&root) {
+                        Some(b) => {
+                            b.refs -= 1;
+                            b.refs
+                        }
+                        None => continue,
+                    };
+                    if refs == 0 {
+                        live.retain(|&x| x != root);
+                        heap -= bufs.get(&root).map(|b| b.proto.size).unwrap_or(0);
+                    }
+                }
+                2 => {
+                    let canon = e.share_with_canonical_id;
+                    if !bufs.contains_key(&canon) {
+                        continue;
+                    }
+                    if let Some(b) = bufs.get_mut(&e.buffer_id) {
+                        b.canonical = Some(canon);
+                    }
+                    let root = root_of(&bufs, canon);
+                    let refs = match bufs.get_mut(&root) {
+                        Some(b) => {
+                            b.refs += 1;
+                            b.refs
+                        }
+                        None => continue,
+                    };
+                    if refs == 1 {
+                        grew = Some(canon);
+                    }
+                }
+                _ => {}
+            }
+            if let Some(id) = grew {
+                live.push(id);
+                heap += bufs.get(&id).map(|b| b.proto.size).unwrap_or(0);
+                if heap > peak {
+                    peak = heap;
+                    plan.peak_position = pos;
+                    plan.peak_instruction = e.instruction_name.clone();
+                    peak_ids = live.clone();
+                }
+            }
+        }
+        plan.heap_points += 1;
+        plan.heap_peak_bytes = peak.max(0) as u64;
+    }
+
+    // Rows: the largest logical buffer of each indefinite allocation, then heap buffers.
+    let row = |b: &Buf, heap: bool| -> PeakBuffer {
+        let idx = b
+            .proto
+            .defined_at
+            .as_ref()
+            .map(|d| d.shape_index.as_slice())
+            .unwrap_or(&[]);
+        let empty_shape = hpb::ShapeProto::default();
+        let shape = hlo::resolve_shape(b.instr.shape.as_ref().unwrap_or(&empty_shape), idx);
+        let op_name = b
+            .instr
+            .metadata
+            .as_ref()
+            .map(|m| m.op_name.clone())
+            .unwrap_or_default();
+        let (source, stack) = hlo::source_of(b.instr, sfi);
+        let instruction = if idx.is_empty() {
+            b.instr.name.clone()
+        } else {
+            let parts: Vec<String> = idx.iter().map(|i| i.to_string()).collect();
+            format!("{}{{{}}}", b.instr.name, parts.join(","))
+        };
+        let mut role = role_of(&op_name, &b.instr.opcode, shape.element_type);
+        let (mut via, mut via_stack) = (None, Vec::new());
+        if op_name.is_empty() {
+            if let Some(w) = carrying_while(b.instr) {
+                let wname = w
+                    .metadata
+                    .as_ref()
+                    .map(|m| m.op_name.as_str())
+                    .unwrap_or("");
+                role = if wname.contains("transpose(") {
+                    Role::Backward
+                } else {
+                    Role::ScanStack
+                };
+                via = Some(w.name.clone());
+                via_stack = hlo::source_of(w, sfi).1;
+            }
+        }
+        PeakBuffer {
+            logical_buffer_id: b.proto.id,
+            size: b.proto.size.max(0) as u64,
+            instruction,
+            shape: hlo::shape_string(shape),
+            role,
+            via,
+            via_stack,
+            op_name,
+            opcode: b.instr.opcode.clone(),
+            category: Category::of(&ba.buffer_allocations[b.alloc]),
+            heap,
+            source,
+            stack,
+        }
+    };
+    let mut rows = Vec::new();
+    for (_, a) in allocs.iter().filter(|(_, a)| is_indefinite(a)) {
+        let mut best: Option<&Buf> = None;
+        for asg in &a.assigned {
+            if let Some(b) = bufs.get(&asg.logical_buffer_id) {
+                if b.proto.size > best.map(|x| x.proto.size).unwrap_or(0) {
+                    best = Some(b);
+                }
+            }
+        }
+        if let Some(b) = best {
+            plan.indefinite_in_peak += a.size.max(0) as u64;
+            rows.push(row(b, false));
+        }
+    }
+    for id in &peak_ids {
+        if let Some(b) = bufs.get(id) {
+            let r = row(b, true);
+            *plan.roles.entry(r.role.key()).or_default() += r.size;
+            rows.push(r);
+        }
+    }
+    plan.small_lumped_bytes = rows
+        .iter()
+        .filter(|r| r.size < SMALL_BUFFER_BYTES)
+        .map(|r| r.size)
+        .sum();
+    rows.sort_by(|a, b| {
+        b.size
+            .cmp(&a.size)
+            .then(a.logical_buffer_id.cmp(&b.logical_buffer_id))
+    });
+    plan.at_peak = rows;
+    plan.total_peak_bytes = plan.heap_peak_bytes + plan.indefinite_in_peak;
+
+    // Parameters and where the module was called from.
+    let entry = module
+        .computations
+        .iter()
+        .find(|c| c.id == module.entry_computation_id)
+        .or_else(|| module.computations.last());
+    if let Some(entry) = entry {
+        let mut params: Vec<Param> = entry
+            .instructions
+            .iter()
+            .filter(|i| i.opcode == "parameter")
+            .map(|i| {
+                let bytes = allocs
+                    .iter()
+                    .filter(|(_, a)| {
+                        a.is_entry_computation_parameter && a.parameter_number == i.parameter_number
+                    })
+                    .map(|(_, a)| a.size.max(0) as u64)
+                    .sum();
+                Param {
+                    number: i.parameter_number,
+                    shape: bare_shape(i.shape.as_ref()),
+                    op_name: i
+                        .metadata
+                        .as_ref()
+                        .map(|m| m.op_name.clone())
+                        .unwrap_or_default(),
+                    bytes,
+                    donated: donors.iter().any(|(p, _)| *p == i.parameter_number),
+                }
+            })
+            .collect();
+        params.sort_by_key(|p| p.number);
+        plan.parameters = params;
+        plan.call_site = common_callers(entry, sfi);
+        if let Some(root) = entry.instructions.iter().find(|i| i.id == entry.root_id) {
+            plan.output_shapes = match root.shape.as_ref() {
+                Some(s) if s.element_type == 13 => {
+                    s.tuple_shapes.iter().map(|t| bare_shape(Some(t))).collect()
+                }
+                s => vec![bare_shape(s)],
+            };
+        }
+    }
+    for i in module.computations.iter().flat_map(|c| &c.instructions) {
+        if i.name.contains(".remat") {
+            plan.xla_remat_instructions += 1;
+        }
+        if i.metadata
+            .as_ref()
+            .is_some_and(|m| m.op_name.contains("rematted_computation"))
+        {
+            plan.user_remat_instructions += 1;
+        }
+    }
+    plan
+}
+
+fn bare_shape(s: Option<&hpb::ShapeProto>) -> String {
+    match s {
+        Some(s) => {
+            let full = hlo::shape_string(s);
+            match full.find('{') {
+                Some(i) if s.element_type != 13 => full[..i].to_string(),
+                _ => full,
+            }
+        }
+        None => String::new(),
+    }
+}
+
+fn root_of(bufs: &FxHashMap<i64, Buf>, mut id: i64) -> i64 {
+    for _ in 0..10_000 {
+        match bufs.get(&id).and_then(|b| b.canonical) {
+            Some(c) if c != id => id = c,
+            _ => break,
+        }
+    }
+    id
+}
+
+/// (parameter_number, parameter_shape_index) of every donated parameter.
+fn donated_params(module: &hpb::HloModuleProto) -> FxHashSet<(i64, Vec<i64>)> {
+    let mut out = FxHashSet::default();
+    if let Some(a) = &module.input_output_alias {
+        for e in &a.entries {
+            out.insert((e.parameter_number, e.parameter_shape_index.clone()));
+        }
+    }
+    if let Some(d) = &module.buffer_donor {
+        for e in &d.entries {
+            out.insert((e.parameter_number, e.parameter_shape_index.clone()));
+        }
+    }
+    out
+}
+
+/// The longest caller chain shared (outermost frames) by the entry computation's instructions:
+/// its innermost frame is the line that called the jitted function.
+fn common_callers(
+    entry: &hpb::HloComputationProto,
+    sfi: Option<&hpb::StackFrameIndexProto>,
+) -> Vec<Frame> {
+    let mut common: Option<Vec<Frame>> = None;
+    for i in &entry.instructions {
+        let id = i.metadata.as_ref().map(|m| m.stack_frame_id).unwrap_or(0);
+        if id == 0 {
+            continue;
+        }
+        let mut frames = hlo::stack_frames(sfi, id);
+        frames.reverse(); // outermost first
+        common = Some(match common {
+            None => frames,
+            Some(c) => c
+                .into_iter()
+                .zip(frames)
+                .take_while(|(a, b)| a == b)
+                .map(|(a, _)| a)
+                .collect(),
+        });
+    }
+    let mut c = common.unwrap_or_default();
+    c.reverse(); // innermost first
+    c
+}

@@ -1,0 +1,727 @@
+//! Runtime view: BFC allocator events (`MemoryAllocation` / `MemoryDeallocation`), executions and
+//! the host events around them, from `/host:CPU` and the device planes (XPLANE_FORMAT.md §5, §6).
+
+use rustc_hash::FxHashMap;
+
+use super::capture::Capture;
+use super::hlo::split_program_id;
+use super::plan::Plan;
+use super::space::{LineInfo, Plane, RawEvent, RawValue};
+use crate::error::CaptureError;
+
+/// Host events that mark one execution of a compiled program (outermost one counts).
+const EXEC_EVENTS: [&str; 4] = [
+    "PjRtStreamExecutorLoadedExecutable::ExecuteHelper",
+    "CommonPjRtLoadedExecutable::ExecuteHelperOnSingleDevice",
+    "TfrtTpuLoadedExecutable::Execute",
+    "PjRtStreamExecutorRawLoadedExecutable::Execute",
+];
+
+/// Host events that copy a host array to the device (`jax.device_put`, `jnp.asarray`).
+fn is_device_put(name: &str) -> bool {
+    name.contains("BufferFromHostBuffer")
+        || name == "DevicePut"
+        || name.contains("LinearizeHostBufferInto")
+}
+
+/// One allocator event (after the operation).
+#[derive(Clone, Debug)]
+pub struct MemEvent {
+    pub t_ps: i64,
+    pub alloc: bool,
+    pub allocator: String,
+    pub bytes_allocated: u64,
+    pub bytes_available: u64,
+    pub bytes_reserved: u64,
+    pub peak_bytes_in_use: u64,
+    pub requested_bytes: u64,
+    pub allocation_bytes: u64,
+    pub addr: u64,
+    line: u32,
+}
+
+/// One execution of a compiled module.
+#[derive(Clone, Debug)]
+pub struct Execution {
+    /// `<hlo name>(<program id>)` when the program id is known, else the HLO name.
+    pub module: String,
+    pub start_ps: i64,
+    pub end_ps: i64,
+    /// Kernels (GPU/TPU) or ops (CPU) seen for this execution; `None` when the capture has no
+    /// per-op events at all (then "launched none" cannot be told).
+    pub kernels: Option<u64>,
+    /// Bytes in use in the device allocator just before the execution started (measured).
+    pub bytes_in_use_at_start: Option<u64>,
+    /// Index of the host line (thread) that ran it.
+    line: u32,
+}
+
+/// Per-allocator summary, the numbers xprof's memory_profile shows.
+#[derive(Clone, Debug, Default)]
+pub struct AllocatorSummary {
+    pub name: String,
+    pub events: usize,
+    /// max(bytes_reserved + bytes_allocated) within the capture.
+    pub peak_bytes_in_use: u64,
+    pub peak_time_ps: i64,
+    pub heap_allocated_at_peak: u64,
+    /// bytes_reserved + bytes_allocated + bytes_available at the peak.
+    pub capacity_bytes: u64,
+    /// The allocator's own lifetime peak (max of its `peak_bytes_in_use` stat).
+    pub lifetime_peak_bytes: u64,
+}
+
+/// Live buffers at an instant, grouped by the host event that allocated them.
+#[derive(Clone, Debug)]
+pub struct LiveGroup {
+    pub label: String,
+    pub bytes: u64,
+    pub count: u64,
+}
+
+/// A wait in `AllocatorRetry::AllocateRaw` (the allocator ran out and waited for frees).
+#[derive(Clone, Debug)]
+pub struct RetryWait {
+    pub t_ps: i64,
+    pub duration_ps: i64,
+    /// Module of the execution the wait happened in, if any.
+    pub module: Option<String>,
+}
+
+/// What the event planes say about the run.
+#[derive(Clone, Debug, Default)]
+pub struct Runtime {
+    pub allocators: Vec<AllocatorSummary>,
+    /// Index into `allocators` of the device pool memlsp reasons about (`GPU_0_bfc`, …).
+    pub main_allocator: Option<usize>,
+    pub executions: Vec<Execution>,
+    pub retries: Vec<RetryWait>,
+    mem: Vec<MemEvent>,
+    line_names: Vec<String>,
+    /// Host event spans per line that allocate device memory, for attribution.
+    spans: Vec<Span>,
+    /// Whether any per-op / kernel event carried a program id or module (execution evidence).
+    pub has_op_events: bool,
+}
+
+#[derive(Clone, Debug)]
+struct Span {
+    line: u32,
+    start: i64,
+    end: i64,
+    kind: SpanKind,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum SpanKind {
+    Exec(usize),
+    DevicePut,
+    Pjit(String),
+    Module(String),
+    Retry,
+}
+
+fn num(v: RawValue) -> u64 {
+    v.num().map(|x| x.max(0.0) as u64).unwrap_or(0)
+}
+
+/// Walk the event planes once and build the runtime view.
+pub fn read(cap: &Capture, plans: &[Plan]) -> Result<Runtime, CaptureError> {
+    let mut rt = Runtime::default();
+    // Ops per (program id, run id) on CPU threads, kernels per program id on devices.
+    let mut op_runs: FxHashMap<(i64, i64), (i64, u64)> = FxHashMap::default();
+    let mut kernels: FxHashMap<i64, Vec<i64>> = FxHashMap::default();
+    let mut kernels_by_name: FxHashMap<String, Vec<i64>> = FxHashMap::default();
+
+    for idx in cap
+        .file
+        .find(|n| n == "/host:CPU" || n.starts_with("/device:"))
+    {
+        let plane = cap.file.load(idx)?;
+        if plane.name == "/host:CPU" {
+            host_plane(cap, &plane, &mut rt, &mut op_runs)?;
+        } else {
+            device_plane(cap, &plane, &mut kernels, &mut kernels_by_name)?;
+        }
+    }
+    rt.has_op_events = !op_runs.is_empty() || !kernels.is_empty() || !kernels_by_name.is_empty();
+    for v in kernels.values_mut().chain(kernels_by_name.values_mut()) {
+        v.sort_unstable();
+    }
+    attribute_executions(&mut rt, plans, &op_runs, &kernels, &kernels_by_name);
+    summarize_allocators(&mut rt);
+    Ok(rt)
+}
+
+fn host_plane(
+    cap: &Capture,
+    plane: &Plane,
+    rt: &mut Runtime,
+    op_runs: &mut FxHashMap<(i64, i64), (i64, u64)>,
+) -> Result<(), CaptureError> {
+    let sid = |n: &str| plane.stat_id(n).unwrap_or(i64::MIN);
+    let (s_alloc_name, s_index, s_ordinal) = (
+        sid("allocator_name"),
+        sid("index_on_host"),
+        sid("device_ordinal"),
+    );
+    let (s_ba, s_bav, s_br, s_peak) = (
+        sid("bytes_allocated"),
+        sid("bytes_available"),
+        sid("bytes_reserved"),
+        sid("peak_bytes_in_use"),
+    );
+    let (s_req, s_ab, s_addr) = (sid("requested_bytes"), sid("allocation_bytes"), sid("addr"));
+    let (s_pid, s_run, s_mod_name) = (sid("program_id"), sid("run_id"), sid("module_name"));
+
+    let mut line_of: FxHashMap<String, u32> = FxHashMap::default();
+    let mut exec_raw: Vec<(u32, i64, i64)> = Vec::new();
+    plane.for_each_event(&cap.file.path, |line: &LineInfo, ev: &RawEvent| {
+        let name = plane.event_name(ev.metadata_id);
+        let li = match line_of.get(line.name) {
+            Some(&i) => i,
+            None => {
+                let i = rt.line_names.len() as u32;
+                rt.line_names.push(line.name.to_string());
+                line_of.insert(line.name.to_string(), i);
+                i
+            }
+        };
+        let t = ev.start_ps(line);
+        let end = t + ev.duration_ps.max(0);
+        match name {
+            "MemoryAllocation" | "MemoryDeallocation" => {
+                let mut m = MemEvent {
+                    t_ps: t,
+                    alloc: name == "MemoryAllocation",
+                    allocator: String::new(),
+                    bytes_allocated: 0,
+                    bytes_available: 0,
+                    bytes_reserved: 0,
+                    peak_bytes_in_use: 0,
+                    requested_bytes: 0,
+                    allocation_bytes: 0,
+                    addr: 0,
+                    line: li,
+                };
+                let mut index = None;
+                ev.stats(|id, v| {
+                    if id == s_alloc_name {
+                        m.allocator = plane.str_of(&v).unwrap_or("").to_string();
+                    } else if id == s_index || id == s_ordinal {
+                        index = v.int();
+                    } else if id == s_ba {
+                        m.bytes_allocated = num(v);
+                    } else if id == s_bav {
+                        m.bytes_available = num(v);
+                    } else if id == s_br {
+                        m.bytes_reserved = num(v);
+                    } else if id == s_peak {
+                        m.peak_bytes_in_use = num(v);
+                    } else if id == s_req {
+                        m.requested_bytes = num(v);
+                    } else if id == s_ab {
+                        m.allocation_bytes = num(v);
+                    } else if id == s_addr {
+                        m.addr = match v {
+                            RawValue::I64(x) => x as u64,
+                            RawValue::U64(x) => x,
+                            _ => 0,
+                        };
+                    }
+                });
+                if m.allocator.is_empty() {
+                    m.allocator = index.map(|i| i.to_string()).unwrap_or_default();
+                }
+                rt.mem.push(m);
+            }
+            "AllocatorRetry::AllocateRaw" => {
+                rt.retries.push(RetryWait {
+                    t_ps: t,
+                    duration_ps: ev.duration_ps,
+                    module: None,
+                });
+                rt.spans.push(Span {
+                    line: li,
+                    start: t,
+                    end,
+                    kind: SpanKind::Retry,
+                });
+            }
+            "GpuExecutable::ExecuteThunks" => {
+                let mut module = String::new();
+                ev.stats(|id, v| {
+                    if id == s_mod_name {
+                        module = plane.str_of(&v).unwrap_or("").to_string();
+                    }
+                });
+                if !module.is_empty() {
+                    rt.spans.push(Span {
+                        line: li,
+                        start: t,
+                        end,
+                        kind: SpanKind::Module(module),
+                    });
+                }
+            }
+            n if EXEC_EVENTS.contains(&n) => exec_raw.push((li, t, end)),
+            n if is_device_put(n) => rt.spans.push(Span {
+                line: li,
+                start: t,
+                end,
+                kind: SpanKind::DevicePut,
+            }),
+            n if n.starts_with("PjitFunction(") => {
+                let f = n.trim_start_matches("PjitFunction(").trim_end_matches(')');
+                rt.spans.push(Span {
+                    line: li,
+                    start: t,
+                    end,
+                    kind: SpanKind::Pjit(format!("jit_{f}")),
+                });
+            }
+            n if n.ends_with(":XLA GPU module") => {
+                let m = n.trim_end_matches(":XLA GPU module").to_string();
+                rt.spans.push(Span {
+                    line: li,
+                    start: t,
+                    end,
+                    kind: SpanKind::Module(m),
+                });
+            }
+            _ => {
+                if name.starts_with("end: ") || ev.duration_ps == 0 {
+                    return;
+                }
+                let (mut pid, mut run) = (None, None);
+                ev.stats(|id, v| {
+                    if id == s_pid {
+                        pid = v.int();
+                    } else if id == s_run {
+                        run = v.int();
+                    }
+                });
+                if let (Some(p), Some(r)) = (pid, run) {
+                    let e = op_runs.entry((p, r)).or_insert((t, 0));
+                    e.0 = e.0.min(t);
+                    e.1 += 1;
+                }
+            }
+        }
+    })?;
+    // Outermost execution events only (some nest the same name).
+    exec_raw.sort_by_key(|&(l, s, e)| (l, s, -e));
+    let mut last_end: FxHashMap<u32, i64> = FxHashMap::default();
+    exec_raw.retain(|&(l, s, e)| {
+        if last_end.get(&l).is_some_and(|&le| s < le) {
+            return false;
+        }
+        last_end.insert(l, e);
+        true
+    });
+    exec_raw.sort_by_key(|&(l, s, _)| (s, l));
+    for (l, s, e) in exec_raw {
+        rt.spans.push(Span {
+            line: l,
+            start: s,
+            end: e,
+            kind: SpanKind::Exec(rt.executions.len()),
+        });
+        rt.executions.push(Execution {
+            module: String::new(),
+            start_ps: s,
+            end_ps: e,
+            kernels: None,
+            bytes_in_use_at_start: None,
+            line: l,
+        });
+    }
+    Ok(())
+}
+
+fn device_plane(
+    cap: &Capture,
+    plane: &Plane,
+    kernels: &mut FxHashMap<i64, Vec<i64>>,
+    by_name: &mut FxHashMap<String, Vec<i64>>,
+) -> Result<(), CaptureError> {
+    let s_pid = plane.stat_id("program_id").unwrap_or(i64::MIN);
+    plane.for_each_event(&cap.file.path, |line, ev| {
+        let t = ev.start_ps(line);
+        if line.name == "XLA Modules" {
+            // TPU: one event per execution, named `<module>(<program id>)`.
+            let name = plane.event_name(ev.metadata_id);
+            by_name.entry(name.to_string()).or_default().push(t);
+            return;
+        }
+        let mut pid = None;
+        ev.stats(|id, v| {
+            if id == s_pid {
+                pid = v.int();
+            }
+        });
+        if let Some(p) = pid {
+            kernels.entry(p).or_default().push(t);
+        }
+    })
+}
+
+fn count_in(v: Option<&Vec<i64>>, from: i64, to: i64) -> u64 {
+    let Some(v) = v else { return 0 };
+    if to <= from {
+        return 0;
+    }
+    let a = v.partition_point(|&t| t < from);
+    let b = v.partition_point(|&t| t < to);
+    (b - a) as u64
+}
+
+fn attribute_executions(
+    rt: &mut Runtime,
+    plans: &[Plan],
+    op_runs: &FxHashMap<(i64, i64), (i64, u64)>,
+    kernels: &FxHashMap<i64, Vec<i64>>,
+    kernels_by_name: &FxHashMap<String, Vec<i64>>,
+) {
+    let by_pid: FxHashMap<u64, &Plan> = plans.iter().map(|p| (p.program_id, p)).collect();
+    let mut runs: Vec<(i64, i64, u64)> =
+        op_runs.iter().map(|(&(p, _), &(t, n))| (t, p, n)).collect();
+    runs.sort_unstable();
+    let mut used = vec![false; runs.len()];
+    let n = rt.executions.len();
+    for i in 0..n {
+        let (line, start, end) = {
+            let e = &rt.executions[i];
+            (e.line, e.start_ps, e.end_ps)
+        };
+        let next_start = rt.executions[i + 1..]
+            .iter()
+            .find(|e| e.line == line)
+            .map(|e| e.start_ps)
+            .unwrap_or(i64::MAX);
+        // Named by an event inside it (GPU), else by the jit dispatch around it.
+        let mut hlo: Option<String> = None;
+        let mut pjit: Option<String> = None;
+        for s in &rt.spans {
+            if s.line != line {
+                continue;
+            }
+            match &s.kind {
+                SpanKind::Module(m) if s.start >= start && s.start <= end => hlo = Some(m.clone()),
+                SpanKind::Pjit(m) if s.start <= start && s.end >= end => pjit = Some(m.clone()),
+                _ => {}
+            }
+        }
+        // CPU: the first op run that starts after this execution and before the next one.
+        let mut pid: Option<u64> = None;
+        let mut count: Option<u64> = None;
+        let from = runs.partition_point(|r| r.0 < start);
+        for (k, r) in runs.iter().enumerate().skip(from) {
+            if r.0 >= next_start {
+                break;
+            }
+            if !used[k] {
+                used[k] = true;
+                pid = Some(r.1 as u64);
+                count = Some(r.2);
+                break;
+            }
+        }
+        let name = hlo.or(pjit);
+        if pid.is_none() {
+            if let Some(name) = &name {
+                let cands: Vec<&Plan> = plans.iter().filter(|p| &p.hlo_name == name).collect();
+                // Several compilations of one function: the one whose kernels ran here.
+                pid = cands
+                    .iter()
+                    .find(|p| count_in(kernels.get(&(p.program_id as i64)), start, next_start) > 0)
+                    .or_else(|| cands.iter().max_by_key(|p| p.program_id))
+                    .map(|p| p.program_id);
+            }
+        }
+        let e = &mut rt.executions[i];
+        e.kernels = count;
+        e.module = match (pid.and_then(|p| by_pid.get(&p)), pid, name) {
+            (Some(p), _, _) => p.module.clone(),
+            (None, Some(p), Some(n)) => format!("{n}({p})"),
+            (None, Some(p), None) => format!("program({p})"),
+            (None, None, Some(n)) => n,
+            (None, None, None) => "unknown program".to_string(),
+        };
+    }
+    // Kernels of executions not counted from CPU op runs: device events of the same program
+    // between this execution and the next one of the same module. Device work is asynchronous,
+    // so a window reaching past the last device event says nothing ("unknown", not zero).
+    let device_last = kernels
+        .values()
+        .chain(kernels_by_name.values())
+        .filter_map(|v| v.last().copied())
+        .max();
+    let retry_in = |e: &Execution| {
+        rt.spans.iter().any(|s| {
+            s.kind == SpanKind::Retry
+                && s.line == e.line
+                && s.start >= e.start_ps
+                && s.start <= e.end_ps
+        })
+    };
+    for i in 0..n {
+        if rt.executions[i].kernels.is_some() {
+            continue;
+        }
+        let e = &rt.executions[i];
+        let next = rt.executions[i + 1..]
+            .iter()
+            .find(|x| x.module == e.module)
+            .map(|x| x.start_ps)
+            .unwrap_or(i64::MAX);
+        let pid = split_program_id(&e.module).1;
+        let mut c = 0;
+        if let Some(p) = pid {
+            c += count_in(kernels.get(&(p as i64)), e.start_ps, next);
+        }
+        c += count_in(kernels_by_name.get(&e.module), e.start_ps, next);
+        // No kernel is only evidence when device events continue past this execution, or when
+        // the allocator was retrying inside it (an OOM stops the launch).
+        let known = c > 0 || device_last.is_some_and(|d| d > e.start_ps) || retry_in(e);
+        rt.executions[i].kernels = known.then_some(c);
+    }
+    // TPU-style captures: executions known only from device module events.
+    if rt.executions.is_empty() {
+        for (name, times) in kernels_by_name {
+            if split_program_id(name).1.is_none() {
+                continue;
+            }
+            for &t in times {
+                rt.executions.push(Execution {
+                    module: name.clone(),
+                    start_ps: t,
+                    end_ps: t,
+                    kernels: Some(1),
+                    bytes_in_use_at_start: None,
+                    line: u32::MAX,
+                });
+            }
+        }
+        rt.executions.sort_by_key(|e| e.start_ps);
+    }
+    // Allocator retries inside an execution belong to it.
+    for r in &mut rt.retries {
+        r.module = rt
+            .executions
+            .iter()
+            .find(|e| e.start_ps <= r.t_ps && r.t_ps <= e.end_ps)
+            .map(|e| e.module.clone());
+    }
+}
+
+fn is_device_pool(name: &str) -> bool {
+    name.starts_with("GPU_") && name.ends_with("_bfc") && !name.contains("collective")
+}
+
+fn summarize_allocators(rt: &mut Runtime) {
+    rt.mem.sort_by_key(|m| m.t_ps);
+    let mut by: Vec<AllocatorSummary> = Vec::new();
+    for m in &rt.mem {
+        let s = match by.iter_mut().position(|a| a.name == m.allocator) {
+            Some(i) => &mut by[i],
+            None => {
+                by.push(AllocatorSummary {
+                    name: m.allocator.clone(),
+                    ..Default::default()
+                });
+                let last = by.len() - 1;
+                &mut by[last]
+            }
+        };
+        s.events += 1;
+        let in_use = m.bytes_reserved + m.bytes_allocated;
+        if in_use > s.peak_bytes_in_use || s.events == 1 {
+            s.peak_bytes_in_use = in_use;
+            s.peak_time_ps = m.t_ps;
+            s.heap_allocated_at_peak = m.bytes_allocated;
+            s.capacity_bytes = in_use + m.bytes_available;
+        }
+        s.lifetime_peak_bytes = s.lifetime_peak_bytes.max(m.peak_bytes_in_use);
+    }
+    by.sort_by(|a, b| a.name.cmp(&b.name));
+    rt.main_allocator = by.iter().position(|a| is_device_pool(&a.name)).or_else(|| {
+        by.iter()
+            .enumerate()
+            .max_by_key(|(_, a)| a.peak_bytes_in_use)
+            .map(|(i, _)| i)
+    });
+    rt.allocators = by;
+    if let Some(main) = rt.main_allocator.map(|i| rt.allocators[i].name.clone()) {
+        let events: Vec<&MemEvent> = rt.mem.iter().filter(|m| m.allocator == main).collect();
+        for e in &mut rt.executions {
+            let k = events.partition_point(|m| m.t_ps < e.start_ps);
+            if k > 0 {
+                e.bytes_in_use_at_start =
+                    Some(events[k - 1].bytes_allocated + events[k - 1].bytes_reserved);
+            } else if let Some(first) = events.first() {
+                // Nothing allocated yet in the capture: what the first event saw before itself.
+                let before = if first.alloc {
+                    first.bytes_allocated.saturating_sub(first.allocation_bytes)
+                } else {
+                    first.bytes_allocated + first.allocation_bytes
+                };
+                e.bytes_in_use_at_start = Some(before + first.bytes_reserved);
+            }
+        }
+    }
+}
+
+impl Runtime {
+    /// The device pool memlsp reasons about.
+    pub fn main(&self) -> Option<&AllocatorSummary> {
+        self.main_allocator.and_then(|i| self.allocators.get(i))
+    }
+
+    /// Executions of `module`, in time order.
+    pub fn executions_of<'a>(
+        &'a self,
+        module: &'a str,
+    ) -> impl Iterator<Item = &'a Execution> + 'a {
+        self.executions.iter().filter(move |e| e.module == module)
+    }
+
+    /// Name of the host line an execution ran on.
+    pub fn line_name(&self, e: &Execution) -> &str {
+        self.line_names
+            .get(e.line as usize)
+            .map(|s| s.as_str())
+            .unwrap_or("")
+    }
+
+    /// Device-pool buffers live at `t_ps`, grouped by the host event that allocated them.
+    pub fn live_at(&self, t_ps: i64) -> Vec<LiveGroup> {
+        let Some(main) = self.main() else {
+            return Vec::new();
+        };
+        let mut live: FxHashMap<u64, &MemEvent> = FxHashMap::default();
+        let mut last: Option<&MemEvent> = None;
+        let mut freed_unknown: u64 = 0;
+        for m in self
+            .mem
+            .iter()
+            .filter(|m| m.allocator == main.name && m.t_ps < t_ps)
+        {
+            if m.alloc {
+                live.insert(m.addr, m);
+            } else if live.remove(&m.addr).is_none() {
+                freed_unknown += m.allocation_bytes;
+            }
+            last = Some(m);
+        }
+        let _ = freed_unknown;
+        let Some(last) = last else { return Vec::new() };
+        let mut groups: Vec<LiveGroup> = Vec::new();
+        let mut add = |label: String, bytes: u64| match groups.iter_mut().find(|g| g.label == label)
+        {
+            Some(g) => {
+                g.bytes += bytes;
+                g.count += 1;
+            }
+            None => groups.push(LiveGroup {
+                label,
+                bytes,
+                count: 1,
+            }),
+        };
+        let mut tracked = 0u64;
+        let mut live: Vec<&&MemEvent> = live.values().collect();
+        live.sort_by_key(|m| m.t_ps);
+        for m in live {
+            tracked += m.allocation_bytes;
+            add(self.allocated_by(m), m.allocation_bytes);
+        }
+        let in_use = last.bytes_allocated;
+        if in_use > tracked {
+            groups.push(LiveGroup {
+                label: "allocated before the capture started".into(),
+                bytes: in_use - tracked,
+                count: 0,
+            });
+        }
+        groups.sort_by_key(|g| std::cmp::Reverse(g.bytes));
+        groups
+    }
+
+    fn allocated_by(&self, m: &MemEvent) -> String {
+        let mut best: Option<&Span> = None;
+        for s in &self.spans {
+            if s.line == m.line && s.start <= m.t_ps && m.t_ps <= s.end {
+                let inner = best.is_none_or(|b| s.end - s.start <= b.end - b.start);
+                if inner && matches!(s.kind, SpanKind::Exec(_) | SpanKind::DevicePut) {
+                    best = Some(s);
+                }
+            }
+        }
+        match best.map(|s| &s.kind) {
+            Some(SpanKind::Exec(i)) => {
+                let e = &self.executions[*i];
+                let nth = self.executions[..=*i]
+                    .iter()
+                    .filter(|x| x.module == e.module)
+                    .count();
+                format!("outputs of {} execution {nth}", e.module)
+            }
+            Some(SpanKind::DevicePut) => "BufferFromHostBuffer (device_put)".to_string(),
+            _ => format!(
+                "other host work on thread {}",
+                self.line_names
+                    .get(m.line as usize)
+                    .map(|s| s.as_str())
+                    .unwrap_or("?")
+            ),
+        }
+    }
+
+    /// Host events on the line named `line_name` that overlap `[from_ps, to_ps)`, in time order:
+    /// `(name, start_ps, end_ps)`. Walks the host plane again; only the report needs it.
+    pub fn host_events(
+        &self,
+        cap: &Capture,
+        line_name: &str,
+        from_ps: i64,
+        to_ps: i64,
+    ) -> Result<Vec<(String, i64, i64)>, CaptureError> {
+        let mut out = Vec::new();
+        for idx in cap.file.find(|n| n == "/host:CPU") {
+            let plane = cap.file.load(idx)?;
+            plane.for_each_event(&cap.file.path, |line, ev| {
+                if line.name != line_name {
+                    return;
+                }
+                let t = ev.start_ps(line);
+                let end = t + ev.duration_ps.max(0);
+                if t >= to_ps || end < from_ps {
+                    return;
+                }
+                out.push((plane.event_name(ev.metadata_id).to_string(), t, end));
+            })?;
+        }
+        out.sort_by_key(|e| (e.1, -e.2));
+        Ok(out)
+    }
+
+    /// The allocation of the plan's temporary block during `e`: the device-pool allocation whose
+    /// `requested_bytes` equals a Temporary allocation size of the plan (the join key between
+    /// compile-time plan and runtime, XPLANE_FORMAT.md §4).
+    pub fn temp_allocation(&self, e: &Execution, temp_sizes: &[u64]) -> Option<&MemEvent> {
+        self.main_events().find(|m| {
+            m.alloc
+                && m.t_ps >= e.start_ps
+                && m.t_ps <= e.end_ps
+                && m.requested_bytes > 0
+                && temp_sizes.contains(&m.requested_bytes)
+        })
+    }
+
+    /// Allocator events of the device pool (for tests and the report).
+    pub fn main_events(&self) -> impl Iterator<Item = &MemEvent> {
+        let name = self.main().map(|a| a.name.clone()).unwrap_or_default();
+        self.mem.iter().filter(move |m| m.allocator == name)
+    }
+}

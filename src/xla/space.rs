@@ -1,0 +1,554 @@
+//! The XSpace container: plane index (by positioned reads, so listing never loads the events),
+//! plane metadata (prost) and a borrowed walk over lines, events and stats (the hot path).
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use prost::Message;
+use rustc_hash::FxHashMap;
+
+use super::pb::profiler as xpb;
+use super::wire::{Reader, Value, WireError};
+use crate::error::{CaptureError, ErrorKind};
+
+/// Largest plane memlsp loads into memory at once (a plane is one length-delimited field).
+pub const MAX_PLANE_BYTES: u64 = 8 << 30;
+
+/// Where one `XPlane` lies in the file.
+#[derive(Clone, Debug)]
+pub struct PlaneIndex {
+    pub name: String,
+    /// Absolute offset of the plane's payload.
+    pub start: u64,
+    pub len: u64,
+}
+
+/// Turn a wire error into the one-line error users see.
+pub fn wire_error(path: &Path, e: WireError) -> CaptureError {
+    if e.truncated {
+        CaptureError::new(
+            path,
+            ErrorKind::Truncated,
+            Some(e.offset),
+            format!("capture ends early: {}", e.what),
+            "the profiler may still be writing it; wait for stop_trace() to finish, or re-capture",
+        )
+    } else {
+        CaptureError::new(
+            path,
+            ErrorKind::Invalid,
+            Some(e.offset),
+            format!("not a valid XSpace protobuf: {}", e.what),
+            "pass the *.xplane.pb written by jax.profiler / xprof",
+        )
+    }
+}
+
+/// An open capture file: its plane index, read with positioned reads.
+pub struct SpaceFile {
+    pub path: std::path::PathBuf,
+    file: File,
+    pub len: u64,
+    pub planes: Vec<PlaneIndex>,
+}
+
+impl SpaceFile {
+    /// Open and index a capture: walks the top-level framing and each plane's field headers only.
+    pub fn open(path: &Path) -> Result<SpaceFile, CaptureError> {
+        let file = File::open(path).map_err(|e| CaptureError::io(path, &e))?;
+        let len = file
+            .metadata()
+            .map_err(|e| CaptureError::io(path, &e))?
+            .len();
+        if len == 0 {
+            return Err(CaptureError::new(
+                path,
+                ErrorKind::Empty,
+                Some(0),
+                "capture file is empty",
+                "the profiler may still be writing it; re-run after stop_trace()",
+            ));
+        }
+        let mut sf = SpaceFile {
+            path: path.to_path_buf(),
+            file,
+            len,
+            planes: Vec::new(),
+        };
+        sf.index()?;
+        Ok(sf)
+    }
+
+    fn io(&self, e: std::io::Error) -> CaptureError {
+        CaptureError::io(&self.path, &e)
+    }
+
+    /// Read a field header (key, and length for wire type 2) at `pos` within `[pos, end)`.
+    fn header(&self, pos: u64, end: u64, top: bool) -> Result<(u32, Hdr), CaptureError> {
+        let mut buf = [0u8; 20];
+        let want = (end - pos).min(20) as usize;
+        self.file
+            .read_exact_at(&mut buf[..want], pos)
+            .map_err(|e| self.io(e))?;
+        let mut r = if top {
+            Reader::file(&buf[..want])
+        } else {
+            Reader::new(&buf[..want], 0)
+        };
+        // Parse key + (length) by hand: the reader would insist on the payload being present.
+        let (key, n1) = varint(&buf[..want]).ok_or_else(|| {
+            wire_error(
+                &self.path,
+                WireError {
+                    offset: pos,
+                    truncated: top && want < 20,
+                    what: "file ends inside a field key".into(),
+                },
+            )
+        })?;
+        let _ = &mut r;
+        let field = (key >> 3) as u32;
+        let bad = |what: String, truncated: bool| {
+            wire_error(
+                &self.path,
+                WireError {
+                    offset: pos,
+                    truncated,
+                    what,
+                },
+            )
+        };
+        if field == 0 {
+            return Err(bad(format!("invalid field key {key}"), false));
+        }
+        let rest = &buf[n1..want];
+        let hdr = match key & 7 {
+            0 => {
+                let (_, n2) =
+                    varint(rest).ok_or_else(|| bad("file ends inside a varint".into(), top))?;
+                Hdr::Skip(n1 as u64 + n2 as u64)
+            }
+            1 => Hdr::Skip(n1 as u64 + 8),
+            5 => Hdr::Skip(n1 as u64 + 4),
+            2 => {
+                let (l, n2) =
+                    varint(rest).ok_or_else(|| bad("file ends inside a length".into(), top))?;
+                Hdr::Len(pos + (n1 + n2) as u64, l)
+            }
+            w => return Err(bad(format!("unsupported wire type {w}"), false)),
+        };
+        let field_end = match hdr {
+            Hdr::Skip(n) => pos + n,
+            Hdr::Len(p, l) => p.saturating_add(l),
+        };
+        if field_end > end {
+            let what = match hdr {
+                Hdr::Len(p, l) => format!(
+                    "field {field} claims {l} bytes but only {} remain",
+                    end.saturating_sub(p)
+                ),
+                Hdr::Skip(_) => format!("field {field} runs past the end"),
+            };
+            return Err(bad(what, top));
+        }
+        Ok((field, hdr))
+    }
+
+    fn index(&mut self) -> Result<(), CaptureError> {
+        let mut pos = 0u64;
+        let mut planes = Vec::new();
+        while pos < self.len {
+            let (field, hdr) = self.header(pos, self.len, true)?;
+            pos = match hdr {
+                Hdr::Skip(n) => pos + n,
+                Hdr::Len(start, len) => {
+                    if field == 1 {
+                        if len > MAX_PLANE_BYTES {
+                            return Err(CaptureError::new(
+                                &self.path,
+                                ErrorKind::Limit,
+                                Some(pos),
+                                format!("one plane holds {len} bytes, above memlsp's limit"),
+                                "capture a shorter window (fewer steps) with jax.profiler",
+                            ));
+                        }
+                        planes.push(PlaneIndex {
+                            name: self.plane_name(start, len)?,
+                            start,
+                            len,
+                        });
+                    }
+                    start + len
+                }
+            };
+        }
+        if planes.is_empty() {
+            return Err(CaptureError::new(
+                &self.path,
+                ErrorKind::Invalid,
+                Some(0),
+                "no XPlane in this file",
+                "pass the *.xplane.pb written by jax.profiler / xprof",
+            ));
+        }
+        self.planes = planes;
+        Ok(())
+    }
+
+    /// The plane's name (field 2), found by hopping over its field headers.
+    fn plane_name(&self, start: u64, len: u64) -> Result<String, CaptureError> {
+        let end = start + len;
+        let mut pos = start;
+        while pos < end {
+            let (field, hdr) = self.header(pos, end, false)?;
+            match hdr {
+                Hdr::Skip(n) => pos += n,
+                Hdr::Len(p, l) => {
+                    if field == 2 {
+                        let mut b = vec![0u8; l.min(4096) as usize];
+                        self.file.read_exact_at(&mut b, p).map_err(|e| self.io(e))?;
+                        return Ok(String::from_utf8_lossy(&b).into_owned());
+                    }
+                    pos = p + l;
+                }
+            }
+        }
+        Ok(String::new())
+    }
+
+    /// Planes whose name satisfies `pred`, in file order.
+    pub fn find<'s>(
+        &'s self,
+        pred: impl Fn(&str) -> bool + 's,
+    ) -> impl Iterator<Item = &'s PlaneIndex> {
+        self.planes.iter().filter(move |p| pred(&p.name))
+    }
+
+    /// Load one plane's bytes and decode its metadata.
+    pub fn load(&self, idx: &PlaneIndex) -> Result<Plane, CaptureError> {
+        let mut bytes = vec![0u8; idx.len as usize];
+        self.file
+            .read_exact_at(&mut bytes, idx.start)
+            .map_err(|e| self.io(e))?;
+        Plane::parse(&self.path, bytes, idx.start)
+    }
+}
+
+enum Hdr {
+    /// Whole field is this many bytes.
+    Skip(u64),
+    /// Payload at (absolute offset, length).
+    Len(u64, u64),
+}
+
+fn varint(b: &[u8]) -> Option<(u64, usize)> {
+    let mut v = 0u64;
+    for (i, &x) in b.iter().enumerate().take(10) {
+        v |= ((x & 0x7f) as u64) << (7 * i);
+        if x < 0x80 {
+            return Some((v, i + 1));
+        }
+    }
+    None
+}
+
+/// A stat value as stored (strings may be interned as stat-metadata names: `Ref`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum StatValue {
+    I64(i64),
+    U64(u64),
+    F64(f64),
+    Str(String),
+    Bytes(Vec<u8>),
+    Ref(u64),
+}
+
+/// One decoded plane: metadata owned, lines kept as byte ranges for a later walk.
+pub struct Plane {
+    pub name: String,
+    bytes: Vec<u8>,
+    base: u64,
+    /// Byte ranges of the `XLine` messages within `bytes`.
+    lines: Vec<(usize, usize)>,
+    pub event_meta: FxHashMap<i64, xpb::XEventMetadata>,
+    pub stat_names: FxHashMap<i64, String>,
+    pub stats: Vec<xpb::XStat>,
+}
+
+impl Plane {
+    fn parse(path: &Path, bytes: Vec<u8>, base: u64) -> Result<Plane, CaptureError> {
+        let mut name = String::new();
+        let mut lines = Vec::new();
+        let mut event_meta = FxHashMap::default();
+        let mut stat_names = FxHashMap::default();
+        let mut stats = Vec::new();
+        {
+            let mut r = Reader::new(&bytes, base);
+            while let Some((f, v)) = r.next().map_err(|e| wire_error(path, e))? {
+                match (f, v) {
+                    (2, v) => name = v.str().to_string(),
+                    (3, Value::Len(b, off)) => {
+                        let s = (off - base) as usize;
+                        lines.push((s, s + b.len()));
+                    }
+                    (4, Value::Len(b, off)) => {
+                        let (k, m) = map_entry::<xpb::XEventMetadata>(path, b, off)?;
+                        event_meta.insert(k, m);
+                    }
+                    (5, Value::Len(b, off)) => {
+                        let (k, m) = map_entry::<xpb::XStatMetadata>(path, b, off)?;
+                        stat_names.insert(k, m.name);
+                    }
+                    (6, Value::Len(b, off)) => {
+                        stats.push(decode_msg::<xpb::XStat>(path, b, off)?);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(Plane {
+            name,
+            bytes,
+            base,
+            lines,
+            event_meta,
+            stat_names,
+            stats,
+        })
+    }
+
+    /// Name of an event metadata id ("" when unknown).
+    pub fn event_name(&self, id: i64) -> &str {
+        self.event_meta
+            .get(&id)
+            .map(|m| m.name.as_str())
+            .unwrap_or("")
+    }
+
+    pub fn stat_name(&self, id: i64) -> &str {
+        self.stat_names.get(&id).map(|s| s.as_str()).unwrap_or("")
+    }
+
+    /// Stat-metadata id for a stat name, if the plane uses it.
+    pub fn stat_id(&self, name: &str) -> Option<i64> {
+        self.stat_names
+            .iter()
+            .find(|(_, n)| n.as_str() == name)
+            .map(|(k, _)| *k)
+    }
+
+    /// Event-metadata ids whose name satisfies `pred`.
+    pub fn event_ids(&self, pred: impl Fn(&str) -> bool) -> Vec<i64> {
+        self.event_meta
+            .iter()
+            .filter(|(_, m)| pred(&m.name))
+            .map(|(k, _)| *k)
+            .collect()
+    }
+
+    /// Plane-level stat by name, as a string (str or ref).
+    pub fn plane_stat_str(&self, name: &str) -> Option<String> {
+        let s = self
+            .stats
+            .iter()
+            .find(|s| self.stat_name(s.metadata_id) == name)?;
+        match s.value.as_ref()? {
+            xpb::x_stat::Value::StrValue(v) => Some(v.clone()),
+            xpb::x_stat::Value::RefValue(r) => Some(self.stat_name(*r as i64).to_string()),
+            xpb::x_stat::Value::Int64Value(v) => Some(v.to_string()),
+            xpb::x_stat::Value::Uint64Value(v) => Some(v.to_string()),
+            _ => None,
+        }
+    }
+
+    /// Plane-level stat by name, as a number.
+    pub fn plane_stat_num(&self, name: &str) -> Option<f64> {
+        let s = self
+            .stats
+            .iter()
+            .find(|s| self.stat_name(s.metadata_id) == name)?;
+        match s.value.as_ref()? {
+            xpb::x_stat::Value::Int64Value(v) => Some(*v as f64),
+            xpb::x_stat::Value::Uint64Value(v) => Some(*v as f64),
+            xpb::x_stat::Value::DoubleValue(v) => Some(*v),
+            _ => None,
+        }
+    }
+
+    /// Walk every event of every line. `f` gets the line and the event.
+    pub fn for_each_event<'p>(
+        &'p self,
+        path: &Path,
+        mut f: impl FnMut(&LineInfo<'p>, &RawEvent<'p>),
+    ) -> Result<(), CaptureError> {
+        for &(s, e) in &self.lines {
+            let body = &self.bytes[s..e];
+            let mut line = LineInfo::default();
+            let mut events: Vec<(&'p [u8], u64)> = Vec::new();
+            let mut r = Reader::new(body, self.base + s as u64);
+            while let Some((fno, v)) = r.next().map_err(|e| wire_error(path, e))? {
+                match (fno, v) {
+                    (1, v) => line.id = v.as_i64(),
+                    (2, v) => line.name = v.str(),
+                    (3, v) => line.timestamp_ns = v.as_i64(),
+                    (4, Value::Len(b, off)) => events.push((b, off)),
+                    (11, v) => line.display_name = v.str(),
+                    _ => {}
+                }
+            }
+            for (b, off) in events {
+                let ev = RawEvent::parse(b, off).map_err(|e| wire_error(path, e))?;
+                f(&line, &ev);
+            }
+        }
+        Ok(())
+    }
+
+    /// Resolve a raw stat value to a string (str or ref → stat-metadata name).
+    pub fn str_of<'a>(&'a self, v: &RawValue<'a>) -> Option<&'a str> {
+        match v {
+            RawValue::Str(s) => Some(s),
+            RawValue::Ref(r) => self.stat_names.get(&(*r as i64)).map(|s| s.as_str()),
+            _ => None,
+        }
+    }
+}
+
+/// One `XLine`'s header.
+#[derive(Default, Debug)]
+pub struct LineInfo<'a> {
+    pub id: i64,
+    pub name: &'a str,
+    pub display_name: &'a str,
+    pub timestamp_ns: i64,
+}
+
+/// One `XEvent`, borrowed; stats are walked on demand.
+pub struct RawEvent<'a> {
+    pub metadata_id: i64,
+    pub offset_ps: i64,
+    pub duration_ps: i64,
+    body: &'a [u8],
+    off: u64,
+}
+
+/// A stat value borrowed from the file.
+#[derive(Clone, Copy, Debug)]
+pub enum RawValue<'a> {
+    I64(i64),
+    U64(u64),
+    F64(f64),
+    Str(&'a str),
+    Bytes(&'a [u8]),
+    Ref(u64),
+    None,
+}
+
+impl RawValue<'_> {
+    /// Numbers are stored as int64, uint64 or double depending on the value (XPLANE_FORMAT §1).
+    pub fn num(&self) -> Option<f64> {
+        match *self {
+            RawValue::I64(v) => Some(v as f64),
+            RawValue::U64(v) => Some(v as f64),
+            RawValue::F64(v) => Some(v),
+            _ => None,
+        }
+    }
+    pub fn int(&self) -> Option<i64> {
+        match *self {
+            RawValue::I64(v) => Some(v),
+            RawValue::U64(v) => Some(v as i64),
+            RawValue::F64(v) => Some(v as i64),
+            _ => None,
+        }
+    }
+}
+
+impl<'a> RawEvent<'a> {
+    fn parse(body: &'a [u8], off: u64) -> Result<RawEvent<'a>, WireError> {
+        let mut ev = RawEvent {
+            metadata_id: 0,
+            offset_ps: 0,
+            duration_ps: 0,
+            body,
+            off,
+        };
+        let mut r = Reader::sub(body, off);
+        while let Some((f, v)) = r.next()? {
+            match f {
+                1 => ev.metadata_id = v.as_i64(),
+                2 => ev.offset_ps = v.as_i64(),
+                3 => ev.duration_ps = v.as_i64(),
+                _ => {}
+            }
+        }
+        Ok(ev)
+    }
+
+    /// Absolute start in ps since the line's origin (session start on JAX captures).
+    pub fn start_ps(&self, line: &LineInfo) -> i64 {
+        line.timestamp_ns
+            .saturating_mul(1000)
+            .saturating_add(self.offset_ps)
+    }
+
+    /// Visit `(stat metadata id, value)` pairs. Malformed stats end the walk silently: the event
+    /// framing was already checked when the event was parsed.
+    pub fn stats(&self, mut f: impl FnMut(i64, RawValue<'a>)) {
+        let mut r = Reader::sub(self.body, self.off);
+        while let Ok(Some((fno, v))) = r.next() {
+            if fno != 4 {
+                continue;
+            }
+            let Value::Len(b, o) = v else { continue };
+            let mut s = Reader::sub(b, o);
+            let mut id = 0;
+            let mut val = RawValue::None;
+            while let Ok(Some((k, x))) = s.next() {
+                match k {
+                    1 => id = x.as_i64(),
+                    2 => val = RawValue::F64(f64::from_bits(x.as_u64())),
+                    3 => val = RawValue::U64(x.as_u64()),
+                    4 => val = RawValue::I64(x.as_i64()),
+                    5 => val = RawValue::Str(x.str()),
+                    6 => val = RawValue::Bytes(x.bytes()),
+                    7 => val = RawValue::Ref(x.as_u64()),
+                    _ => {}
+                }
+            }
+            f(id, val);
+        }
+    }
+}
+
+fn decode_msg<M: Message + Default>(path: &Path, b: &[u8], off: u64) -> Result<M, CaptureError> {
+    M::decode(b).map_err(|e| {
+        CaptureError::new(
+            path,
+            ErrorKind::Invalid,
+            Some(off),
+            format!("cannot decode a message here: {e}"),
+            "the capture is damaged; re-capture it",
+        )
+    })
+}
+
+/// Decode a `map<int64, M>` entry `{key = 1, value = 2}`.
+fn map_entry<M: Message + Default>(
+    path: &Path,
+    b: &[u8],
+    off: u64,
+) -> Result<(i64, M), CaptureError> {
+    let mut key = 0;
+    let mut val = None;
+    let mut r = Reader::sub(b, off);
+    while let Some((f, v)) = r.next().map_err(|e| wire_error(path, e))? {
+        match (f, v) {
+            (1, v) => key = v.as_i64(),
+            (2, Value::Len(b, o)) => val = Some(decode_msg::<M>(path, b, o)?),
+            _ => {}
+        }
+    }
+    Ok((key, val.unwrap_or_default()))
+}

@@ -1,0 +1,93 @@
+//! The server keeps serving when captures are garbage, huge, or unreadable.
+
+mod lsp_support;
+
+use std::time::Duration;
+
+use lsp_support::{Lsp, tempdir, uri};
+use serde_json::json;
+
+#[test]
+fn garbage_and_a_1gb_file_neither_block_hover_nor_crash() {
+    let (_tmp, ws) = tempdir();
+    std::fs::write(ws.join("train.py"), "x = 1\ny = 2\n").unwrap();
+    // Bytes that are no capture at all, under every capture extension.
+    let garbage: Vec<u8> = (0..50_000u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    std::fs::write(ws.join("garbage.pickle"), &garbage).unwrap();
+    std::fs::write(ws.join("garbage.xplane.pb"), &garbage).unwrap();
+    std::fs::write(ws.join("memory_snapshot.json"), b"{\"segments\": [1, 2,").unwrap();
+    // A 1 GB sparse file: costs no disk, but a reader that loads it whole would stall.
+    let huge = std::fs::File::create(ws.join("huge.pickle")).unwrap();
+    huge.set_len(1 << 30).unwrap();
+    drop(huge);
+    // Make every file look settled (not a write in progress).
+    std::thread::sleep(Duration::from_millis(1100));
+
+    let mut lsp = Lsp::start(&ws, json!({}));
+    let file = ws.join("train.py");
+    lsp.open(&file);
+    // Requests are answered from the last result while the analyses run.
+    for _ in 0..5 {
+        let (res, took) = lsp.request_timed(
+            "textDocument/hover",
+            json!({"textDocument": {"uri": uri(&file)}, "position": {"line": 0, "character": 0}}),
+        );
+        assert!(res.is_null(), "no capture touches train.py: {res}");
+        assert!(took < Duration::from_millis(500), "hover took {took:?}");
+        let (hints, took) = lsp.request_timed(
+            "textDocument/inlayHint",
+            json!({"textDocument": {"uri": uri(&file)},
+                   "range": {"start": {"line": 0, "character": 0}, "end": {"line": 2, "character": 0}}}),
+        );
+        assert_eq!(hints, json!([]));
+        assert!(
+            took < Duration::from_millis(1500),
+            "inlay hints took {took:?}"
+        );
+    }
+    // Each unreadable capture is reported once, by name, and the server goes on.
+    let from = 0;
+    let seen = lsp.wait_for(from, Duration::from_secs(20), |m| {
+        m["method"] == "window/showMessage"
+            && m["params"]["message"]
+                .as_str()
+                .is_some_and(|s| s.contains("garbage.xplane.pb"))
+    });
+    assert!(
+        seen.is_some(),
+        "no message about garbage.xplane.pb: {:?}",
+        lsp.messages()
+    );
+    lsp.idle(Duration::from_millis(1500));
+    let about = |name: &str| {
+        lsp.seen
+            .iter()
+            .filter(|m| {
+                m["method"] == "window/showMessage"
+                    && m["params"]["message"]
+                        .as_str()
+                        .is_some_and(|s| s.contains(name))
+            })
+            .count()
+    };
+    assert_eq!(about("garbage.pickle"), 1, "{:?}", lsp.messages());
+    assert_eq!(about("garbage.xplane.pb"), 1, "{:?}", lsp.messages());
+    // No diagnostics were published for a file that is not a readable capture.
+    assert!(
+        !lsp.seen
+            .iter()
+            .any(|m| m["method"] == "textDocument/publishDiagnostics"
+                && !m["params"]["diagnostics"]
+                    .as_array()
+                    .is_some_and(|a| a.is_empty())),
+        "unexpected diagnostics"
+    );
+    let res = lsp.request(
+        "textDocument/hover",
+        json!({"textDocument": {"uri": uri(&file)}, "position": {"line": 1, "character": 0}}),
+    );
+    assert!(res.is_null());
+    lsp.shutdown();
+}

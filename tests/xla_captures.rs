@@ -1,0 +1,322 @@
+//! What a user sees for the labelled JAX captures (`shared/jax_cpu_captures/README.md`) and the
+//! third-party ones: module choice, diagnosis codes, culprit lines, fixes, numbers.
+
+use std::path::PathBuf;
+
+use memlsp::analyze::Options;
+use memlsp::error::ErrorKind;
+use memlsp::findings::{Finding, FixKind, Severity};
+use memlsp::report::{CaptureReport, EngineData};
+use serde_json::Value;
+
+fn cpu(name: &str) -> Option<PathBuf> {
+    memlsp::testdata::shared(&format!("jax_cpu_captures/{name}/{name}.xplane.pb"))
+}
+
+fn report(name: &str, module: Option<&str>) -> Option<CaptureReport> {
+    let path = cpu(name)?;
+    let opts = Options {
+        module: module.map(str::to_string),
+        ..Options::default()
+    };
+    Some(memlsp::xla::analyze_file(&path, &opts).unwrap_or_else(|e| panic!("{e}")))
+}
+
+fn oracle_module(name: &str, module: &str) -> Value {
+    let p = memlsp::testdata::shared(&format!("jax_cpu_captures/{name}/oracle.json")).unwrap();
+    let o: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+    o["modules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["module"] == module && m["memory_space"] == 0)
+        .cloned()
+        .unwrap()
+}
+
+fn xla(r: &CaptureReport) -> &Value {
+    match &r.engine {
+        EngineData::Xla(v) => v,
+        _ => panic!("no xla engine data"),
+    }
+}
+
+fn find<'a>(r: &'a CaptureReport, code: &str) -> Option<&'a Finding> {
+    r.findings.iter().find(|f| f.code == code)
+}
+
+fn warnings(r: &CaptureReport) -> Vec<&'static str> {
+    r.findings
+        .iter()
+        .filter(|f| f.severity >= Severity::Warning)
+        .map(|f| f.code)
+        .collect()
+}
+
+#[test]
+fn missing_donation_points_at_the_jit_line_with_argnums() {
+    let Some(r) = report("b_mlp_nodonate", None) else {
+        return;
+    };
+    assert_eq!(xla(&r)["module"], "jit_train_step(36)");
+    let f = find(&r, "JX005").expect("JX005 for b_mlp_nodonate");
+    assert_eq!(f.severity, Severity::Warning);
+    let loc = f.location.as_ref().unwrap();
+    assert_eq!(
+        (loc.file.as_str(), loc.line),
+        ("/srv/jaxdemo/b_mlp_nodonate.py", 57)
+    );
+    let fix = &f.fixes[0];
+    assert_eq!(
+        fix.kind,
+        FixKind::DonateArgnums {
+            argnums: vec![0, 1]
+        }
+    );
+    // params + opt_state = every parameter but the batch x, y (f32[256,1024] each).
+    let o = oracle_module("b_mlp_nodonate", "jit_train_step(36)");
+    let batch = 2 * 256 * 1024 * 4;
+    assert_eq!(
+        fix.saving_bytes,
+        Some(o["parameter_bytes"].as_u64().unwrap() - batch)
+    );
+    assert_eq!(r.findings[0].code, "JX005");
+    assert!(
+        r.headline.contains("donate_argnums=(0, 1)"),
+        "{}",
+        r.headline
+    );
+    assert!(r.text.contains("b_mlp_nodonate.py:57"), "{}", r.text);
+}
+
+#[test]
+fn healthy_captures_report_no_warning() {
+    for name in ["c_mlp_donate", "a_transformer_adam"] {
+        let Some(r) = report(name, None) else { return };
+        assert!(
+            find(&r, "JX005").is_none(),
+            "{name}: JX005 on a donated step"
+        );
+        assert_eq!(warnings(&r), Vec::<&str>::new(), "{name}: {}", r.headline);
+        assert!(
+            r.headline.contains("no memory problem found"),
+            "{}",
+            r.headline
+        );
+        let plan = &xla(&r)["plan"];
+        assert!(
+            plan["donated_bytes"].as_u64().unwrap() > 0,
+            "{name} donates"
+        );
+    }
+}
+
+#[test]
+fn attention_scores_are_forward_kept_at_the_softmax_line() {
+    let Some(r) = report("e_attention_big", None) else {
+        return;
+    };
+    assert_eq!(xla(&r)["module"], "jit_train_step(18)");
+    let f = find(&r, "JX002").expect("JX002");
+    assert_eq!(f.severity, Severity::Warning);
+    let loc = f.location.as_ref().unwrap();
+    assert_eq!(
+        (loc.file.as_str(), loc.line),
+        ("/srv/jaxdemo/e_attention_big.py", 31)
+    );
+    // xprof: 832.12 MiB in 17 buffers at the peak come from line 31.
+    let o = oracle_module("e_attention_big", "jit_train_step(18)");
+    let line31 = o["peak_bytes_by_source"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["location"] == "/srv/jaxdemo/e_attention_big.py:31")
+        .unwrap();
+    assert_eq!(f.bytes, line31["bytes"].as_u64());
+    assert!(f.message.contains("17 buffer(s)"), "{}", f.message);
+    assert_eq!(f.fixes[0].kind, FixKind::JaxCheckpoint);
+    assert!(
+        f.fixes.iter().any(|x| x.title.contains("S×S")),
+        "{:?}",
+        f.fixes
+    );
+    // The top site is line 31 with its share of the heap peak.
+    let site = &r.sites[0];
+    assert_eq!(site.location.as_ref().unwrap().line, 31);
+    assert_eq!(site.percent_of, "heap peak");
+    let heap = o["peak_heap_bytes"].as_u64().unwrap() as f64;
+    let want = line31["bytes"].as_u64().unwrap() as f64 * 100.0 / heap;
+    assert!(
+        (site.percent - want).abs() < 0.01,
+        "{} vs {want}",
+        site.percent
+    );
+}
+
+#[test]
+fn ineffective_remat_still_blames_line_31_and_says_so() {
+    let Some(r) = report("f_attention_remat", None) else {
+        return;
+    };
+    let f = find(&r, "JX002").expect("JX002");
+    assert_eq!(f.location.as_ref().unwrap().line, 31);
+    assert!(
+        f.evidence
+            .iter()
+            .any(|e| e.text.contains("jax.checkpoint is already applied")),
+        "{:?}",
+        f.evidence
+    );
+    assert!(f.fixes.iter().all(|x| x.kind != FixKind::JaxCheckpoint));
+}
+
+#[test]
+fn eval_module_is_chosen_over_the_more_frequent_train_step() {
+    let Some(r) = report("h_eval_and_train", None) else {
+        return;
+    };
+    assert_eq!(xla(&r)["module"], "jit_eval_step(34)");
+    let top = find(&r, "JX009").unwrap();
+    assert_eq!(top.location.as_ref().unwrap().line, 43);
+    assert_eq!(top.bytes, Some(128 << 20));
+    let o = oracle_module("h_eval_and_train", "jit_eval_step(34)");
+    assert_eq!(xla(&r)["plan"]["total_peak_bytes"], o["peak_total_bytes"]);
+    // --module picks another, by full or bare name.
+    for m in ["jit_train_step(32)", "jit_train_step"] {
+        let r = report("h_eval_and_train", Some(m)).unwrap();
+        assert_eq!(xla(&r)["module"], "jit_train_step(32)");
+    }
+    let e = memlsp::xla::analyze_file(
+        &cpu("h_eval_and_train").unwrap(),
+        &Options {
+            module: Some("jit_nope".into()),
+            ..Options::default()
+        },
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("jit_eval_step(34)"), "{e}");
+}
+
+#[test]
+fn kept_gradients_show_growth_at_the_append_line() {
+    let Some(r) = report("d_grads_kept", None) else {
+        return;
+    };
+    assert_eq!(xla(&r)["module"], "jit_sgd_step(28)");
+    let f = find(&r, "JX004").expect("JX004");
+    assert_eq!(f.severity, Severity::Warning);
+    let loc = f.location.as_ref().unwrap();
+    assert_eq!(
+        (loc.file.as_str(), loc.line),
+        ("/srv/jaxdemo/d_grads_kept.py", 51)
+    );
+    assert_eq!(f.fixes[0].kind, FixKind::DeviceGetAppend);
+    assert!(
+        f.evidence
+            .iter()
+            .any(|e| e.text.contains("[1, 1, 1, 1, 1, 1]")),
+        "{:?}",
+        f.evidence
+    );
+    assert_eq!(
+        f.bytes,
+        xla(&r)["plan"]["non_aliased_output_bytes"].as_u64()
+    );
+}
+
+#[test]
+fn plan_json_matches_the_oracle_for_the_chosen_module() {
+    for (name, module) in [
+        ("a_transformer_adam", "jit_train_step(34)"),
+        ("c_mlp_donate", "jit_train_step(36)"),
+    ] {
+        let Some(r) = report(name, None) else { return };
+        let o = oracle_module(name, module);
+        let plan = &xla(&r)["plan"];
+        assert_eq!(plan["total_peak_bytes"], o["peak_total_bytes"]);
+        assert_eq!(plan["heap_peak_bytes"], o["peak_heap_bytes"]);
+        assert_eq!(plan["parameter_bytes"], o["parameter_bytes"]);
+        assert_eq!(plan["output_bytes"], o["output_bytes"]);
+        let roles = &plan["roles"];
+        let sum: u64 = ["forward", "backward", "workspace", "other"]
+            .iter()
+            .map(|k| roles[k].as_u64().unwrap())
+            .sum();
+        assert_eq!(
+            sum,
+            o["peak_heap_bytes"].as_u64().unwrap(),
+            "roles split the heap peak"
+        );
+    }
+}
+
+#[test]
+fn every_real_capture_is_reported_without_error() {
+    let Some(dir) = memlsp::testdata::shared("jax-real-captures") else {
+        return;
+    };
+    let mut n = 0;
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        for f in memlsp::analyze::captures_in_dir(&e.path()) {
+            let r = memlsp::xla::analyze_file(&f, &Options::default())
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert!(!r.headline.is_empty());
+            assert!(r.text.contains("[measured]") || r.text.contains("[read]"));
+            n += 1;
+        }
+    }
+    assert_eq!(n, 8);
+}
+
+#[test]
+fn tensorflow_capture_without_hlo_reports_the_allocator_only() {
+    let Some(d) = memlsp::testdata::shared("jax-real-captures/xprof_demo_gpu_multi_worker") else {
+        return;
+    };
+    let f = memlsp::analyze::captures_in_dir(&d).remove(0);
+    let r = memlsp::xla::analyze_file(&f, &Options::default()).unwrap();
+    assert!(r.headline.starts_with("no HLO plan"), "{}", r.headline);
+    // xprof memory_profile: GPU_1_bfc peaks at 4013344768 of 15477102400.
+    assert_eq!(xla(&r)["runtime"]["peak_bytes_in_use"], 4013344768u64);
+    assert_eq!(xla(&r)["runtime"]["capacity_bytes"], 15477102400u64);
+}
+
+#[test]
+fn truncated_and_garbage_files_are_errors_with_offsets() {
+    let Some(src) = cpu("b_mlp_nodonate") else {
+        return;
+    };
+    let bytes = std::fs::read(&src).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let cut = dir.path().join("cut.xplane.pb");
+    let mut truncated = 0;
+    for k in 1..64 {
+        let len = bytes.len() * k / 64;
+        std::fs::write(&cut, &bytes[..len]).unwrap();
+        match memlsp::xla::analyze_file(&cut, &Options::default()) {
+            Err(e) => {
+                assert!(e.offset.is_some_and(|o| o <= len as u64), "{e}");
+                if e.kind == ErrorKind::Truncated {
+                    truncated += 1;
+                }
+                assert!(e.to_string().contains("cut.xplane.pb: at byte"), "{e}");
+            }
+            Ok(r) => panic!(
+                "a cut at {len} of {} bytes was accepted: {}",
+                bytes.len(),
+                r.headline
+            ),
+        }
+    }
+    assert!(
+        truncated >= 60,
+        "only {truncated} cuts reported as truncated"
+    );
+    std::fs::write(&cut, b"\x0a\xff\xff\xff\xff\x0fgarbage").unwrap();
+    let e = memlsp::xla::analyze_file(&cut, &Options::default()).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Truncated);
+    assert_eq!(e.offset, Some(0));
+    std::fs::write(&cut, b"\x07\x07\x07").unwrap();
+    let e = memlsp::xla::analyze_file(&cut, &Options::default()).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Invalid, "{e}");
+}
