@@ -301,6 +301,14 @@ fn github_annotations() {
         lines[1]
     );
     assert!(lines[1].contains("(40.0%25) of live memory%0Ameasured: "));
+    // Savings keep their label in annotations too.
+    assert!(
+        lines[1].ends_with(
+            "%0Afix: Accumulate `loss.detach()` (saves ~1.00 GiB, inferred)%0Afix: Look for retain_graph=True"
+        ),
+        "{}",
+        lines[1]
+    );
 }
 
 #[test]
