@@ -108,3 +108,45 @@ fn torch_report_totals_match_the_oracle() {
         doc["captures"][0]["headline"].as_str()
     );
 }
+
+#[test]
+fn diff_reports_growth_between_two_snapshots() {
+    let (Some(earlier), Some(later)) = (
+        shared("torch_snapshots/real/Maphsge4__bdf4fe2e_snapshot.pickle"),
+        shared("torch_snapshots/real/Maphsge4__ec5be110_snapshot.pickle"),
+    ) else {
+        return;
+    };
+    let cwd = tempfile::tempdir().unwrap();
+    let run = memlsp(
+        &[
+            "report",
+            arg(&earlier),
+            "--diff",
+            arg(&later),
+            "--format",
+            "json",
+        ],
+        cwd.path(),
+    );
+    if run.engine_missing() {
+        return;
+    }
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let doc = run.json();
+    let captures = doc["captures"].as_array().unwrap();
+    assert_eq!(captures.len(), 1);
+    let codes: Vec<&str> = captures[0]["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["code"].as_str().unwrap())
+        .collect();
+    assert!(codes.contains(&"PT011"), "{codes:?}");
+    let missing = memlsp(
+        &["report", arg(&earlier), "--diff", "no_such_later.pickle"],
+        cwd.path(),
+    );
+    missing.assert_one_line_error("no_such_later.pickle");
+    assert_eq!(missing.stdout, "");
+}
