@@ -150,3 +150,34 @@ fn diff_reports_growth_between_two_snapshots() {
     missing.assert_one_line_error("no_such_later.pickle");
     assert_eq!(missing.stdout, "");
 }
+
+#[test]
+fn exclude_frames_moves_attribution_to_the_next_user_frame() {
+    let Some(snap) = shared("torch_snapshots/real/Yiyi-philosophy__oom_snapshot.pickle") else {
+        return;
+    };
+    let cwd = tempfile::tempdir().unwrap();
+    let top_site = |extra: &[&str]| -> Option<String> {
+        let mut args = vec!["report", arg(&snap), "--format", "json"];
+        args.extend_from_slice(extra);
+        let run = memlsp(&args, cwd.path());
+        if run.engine_missing() {
+            return None;
+        }
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        Some(
+            run.json()["captures"][0]["sites"][0]["file"]
+                .as_str()?
+                .to_string(),
+        )
+    };
+    let Some(plain) = top_site(&[]) else {
+        return;
+    };
+    assert!(plain.ends_with("/flexgen/pytorch_backend.py"), "{plain}");
+    let moved = top_site(&["--exclude-frames", "pytorch_backend.py"]).unwrap();
+    assert!(
+        moved.contains("/flexgen/") && !moved.ends_with("pytorch_backend.py"),
+        "{moved}"
+    );
+}
