@@ -366,7 +366,8 @@ pub fn overall_json(t: &Totals, snap: &Snapshot) -> Value {
     for d in &t.devices {
         if let Some(tr) = &d.trace {
             for (k, v) in &tr.actions {
-                *actions.entry(k.clone()).or_default() += v;
+                let a = actions.entry(k.clone()).or_default();
+                *a = a.saturating_add(*v);
             }
             if let Some(f) = tr.first_time_us {
                 first = Some(first.map_or(f, |x| x.min(f)));
