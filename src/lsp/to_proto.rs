@@ -160,7 +160,10 @@ pub fn diagnostic(lf: &LineFinding, line_text: Option<&str>, enc: Encoding) -> l
                 u,
                 lsp::Range::new(lsp::Position::new(l0, 0), lsp::Position::new(l0, 0)),
             ),
-            message: format!("called from {}", frame_label(&fr.recorded)),
+            message: format!(
+                "called from `{}` (recorded as {}:{})",
+                fr.recorded.function, fr.recorded.file, fr.recorded.line
+            ),
         });
     }
 
