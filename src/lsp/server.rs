@@ -385,9 +385,7 @@ impl LanguageServer for Backend {
                         Some(t) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                             edits::edits_for(&fix.kind, &target_str, t, target_line)
                         }))
-                        .unwrap_or_else(|_| {
-                            Err(edits::NoEdit("computing the edit failed".into()))
-                        }),
+                        .unwrap_or_else(|_| Err(edits::NoEdit("computing the edit failed".into()))),
                         None => Err(edits::NoEdit(format!("cannot read {target_str}"))),
                     };
                     let ws_edit = match &edits {
