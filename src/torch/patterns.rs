@@ -60,7 +60,14 @@ fn any_oom(a: &Analysis) -> bool {
 
 /// PT009 for every OOM event, PT008 when the allocator state shows fragmentation.
 fn oom_findings(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
-    for (oom, diag) in a.totals.oom_events().zip(a.fragmentation.iter()) {
+    for oom in a.totals.oom_events() {
+        let Some(diag) = a
+            .fragmentation
+            .iter()
+            .find(|d| d.device == oom.device && d.index == oom.index)
+        else {
+            continue;
+        };
         let (loc, stack) = culprit(snap, oom.site_key, oom.stack);
         let free = oom
             .device_free
@@ -117,7 +124,7 @@ fn oom_findings(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
                  sharding (FSDP/ZeRO) or lower precision; allocator settings will not help here",
             ));
         }
-        out.push(f);
+        // The cause (PT008) leads; the event (PT009) follows.
         if diag.verdict == Verdict::Fragmentation {
             let mut g = Finding::new(
                 "PT008",
@@ -179,6 +186,7 @@ fn oom_findings(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
                 ));
             out.push(g);
         }
+        out.push(f);
     }
 }
 
@@ -297,6 +305,8 @@ fn retained_per_step(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mu
             ));
         f.scope = Some(format!("device {}", t.device));
         out.push(f);
+        // The other retained user sites belong to the same graphs.
+        return;
     }
     // Containers: repeated, never-freed allocations that are not model state, activations or
     // scalars, in a trace that shows several steps (sawtooth cycles or optimizer steps).
@@ -661,11 +671,16 @@ fn activation_pressure(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
         .iter()
         .filter(|(_, _, _, st)| a.stacks.role(*st) == Role::Activation)
         .collect();
-    let Some((key, largest, _, stack)) = act_sites.first().copied() else {
+    let Some((key, _, _, stack)) = act_sites.first().copied() else {
         return;
     };
     let (loc, st) = culprit(snap, *key, *stack);
-    let saving = act.saturating_sub(*largest);
+    // Layers repeat their sites: the median block count per activation site estimates how many
+    // layers there are; checkpointing keeps about one layer's activations alive at a time.
+    let mut counts: Vec<u64> = act_sites.iter().map(|(_, _, n, _)| *n).collect();
+    counts.sort_unstable();
+    let layers = counts.get(counts.len() / 2).copied().unwrap_or(1).max(1);
+    let saving = act.saturating_sub(act / layers);
     let severity = if oom || any_oom(a) {
         Severity::Warning
     } else {
@@ -730,8 +745,8 @@ fn activation_pressure(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
              forward frames)",
         ))
         .evidence(Evidence::inferred(format!(
-            "checkpointing keeps only each checkpointed block's inputs: about {} saved (all activations \
-             but the largest site's, which is recomputed at a time)",
+            "activation sites repeat about {layers}× (layers); checkpointing each layer keeps about one \
+             layer's activations at a time: about {} saved",
             fmt_bytes(saving)
         )))
         .fix(
@@ -963,8 +978,8 @@ mod tests {
         oom.stack = Some(st);
         snap.device_traces = Some(vec![vec![oom]]);
         let a = analyze_snapshot(&snap, &Options::default());
-        assert_eq!(&codes(&a.findings)[..2], &["PT009", "PT008"]);
-        let pt8 = &a.findings[1];
+        assert_eq!(&codes(&a.findings)[..2], &["PT008", "PT009"]);
+        let pt8 = &a.findings[0];
         assert_eq!(
             pt8.fixes[0].kind,
             FixKind::AllocConf {

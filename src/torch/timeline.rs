@@ -161,11 +161,9 @@ impl Timeline {
 }
 
 fn part(i: usize, n: usize) -> usize {
-    if n == 0 {
-        0
-    } else {
-        (i.saturating_mul(WINDOWS) / n).min(WINDOWS - 1)
-    }
+    i.saturating_mul(WINDOWS)
+        .checked_div(n)
+        .map_or(0, |p| p.min(WINDOWS - 1))
 }
 
 fn signed(v: u64) -> i64 {
@@ -213,7 +211,7 @@ fn device_timeline(
     let mut run_sites: FxHashMap<SiteKey, (u64, Option<StackId>)> = FxHashMap::default();
     let mut best: Option<FreeBurst> = None;
     let mut running: i64 = 0;
-    let mut floors_rel = vec![i64::MAX; WINDOWS];
+    let mut floors_rel = [i64::MAX; WINDOWS];
     let mut peak_rel: Option<(i64, usize)> = None;
     let mut trough_before_peak: (i64, usize) = (0, 0);
     let mut trough: (i64, usize) = (i64::MAX, 0);

@@ -54,9 +54,9 @@ fn pct(part: u64, whole: u64) -> f64 {
 
 /// Culprit location and stack (innermost first) of a buffer.
 fn located(ctx: &Context, b: &PeakBuffer) -> (Option<Location>, Vec<Location>) {
-    let stack: Vec<Location> = b.stack.iter().map(|f| f.location()).collect();
+    let stack: Vec<Location> = b.frames().iter().map(|f| f.location()).collect();
     if stack.is_empty() {
-        return (b.source.as_ref().map(|f| f.location()), stack);
+        return (b.line().map(|f| f.location()), stack);
     }
     let i = (ctx.pick)(&stack).unwrap_or(0);
     (Some(stack[i].clone()), stack)
@@ -504,7 +504,7 @@ pub fn diagnose(ctx: &Context) -> Vec<Finding> {
     }
 
     // JX009: the top buffers at the peak, as attribution hints.
-    for b in p.at_peak.iter().filter(|b| b.source.is_some()).take(3) {
+    for b in p.at_peak.iter().filter(|b| b.line().is_some()).take(3) {
         let (loc, stack) = located(ctx, b);
         let (base, share) = if b.heap {
             ("heap peak", pct(b.size, heap))

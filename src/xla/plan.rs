@@ -125,6 +125,25 @@ pub struct PeakBuffer {
     /// Innermost first.
     pub stack: Vec<Frame>,
     pub role: Role,
+    /// For a buffer XLA created without a name stack: the `while` loop it is carried by (a scan's
+    /// stacked values), whose line stands in for the missing one (inferred).
+    pub via: Option<String>,
+    pub via_stack: Vec<Frame>,
+}
+
+impl PeakBuffer {
+    /// The stack to attribute the buffer to: its own, else the one of the loop carrying it.
+    pub fn frames(&self) -> &[Frame] {
+        if self.stack.is_empty() && self.source.is_none() {
+            &self.via_stack
+        } else {
+            &self.stack
+        }
+    }
+    /// The source line to show: xprof's, else the carrying loop's.
+    pub fn line(&self) -> Option<&Frame> {
+        self.source.as_ref().or(self.via_stack.first())
+    }
 }
 
 /// The plan of one module in memory colour 0 (or another colour).
@@ -208,11 +227,37 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
     let ba = proto.buffer_assignment.as_ref().unwrap_or(&empty_ba);
 
     let mut by_id: FxHashMap<i64, &hpb::HloInstructionProto> = FxHashMap::default();
+    let mut users: FxHashMap<i64, Vec<&hpb::HloInstructionProto>> = FxHashMap::default();
     for c in &module.computations {
         for i in &c.instructions {
             by_id.insert(i.id, i);
+            for o in &i.operand_ids {
+                users.entry(*o).or_default().push(i);
+            }
         }
     }
+    // The `while` an unnamed instruction's value flows into (through tuples and copies).
+    let carrying_while = |start: &hpb::HloInstructionProto| -> Option<&hpb::HloInstructionProto> {
+        let mut frontier = vec![start.id];
+        for _ in 0..4 {
+            let mut next = Vec::new();
+            for id in frontier {
+                for u in users.get(&id).map(|v| v.as_slice()).unwrap_or(&[]) {
+                    if u.opcode == "while" {
+                        return Some(u);
+                    }
+                    if matches!(
+                        u.opcode.as_str(),
+                        "tuple" | "copy" | "bitcast" | "get-tuple-element"
+                    ) {
+                        next.push(u.id);
+                    }
+                }
+            }
+            frontier = next;
+        }
+        None
+    };
     let lb_proto: FxHashMap<i64, &hpb::LogicalBufferProto> =
         ba.logical_buffers.iter().map(|b| (b.id, b)).collect();
     let mut bufs: FxHashMap<i64, Buf> = FxHashMap::default();
@@ -406,12 +451,32 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
             let parts: Vec<String> = idx.iter().map(|i| i.to_string()).collect();
             format!("{}{{{}}}", b.instr.name, parts.join(","))
         };
+        let mut role = role_of(&op_name, &b.instr.opcode, shape.element_type);
+        let (mut via, mut via_stack) = (None, Vec::new());
+        if op_name.is_empty() {
+            if let Some(w) = carrying_while(b.instr) {
+                let wname = w
+                    .metadata
+                    .as_ref()
+                    .map(|m| m.op_name.as_str())
+                    .unwrap_or("");
+                role = if wname.contains("transpose(") {
+                    Role::Backward
+                } else {
+                    Role::ScanStack
+                };
+                via = Some(w.name.clone());
+                via_stack = hlo::source_of(w, sfi).1;
+            }
+        }
         PeakBuffer {
             logical_buffer_id: b.proto.id,
             size: b.proto.size.max(0) as u64,
             instruction,
             shape: hlo::shape_string(shape),
-            role: role_of(&op_name, &b.instr.opcode, shape.element_type),
+            role,
+            via,
+            via_stack,
             op_name,
             opcode: b.instr.opcode.clone(),
             category: Category::of(&ba.buffer_allocations[b.alloc]),

@@ -167,6 +167,14 @@ pub fn report(
         let line = rt.line_name(first).to_string();
         if !line.is_empty() {
             let events = rt.host_events(cap, &line, first.start_ps, i64::MAX)?;
+            // Only appends made by the user's code count: the Python tracer names the function
+            // around each event by base name; JAX itself appends to lists between calls too.
+            let user_files = user_files(plan, &opts.frames);
+            let user_append = |x: &(String, i64, i64)| {
+                x.0 == "$<unknown> append"
+                    && enclosing_py(&events, x.1, x.2)
+                        .is_some_and(|(base, _, _)| user_files.iter().any(|f| f.0 == base))
+            };
             let mut first_append: Option<(i64, i64)> = None;
             for (k, e) in execs.iter().enumerate() {
                 let to = execs.get(k + 1).map(|n| n.start_ps).unwrap_or(i64::MAX);
@@ -174,12 +182,9 @@ pub fn report(
                     .iter()
                     .filter(|x| x.1 >= e.end_ps && x.1 < to)
                     .collect();
-                let appends = gap.iter().filter(|x| x.0 == "$<unknown> append").count() as u64;
+                let appends = gap.iter().filter(|x| user_append(x)).count() as u64;
                 if first_append.is_none() {
-                    first_append = gap
-                        .iter()
-                        .find(|x| x.0 == "$<unknown> append")
-                        .map(|x| (x.1, x.2));
+                    first_append = gap.iter().find(|x| user_append(x)).map(|x| (x.1, x.2));
                 }
                 if k + 1 < execs.len() || appends > 0 {
                     growth.appends_per_gap.push(appends);
@@ -197,7 +202,7 @@ pub fn report(
                 }
             }
             if let Some((t, end)) = first_append {
-                growth.append_site = append_site(&events, t, end, plan, source);
+                growth.append_site = append_site(&events, t, end, &user_files, source);
             }
         }
     }
@@ -254,34 +259,48 @@ fn is_noise(name: &str) -> bool {
         || name.starts_with("end: ")
 }
 
-/// The Python function around a `list.append` event, with the append line when the program
+/// `(base name, full recorded path)` of the user files in the plan's stack frames.
+fn user_files(plan: &Plan, filter: &crate::source::frames::FrameFilter) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    let frames = plan
+        .at_peak
+        .iter()
+        .flat_map(|b| b.stack.iter().chain(b.via_stack.iter()))
+        .chain(plan.call_site.iter());
+    for f in frames {
+        if out.iter().any(|(_, p)| *p == f.file) || !filter.is_user(&f.file) {
+            continue;
+        }
+        if let Some(base) = Path::new(&f.file).file_name().and_then(|n| n.to_str()) {
+            out.push((base.to_string(), f.file.clone()));
+        }
+    }
+    out
+}
+
+/// The innermost Python-tracer function event (`$file.py:<def line> <function>`) around an
+/// event: `(base name, def line, function)`.
+fn enclosing_py(events: &[(String, i64, i64)], t: i64, end: i64) -> Option<(&str, u32, &str)> {
+    let e = events
+        .iter()
+        .filter(|e| e.1 <= t && e.2 >= end && e.0.starts_with('$') && e.0.contains(".py:"))
+        .min_by_key(|e| e.2 - e.1)?;
+    let (file_line, function) = e.0.trim_start_matches('$').split_once(' ')?;
+    let (base, def_line) = file_line.rsplit_once(':')?;
+    Some((base, def_line.parse().ok()?, function))
+}
+
+/// The user's function around a `list.append` event, with the append line when the program
 /// text is found.
 fn append_site(
     events: &[(String, i64, i64)],
     t: i64,
     end: i64,
-    plan: &Plan,
+    user_files: &[(String, String)],
     source: &dyn Fn(&str) -> Option<String>,
 ) -> Option<Location> {
-    // Innermost enclosing `$file.py:<def line> <function>` event.
-    let enclosing = events
-        .iter()
-        .filter(|e| e.1 <= t && e.2 >= end && e.0.starts_with('$') && e.0.contains(".py:"))
-        .min_by_key(|e| e.2 - e.1)?;
-    let rest = enclosing.0.trim_start_matches('$');
-    let (file_line, function) = rest.split_once(' ')?;
-    let (base, def_line) = file_line.rsplit_once(':')?;
-    let def_line: u32 = def_line.parse().ok()?;
-    // The tracer records base names; the plan's stack frames hold the full recorded path.
-    let file = plan
-        .at_peak
-        .iter()
-        .flat_map(|b| b.stack.iter())
-        .chain(plan.call_site.iter())
-        .map(|f| f.file.as_str())
-        .find(|f| Path::new(f).file_name().and_then(|n| n.to_str()) == Some(base))
-        .unwrap_or(base)
-        .to_string();
+    let (base, def_line, function) = enclosing_py(events, t, end)?;
+    let file = user_files.iter().find(|f| f.0 == base)?.1.clone();
     let line = source(&file)
         .and_then(|t| find_in_function(&t, def_line, ".append("))
         .unwrap_or(def_line);
@@ -445,9 +464,9 @@ fn sites(plan: &Plan, pick: &dyn Fn(&[Location]) -> Option<usize>, top: usize) -
     type Acc = (Site, bool, Vec<(Role, u64)>);
     let mut out: Vec<Acc> = Vec::new();
     for b in &plan.at_peak {
-        let stack: Vec<Location> = b.stack.iter().map(|f| f.location()).collect();
+        let stack: Vec<Location> = b.frames().iter().map(|f| f.location()).collect();
         let loc = if stack.is_empty() {
-            b.source.as_ref().map(|f| f.location())
+            b.line().map(|f| f.location())
         } else {
             Some(stack[pick(&stack).unwrap_or(0)].clone())
         };
@@ -756,11 +775,13 @@ fn render(r: &RenderInput) -> String {
         } else {
             ("peak", pct(b.size, p.total_peak_bytes))
         };
-        let at = b
-            .source
-            .as_ref()
-            .map(|f| format!("{}:{}", f.file, f.line))
-            .unwrap_or_else(|| "(no source line)".into());
+        let at = match (&b.source, b.line(), &b.via) {
+            (Some(f), _, _) => format!("{}:{}", f.file, f.line),
+            (None, Some(f), Some(w)) => {
+                format!("{}:{} (carried by {w}) [inferred]", f.file, f.line)
+            }
+            _ => "(no source line)".into(),
+        };
         let what = if b.heap {
             b.role.as_str().to_string()
         } else {

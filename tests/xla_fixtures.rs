@@ -1,0 +1,100 @@
+//! Captures made here with real JAX 0.10.2 on the CPU (`fixtures/jax/generate.sh`). The programs
+//! sit beside the captures; the captures record `/tmp/memlsp-jaxgen/<name>.py`, so finding the
+//! jit line exercises the lookup beside the capture. Expected lines come from the programs'
+//! `# CULPRIT(...)` comments.
+
+use std::path::{Path, PathBuf};
+
+use memlsp::analyze::Options;
+use memlsp::findings::{FixKind, Severity};
+use memlsp::report::{CaptureReport, EngineData};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("fixtures/jax/{name}.xplane.pb"))
+}
+
+fn culprit_line(name: &str, tag: &str) -> u32 {
+    let py = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("fixtures/jax/{name}.py"));
+    let text = std::fs::read_to_string(py).unwrap();
+    text.lines().position(|l| l.contains(tag)).unwrap() as u32 + 1
+}
+
+fn analyze(name: &str) -> CaptureReport {
+    memlsp::xla::analyze_file(&fixture(name), &Options::default()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn fixtures_stay_small() {
+    for name in ["decorator_nodonate", "scan_layers"] {
+        let len = std::fs::metadata(fixture(name)).unwrap().len();
+        assert!(len < 1 << 20, "{name} is {len} bytes");
+    }
+}
+
+#[test]
+fn bare_jit_decorator_without_donation_is_the_culprit_line() {
+    let r = analyze("decorator_nodonate");
+    let f = r
+        .findings
+        .iter()
+        .find(|f| f.code == "JX005")
+        .expect("JX005");
+    assert_eq!(f.severity, Severity::Warning);
+    let loc = f.location.as_ref().unwrap();
+    assert_eq!(loc.file, "/tmp/memlsp-jaxgen/decorator_nodonate.py");
+    assert_eq!(
+        loc.line,
+        culprit_line("decorator_nodonate", "CULPRIT(no-donation)")
+    );
+    assert_eq!(
+        f.fixes[0].kind,
+        FixKind::DonateArgnums {
+            argnums: vec![0, 1]
+        }
+    );
+    // params and momentum: four f32[1024,1024] leaves.
+    assert_eq!(f.fixes[0].saving_bytes, Some(4 * 1024 * 1024 * 4));
+    // JAX's own list.append calls between steps are not growth.
+    assert!(
+        r.findings.iter().all(|f| f.code != "JX004"),
+        "{}",
+        r.headline
+    );
+}
+
+#[test]
+fn scan_stacked_activations_point_at_the_scan_line() {
+    let r = analyze("scan_layers");
+    assert!(r.findings.iter().all(|f| f.code != "JX005"), "donated step");
+    let f = r
+        .findings
+        .iter()
+        .find(|f| f.code == "JX002")
+        .expect("JX002");
+    assert_eq!(
+        f.location.as_ref().unwrap().line,
+        culprit_line("scan_layers", "CULPRIT(scan-stack)")
+    );
+    // Three f32[16,512,256] stacks (16 layers × the batch's activations) carried by the loop.
+    assert_eq!(f.bytes, Some(3 * 16 * 512 * 256 * 4));
+    assert!(r.text.contains("(carried by while."), "{}", r.text);
+    let EngineData::Xla(x) = &r.engine else {
+        panic!()
+    };
+    assert!(x["plan"]["roles"]["forward"].as_u64().unwrap() >= 3 * 16 * 512 * 256 * 4);
+}
+
+#[test]
+fn a_profile_directory_yields_one_report_per_host_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("plugins/profile/2026_11_30_17_00_00");
+    std::fs::create_dir_all(&run).unwrap();
+    std::fs::copy(fixture("scan_layers"), run.join("vm.xplane.pb")).unwrap();
+    let reports = memlsp::analyze::analyze_path(dir.path(), &Options::default()).unwrap();
+    assert_eq!(reports.len(), 1);
+    assert!(
+        reports[0].headline.starts_with("jit_sgd("),
+        "{}",
+        reports[0].headline
+    );
+}
