@@ -43,7 +43,11 @@ pub enum Event {
     Initialized,
     /// `didChangeConfiguration`: the pushed settings, or `None` to pull them again.
     ConfigChanged(Option<Value>),
-    Settings(Value),
+    /// Settings pulled from the client (`first`: the pull made at start).
+    Settings {
+        value: Value,
+        first: bool,
+    },
     Open(PathBuf, Doc),
     Change(PathBuf, Doc),
     Close(PathBuf),
@@ -188,19 +192,31 @@ impl Owner {
                 self.init_options = init_options;
             }
             Event::Initialized => {
-                if let Some(opts) = self.init_options.clone() {
-                    self.apply_settings(&opts).await;
+                if self.caps().configuration {
+                    // Scan only once the client's settings are known, so a capture is never
+                    // analysed (and published) under defaults the user has overridden.
+                    self.pull_settings(true);
                 } else {
-                    self.apply_settings(&Value::Null).await;
+                    let opts = self.init_options.clone().unwrap_or(Value::Null);
+                    self.apply_settings(&opts).await;
+                    self.start_watching().await;
                 }
-                self.pull_settings();
-                self.start_watching().await;
             }
             Event::ConfigChanged(Some(v)) if v.get("memlsp").is_some() => {
                 self.apply_settings(&v).await
             }
-            Event::ConfigChanged(_) => self.pull_settings(),
-            Event::Settings(v) => self.apply_settings(&v).await,
+            Event::ConfigChanged(_) => self.pull_settings(false),
+            Event::Settings { value, first } => {
+                // `null` from the client: no `memlsp` section there, use initializationOptions.
+                let value = match value {
+                    Value::Null => self.init_options.clone().unwrap_or(Value::Null),
+                    v => v,
+                };
+                self.apply_settings(&value).await;
+                if first {
+                    self.start_watching().await;
+                }
+            }
             Event::Open(path, doc) | Event::Change(path, doc) => {
                 if let Ok(mut docs) = self.shared.docs.write() {
                     let newer = docs.get(&path).is_none_or(|d| d.version <= doc.version);
@@ -278,7 +294,8 @@ impl Owner {
     }
 
     /// Ask the client for the `memlsp` section (in a task: the owner never waits on the client).
-    fn pull_settings(&self) {
+    /// The first pull always answers, with `null` when the client does not.
+    fn pull_settings(&self, first: bool) {
         if !self.caps().configuration {
             return;
         }
@@ -291,12 +308,12 @@ impl Owner {
             };
             let res =
                 tokio::time::timeout(Duration::from_secs(5), client.configuration(vec![item]));
-            if let Ok(Ok(mut values)) = res.await {
-                if let Some(v) = values.pop() {
-                    if !v.is_null() {
-                        let _ = tx.send(Event::Settings(v));
-                    }
-                }
+            let value = match res.await {
+                Ok(Ok(mut values)) => values.pop().unwrap_or(Value::Null),
+                _ => Value::Null,
+            };
+            if first || !value.is_null() {
+                let _ = tx.send(Event::Settings { value, first });
             }
         });
     }
