@@ -364,6 +364,11 @@ pub fn copy(src: &Path, dst: &Path) {
         std::fs::create_dir_all(p).expect("mkdir");
     }
     std::fs::copy(src, dst).expect("copy");
+    // ../shared is read-only; the copies are the user's files and must be editable.
+    let mut perm = std::fs::metadata(dst).expect("stat copy").permissions();
+    #[allow(clippy::permissions_set_readonly_false)]
+    perm.set_readonly(false);
+    std::fs::set_permissions(dst, perm).expect("chmod copy");
 }
 
 pub fn tempdir() -> (tempfile::TempDir, PathBuf) {
