@@ -488,13 +488,7 @@ impl Owner {
             }
             let p = path.clone();
             let mut job = tokio::task::spawn_blocking(move || {
-                let outcome = match std::panic::catch_unwind(AssertUnwindSafe(|| {
-                    analyze::analyze_file(&p, &opts)
-                })) {
-                    Ok(Ok(report)) => Outcome::Reports(vec![report]),
-                    Ok(Err(e)) => Outcome::Error(e),
-                    Err(panic) => Outcome::Panic(panic_message(panic.as_ref())),
-                };
+                let outcome = contained(|| analyze::analyze_file(&p, &opts));
                 (outcome, FileKey::of(&p))
             });
             let joined = tokio::select! {
@@ -738,6 +732,15 @@ impl Owner {
     }
 }
 
+/// Run one analysis; a panic inside it becomes an `Outcome` instead of unwinding further.
+fn contained(analyse: impl FnOnce() -> Result<CaptureReport, CaptureError>) -> Outcome {
+    match std::panic::catch_unwind(AssertUnwindSafe(analyse)) {
+        Ok(Ok(report)) => Outcome::Reports(vec![report]),
+        Ok(Err(e)) => Outcome::Error(e),
+        Err(panic) => Outcome::Panic(panic_message(panic.as_ref())),
+    }
+}
+
 fn schedule_recheck(tx: &mpsc::UnboundedSender<Event>, path: &Path) {
     let tx = tx.clone();
     let p = path.to_path_buf();
@@ -754,5 +757,32 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
         s.clone()
     } else {
         "unknown panic".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panicking_analysis_becomes_an_outcome_with_its_message() {
+        let out = contained(|| panic!("index out of bounds: the len is 3"));
+        match out {
+            Outcome::Panic(msg) => assert_eq!(msg, "index out of bounds: the len is 3"),
+            _ => panic!("the panic escaped as a result"),
+        }
+        let out = contained(|| {
+            let n: Vec<u8> = Vec::new();
+            Ok(crate::report::CaptureReport {
+                path: PathBuf::from(format!("{}", n.len())),
+                kind: crate::report::CaptureKind::XlaCapture,
+                headline: String::new(),
+                engine: Default::default(),
+                sites: Vec::new(),
+                findings: Vec::new(),
+                text: String::new(),
+            })
+        });
+        assert!(matches!(out, Outcome::Reports(r) if r.len() == 1));
     }
 }
