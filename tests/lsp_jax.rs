@@ -90,6 +90,19 @@ fn no_donation_is_pinned_to_the_jit_line_with_a_working_fix() {
         "{md}"
     );
 
+    // Hints: the 40 MiB of activations on line 27, nothing for the 4-byte scalars of
+    // lines 45 and 46 (a share of XLA:CPU's near-empty heap says nothing).
+    let hints = lsp.hints(&py, 100);
+    let on = |l: u64| hints.iter().find(|h| h["position"]["line"] == l).cloned();
+    let h27 = on(26).unwrap_or_else(|| panic!("{hints:#?}"));
+    assert!(
+        h27["tooltip"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("40.02 MiB in 6 blocks")),
+        "{h27}"
+    );
+    assert!(on(44).is_none() && on(45).is_none(), "{hints:#?}");
+
     // The preferred quick fix, applied to the buffer, donates the parameters.
     let actions = code_actions(&mut lsp, &py, 56);
     let fix = actions

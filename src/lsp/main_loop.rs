@@ -643,6 +643,8 @@ impl Owner {
                 diagnostics: self.published.clone(),
                 inlay_hints: self.settings.inlay_hints,
                 inlay_min_percent: self.settings.inlay_min_percent,
+                inlay_min_bytes: self.settings.inlay_min_bytes,
+                roots: self.roots.clone(),
                 frames: self.settings.options().frames,
                 encoding: caps.encoding,
             });

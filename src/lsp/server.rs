@@ -267,7 +267,7 @@ impl LanguageServer for Backend {
         Ok(Some(Hover {
             contents: HoverContents::Markup(MarkupContent {
                 kind: MarkupKind::Markdown,
-                value: to_proto::hover_markdown(entry, &view.frames),
+                value: to_proto::hover_markdown(entry, &view.frames, &view.roots),
             }),
             range: None,
         }))
@@ -292,9 +292,9 @@ impl LanguageServer for Backend {
             .lines
             .range(first..=last)
             .filter_map(|(line, entry)| {
-                let site = entry
-                    .top_site()
-                    .filter(|s| s.site.percent >= view.inlay_min_percent)?;
+                let site = entry.top_site().filter(|s| {
+                    s.site.percent >= view.inlay_min_percent && s.site.bytes >= view.inlay_min_bytes
+                })?;
                 let line0 = line - 1;
                 let lt = to_proto::line_of(&text, line0)?;
                 Some(to_proto::inlay_hint(site, line0, lt, view.encoding))
