@@ -43,7 +43,11 @@ pub enum Event {
     Initialized,
     /// `didChangeConfiguration`: the pushed settings, or `None` to pull them again.
     ConfigChanged(Option<Value>),
-    Settings(Value),
+    /// Settings pulled from the client (`first`: the pull made at start).
+    Settings {
+        value: Value,
+        first: bool,
+    },
     Open(PathBuf, Doc),
     Change(PathBuf, Doc),
     Close(PathBuf),
@@ -188,19 +192,31 @@ impl Owner {
                 self.init_options = init_options;
             }
             Event::Initialized => {
-                if let Some(opts) = self.init_options.clone() {
-                    self.apply_settings(&opts).await;
+                if self.caps().configuration {
+                    // Scan only once the client's settings are known, so a capture is never
+                    // analysed (and published) under defaults the user has overridden.
+                    self.pull_settings(true);
                 } else {
-                    self.apply_settings(&Value::Null).await;
+                    let opts = self.init_options.clone().unwrap_or(Value::Null);
+                    self.apply_settings(&opts).await;
+                    self.start_watching().await;
                 }
-                self.pull_settings();
-                self.start_watching().await;
             }
             Event::ConfigChanged(Some(v)) if v.get("memlsp").is_some() => {
                 self.apply_settings(&v).await
             }
-            Event::ConfigChanged(_) => self.pull_settings(),
-            Event::Settings(v) => self.apply_settings(&v).await,
+            Event::ConfigChanged(_) => self.pull_settings(false),
+            Event::Settings { value, first } => {
+                // `null` from the client: no `memlsp` section there, use initializationOptions.
+                let value = match value {
+                    Value::Null => self.init_options.clone().unwrap_or(Value::Null),
+                    v => v,
+                };
+                self.apply_settings(&value).await;
+                if first {
+                    self.start_watching().await;
+                }
+            }
             Event::Open(path, doc) | Event::Change(path, doc) => {
                 if let Ok(mut docs) = self.shared.docs.write() {
                     let newer = docs.get(&path).is_none_or(|d| d.version <= doc.version);
@@ -278,7 +294,8 @@ impl Owner {
     }
 
     /// Ask the client for the `memlsp` section (in a task: the owner never waits on the client).
-    fn pull_settings(&self) {
+    /// The first pull always answers, with `null` when the client does not.
+    fn pull_settings(&self, first: bool) {
         if !self.caps().configuration {
             return;
         }
@@ -291,12 +308,12 @@ impl Owner {
             };
             let res =
                 tokio::time::timeout(Duration::from_secs(5), client.configuration(vec![item]));
-            if let Ok(Ok(mut values)) = res.await {
-                if let Some(v) = values.pop() {
-                    if !v.is_null() {
-                        let _ = tx.send(Event::Settings(v));
-                    }
-                }
+            let value = match res.await {
+                Ok(Ok(mut values)) => values.pop().unwrap_or(Value::Null),
+                _ => Value::Null,
+            };
+            if first || !value.is_null() {
+                let _ = tx.send(Event::Settings { value, first });
             }
         });
     }
@@ -471,13 +488,7 @@ impl Owner {
             }
             let p = path.clone();
             let mut job = tokio::task::spawn_blocking(move || {
-                let outcome = match std::panic::catch_unwind(AssertUnwindSafe(|| {
-                    analyze::analyze_file(&p, &opts)
-                })) {
-                    Ok(Ok(report)) => Outcome::Reports(vec![report]),
-                    Ok(Err(e)) => Outcome::Error(e),
-                    Err(panic) => Outcome::Panic(panic_message(panic.as_ref())),
-                };
+                let outcome = contained(|| analyze::analyze_file(&p, &opts));
                 (outcome, FileKey::of(&p))
             });
             let joined = tokio::select! {
@@ -632,6 +643,8 @@ impl Owner {
                 diagnostics: self.published.clone(),
                 inlay_hints: self.settings.inlay_hints,
                 inlay_min_percent: self.settings.inlay_min_percent,
+                inlay_min_bytes: self.settings.inlay_min_bytes,
+                roots: self.roots.clone(),
                 frames: self.settings.options().frames,
                 encoding: caps.encoding,
             });
@@ -721,6 +734,15 @@ impl Owner {
     }
 }
 
+/// Run one analysis; a panic inside it becomes an `Outcome` instead of unwinding further.
+fn contained(analyse: impl FnOnce() -> Result<CaptureReport, CaptureError>) -> Outcome {
+    match std::panic::catch_unwind(AssertUnwindSafe(analyse)) {
+        Ok(Ok(report)) => Outcome::Reports(vec![report]),
+        Ok(Err(e)) => Outcome::Error(e),
+        Err(panic) => Outcome::Panic(panic_message(panic.as_ref())),
+    }
+}
+
 fn schedule_recheck(tx: &mpsc::UnboundedSender<Event>, path: &Path) {
     let tx = tx.clone();
     let p = path.to_path_buf();
@@ -737,5 +759,32 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
         s.clone()
     } else {
         "unknown panic".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panicking_analysis_becomes_an_outcome_with_its_message() {
+        let out = contained(|| panic!("index out of bounds: the len is 3"));
+        match out {
+            Outcome::Panic(msg) => assert_eq!(msg, "index out of bounds: the len is 3"),
+            _ => panic!("the panic escaped as a result"),
+        }
+        let out = contained(|| {
+            let n: Vec<u8> = Vec::new();
+            Ok(crate::report::CaptureReport {
+                path: PathBuf::from(format!("{}", n.len())),
+                kind: crate::report::CaptureKind::XlaCapture,
+                headline: String::new(),
+                engine: Default::default(),
+                sites: Vec::new(),
+                findings: Vec::new(),
+                text: String::new(),
+            })
+        });
+        assert!(matches!(out, Outcome::Reports(r) if r.len() == 1));
     }
 }

@@ -25,7 +25,7 @@
 //! - Commands: `memlsp.reanalyze` (forget the cache, rescan), `memlsp.explain` (advice fixes).
 //! - Settings: `captureGlobs`, `pathMappings` (`{"recorded prefix": "local path"}`,
 //!   `${workspaceFolder}` expanded), `userFrameExcludes`, `inlayHints.enable`,
-//!   `inlayHints.minPercent` (default 1), `maxFileBytes`,
+//!   `inlayHints.minPercent` (default 1), `inlayHints.minBytes` (default 1 MiB), `maxFileBytes`,
 //!   `topSites`.
 
 pub mod config;
@@ -82,6 +82,8 @@ pub struct View {
     pub diagnostics: HashMap<PathBuf, Vec<tower_lsp_server::ls_types::Diagnostic>>,
     pub inlay_hints: bool,
     pub inlay_min_percent: f64,
+    pub inlay_min_bytes: u64,
+    pub roots: Vec<PathBuf>,
     pub frames: FrameFilter,
     pub encoding: to_proto::Encoding,
 }
