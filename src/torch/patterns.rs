@@ -235,7 +235,21 @@ fn retained_per_step(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mu
                 && s.alloc_windows.count_ones() >= 3
         })
         .collect();
-    if !activations.is_empty() && !scalars.is_empty() {
+    // When backward runs, most activation bytes are freed each step; a kept graph keeps the saved
+    // ones (a third or more of what forward allocates). A cache filled inside some `forward`
+    // while the rest is freed normally is a container, not a graph.
+    let (act_alloc, act_kept) =
+        t.sites
+            .iter()
+            .filter(|s| s.role == Role::Activation)
+            .fold((0u64, 0u64), |(x, y), s| {
+                (
+                    x.saturating_add(s.alloc_bytes),
+                    y.saturating_add(s.retained_bytes),
+                )
+            });
+    let graph_kept = act_kept.saturating_mul(10) >= act_alloc.saturating_mul(3);
+    if !activations.is_empty() && !scalars.is_empty() && graph_kept {
         let act_bytes = activations
             .iter()
             .fold(0u64, |x, s| x.saturating_add(s.retained_bytes));
@@ -272,6 +286,11 @@ fn retained_per_step(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mu
         )
         .at(loc, stack)
         .bytes(total, percent(total, allocated))
+        .evidence(Evidence::measured(format!(
+            "{} of the {} that forward allocated in the trace were never freed",
+            fmt_bytes(act_kept),
+            fmt_bytes(act_alloc)
+        )))
         .evidence(Evidence::measured(format!(
             "{} activation allocations from {} forward site(s) spread over {} of {} parts of the \
              trace were never freed ({} still live)",
@@ -1008,6 +1027,41 @@ mod tests {
         // site repeats across the whole window, but nothing marks separate steps.
         let mut snap = Snapshot::default();
         let list = forward_without_backward(&mut snap, 1, 32, |_, _, _| {});
+        snap.device_traces = Some(vec![list]);
+        let a = analyze_snapshot(&snap, &Options::default());
+        assert!(
+            !codes(&a.findings).contains(&"PT002"),
+            "{:?}",
+            codes(&a.findings)
+        );
+    }
+
+    #[test]
+    fn a_cache_filled_in_forward_while_backward_frees_the_rest_is_not_a_retained_graph() {
+        // Each step: 4 activations freed by backward, one cached mask kept, and a loss scalar.
+        let mut snap = Snapshot::default();
+        let mask = intern(
+            &mut snap,
+            &[
+                (
+                    "/v/site-packages/torch/nn/modules/module.py",
+                    1747,
+                    "_call_impl",
+                ),
+                ("/u/model.py", 88, "forward"),
+            ],
+        );
+        let loss = intern(&mut snap, &[("/u/train.py", 50, "main")]);
+        let list = training(&mut snap, 8, |_, step, list| {
+            let mut m = entry(Action::Alloc, 0x70_0000 + step, 1 << 20);
+            m.stack = Some(mask);
+            list.push(m);
+            let mut l = entry(Action::Alloc, 0x50_0000 + step, 4);
+            l.stack = Some(loss);
+            list.push(l);
+            list.push(entry(Action::FreeRequested, 0x50_0000 + step, 4));
+            list.push(entry(Action::FreeCompleted, 0x50_0000 + step, 4));
+        });
         snap.device_traces = Some(vec![list]);
         let a = analyze_snapshot(&snap, &Options::default());
         assert!(
