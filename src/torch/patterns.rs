@@ -139,7 +139,7 @@ fn oom_findings(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
                 Severity::Error,
                 format!(
                     "Fragmentation caused the OOM on device {}: {} requested, but the largest \
-                     inactive block is {} while {} sit inactive across {} segments.",
+                     inactive block is {} while {} sit inactive across {} segment(s).",
                     diag.device,
                     fmt_bytes(diag.request),
                     fmt_bytes(diag.largest_inactive),

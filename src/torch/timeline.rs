@@ -610,6 +610,8 @@ impl Timeline {
                         "live_bytes_reconstructed": {"start": t.live_start, "peak": t.live_peak,
                             "peak_index": t.live_peak_index, "end": t.live_end,
                             "floors": t.floors},
+                        "steps_estimate": {"sawtooth_cycles": t.cycles,
+                            "optimizer_runs": t.optimizer_runs},
                         "repeating_unfreed_sites": t.sites.iter()
                             .filter(|s| s.retained_parts() >= 3 && s.retained >= 3)
                             .map(|s| json!({"site": site_string(snap, s.key),
