@@ -86,7 +86,7 @@ pub fn render(
     ranks: Option<&RankComparison>,
 ) -> String {
     let mut s = String::new();
-    totals(&mut s, snap, a);
+    totals(&mut s, a);
     if let Some(r) = ranks {
         r.render(&mut s);
     }
@@ -96,12 +96,12 @@ pub fn render(
         diff_section(&mut s, d, earlier);
     }
     diagnosis(&mut s, a);
-    next_steps(&mut s, snap, a, diff.is_some());
-    uncertainty(&mut s, snap, a);
+    next_steps(&mut s, a, diff.is_some());
+    uncertainty(&mut s, a);
     s
 }
 
-fn totals(s: &mut String, _snap: &Snapshot, a: &Analysis) {
+fn totals(s: &mut String, a: &Analysis) {
     let o = &a.totals.overall;
     let _ = writeln!(s, "Totals");
     let _ = writeln!(
@@ -437,7 +437,7 @@ fn diagnosis(s: &mut String, a: &Analysis) {
     s.push('\n');
 }
 
-fn next_steps(s: &mut String, snap: &Snapshot, a: &Analysis, have_diff: bool) {
+fn next_steps(s: &mut String, a: &Analysis, have_diff: bool) {
     let _ = writeln!(s, "Next steps");
     let mut n = 0;
     for f in a.findings.iter().filter(|f| f.code != "PT001") {
@@ -498,11 +498,10 @@ fn next_steps(s: &mut String, snap: &Snapshot, a: &Analysis, have_diff: bool) {
              `torch._C._cuda_attach_out_of_memory_observer(lambda d, a, t, f: torch.cuda.memory._dump_snapshot(\"oom.pickle\"))`"
         );
     }
-    let _ = snap;
     s.push('\n');
 }
 
-fn uncertainty(s: &mut String, snap: &Snapshot, a: &Analysis) {
+fn uncertainty(s: &mut String, a: &Analysis) {
     let _ = writeln!(s, "Uncertainty");
     let o = &a.totals.overall;
     if !a.totals.trace_present {
@@ -561,7 +560,6 @@ fn uncertainty(s: &mut String, snap: &Snapshot, a: &Analysis) {
         s,
         "  - roles (parameter, activation, optimizer state, …) are guessed from stack frames {I}"
     );
-    let _ = snap;
 }
 
 #[cfg(test)]
