@@ -464,7 +464,9 @@ impl Owner {
     }
 
     fn spawn_analysis(&mut self, path: PathBuf, key: FileKey) {
-        let opts: Options = self.settings.options();
+        let mut opts: Options = self.settings.options();
+        opts.workspace = self.roots.clone();
+        opts.path_mappings = self.settings.mappings(&self.roots);
         let tx = self.tx.clone();
         let workers = self.workers.clone();
         let client = self.client.clone();

@@ -15,16 +15,33 @@ use crate::error::{CaptureError, ErrorKind};
 use crate::findings::{Finding, Label, Location, fmt_bytes};
 use crate::report::{CaptureKind, CaptureReport, EngineData, Site};
 
-/// Program text for a recorded path: the path itself when it exists, else a file of the same
-/// name beside the capture or in one of its parent folders (captures recorded on another
-/// machine, e.g. `/srv/jaxdemo/x.py` with the capture in the project). Only `.py` files are read.
-pub fn default_source_lookup(capture: &Path) -> impl Fn(&str) -> Option<String> + use<> {
+/// Program text for a recorded path: the workspace file it resolves to (`opts.workspace` and
+/// `opts.path_mappings`, through `crate::source::paths::Resolver`, built only when needed), else
+/// the path itself when it exists, else a file of the same name beside the capture or in one of
+/// its parent folders (captures recorded on another machine, e.g. `/srv/jaxdemo/x.py` with the
+/// capture in the project). Only `.py` files are read.
+pub fn default_source_lookup(
+    capture: &Path,
+    opts: &Options,
+) -> impl Fn(&str) -> Option<String> + use<> {
     let dir = capture.parent().map(Path::to_path_buf);
+    let roots = opts.workspace.clone();
+    let mappings = opts.path_mappings.clone();
+    let resolver: std::sync::OnceLock<Option<crate::source::paths::Resolver>> =
+        std::sync::OnceLock::new();
     move |recorded: &str| {
         if !recorded.ends_with(".py") {
             return None;
         }
-        let mut candidates: Vec<PathBuf> = vec![PathBuf::from(recorded)];
+        let in_workspace = resolver
+            .get_or_init(|| {
+                (!roots.is_empty())
+                    .then(|| crate::source::paths::Resolver::new(roots.clone(), mappings.clone()))
+            })
+            .as_ref()
+            .and_then(|r| r.resolve(recorded));
+        let mut candidates: Vec<PathBuf> = in_workspace.into_iter().collect();
+        candidates.push(PathBuf::from(recorded));
         if let (Some(dir), Some(name)) = (&dir, Path::new(recorded).file_name()) {
             let mut d = Some(dir.as_path());
             for _ in 0..5 {
