@@ -170,27 +170,41 @@ pub fn report(
             // Only appends made by the user's code count: the Python tracer names the function
             // around each event by base name; JAX itself appends to lists between calls too.
             let user_files = user_files(plan, &opts.frames);
-            let user_append = |x: &(String, i64, i64)| {
-                x.0 == "$<unknown> append"
-                    && enclosing_py(&events, x.1, x.2)
-                        .is_some_and(|(base, _, _)| user_files.iter().any(|f| f.0 == base))
-            };
-            let mut first_append: Option<(i64, i64)> = None;
+            // One sweep (events on a line nest): the innermost open `$file.py:N f` event
+            // around each append.
+            let mut open: Vec<usize> = Vec::new();
+            let mut appends: Vec<(i64, usize)> = Vec::new();
+            for (i, e) in events.iter().enumerate() {
+                while open.last().is_some_and(|&o| events[o].2 < e.2) {
+                    open.pop();
+                }
+                if e.0 == "$<unknown> append" {
+                    let user = open.last().is_some_and(|&o| {
+                        py_function(&events[o].0)
+                            .is_some_and(|(b, _, _)| user_files.iter().any(|f| f.0 == b))
+                    });
+                    if user {
+                        appends.push((e.1, *open.last().unwrap_or(&0)));
+                    }
+                } else if py_function(&e.0).is_some() {
+                    open.push(i);
+                }
+            }
+            let mut first_append: Option<usize> = None;
             for (k, e) in execs.iter().enumerate() {
                 let to = execs.get(k + 1).map(|n| n.start_ps).unwrap_or(i64::MAX);
-                let gap: Vec<&(String, i64, i64)> = events
-                    .iter()
-                    .filter(|x| x.1 >= e.end_ps && x.1 < to)
-                    .collect();
-                let appends = gap.iter().filter(|x| user_append(x)).count() as u64;
-                if first_append.is_none() {
-                    first_append = gap.iter().find(|x| user_append(x)).map(|x| (x.1, x.2));
+                let a = appends.partition_point(|x| x.0 < e.end_ps);
+                let b = appends.partition_point(|x| x.0 < to).max(a);
+                if first_append.is_none() && b > a {
+                    first_append = Some(appends[a].1);
                 }
-                if k + 1 < execs.len() || appends > 0 {
-                    growth.appends_per_gap.push(appends);
+                if k + 1 < execs.len() || b > a {
+                    growth.appends_per_gap.push((b - a) as u64);
                 }
                 if k + 2 == execs.len() {
-                    for x in gap {
+                    let a = events.partition_point(|x| x.1 < e.end_ps);
+                    let b = events.partition_point(|x| x.1 < to).max(a);
+                    for x in &events[a..b] {
                         if is_noise(&x.0) {
                             continue;
                         }
@@ -201,8 +215,8 @@ pub fn report(
                     }
                 }
             }
-            if let Some((t, end)) = first_append {
-                growth.append_site = append_site(&events, t, end, &user_files, source);
+            if let Some(o) = first_append {
+                growth.append_site = append_site(&events[o].0, &user_files, source);
             }
         }
     }
@@ -278,28 +292,26 @@ fn user_files(plan: &Plan, filter: &crate::source::frames::FrameFilter) -> Vec<(
     out
 }
 
-/// The innermost Python-tracer function event (`$file.py:<def line> <function>`) around an
-/// event: `(base name, def line, function)`.
-fn enclosing_py(events: &[(String, i64, i64)], t: i64, end: i64) -> Option<(&str, u32, &str)> {
-    let e = events
-        .iter()
-        .filter(|e| e.1 <= t && e.2 >= end && e.0.starts_with('$') && e.0.contains(".py:"))
-        .min_by_key(|e| e.2 - e.1)?;
-    let (file_line, function) = e.0.trim_start_matches('$').split_once(' ')?;
+/// A Python-tracer function event `$file.py:<def line> <function>`: (base name, def line,
+/// function).
+fn py_function(name: &str) -> Option<(&str, u32, &str)> {
+    let rest = name.strip_prefix('$')?;
+    let (file_line, function) = rest.split_once(' ')?;
     let (base, def_line) = file_line.rsplit_once(':')?;
+    if !base.ends_with(".py") {
+        return None;
+    }
     Some((base, def_line.parse().ok()?, function))
 }
 
-/// The user's function around a `list.append` event, with the append line when the program
-/// text is found.
+/// The user's function around a `list.append` event (the tracer event `name`), with the append
+/// line when the program text is found.
 fn append_site(
-    events: &[(String, i64, i64)],
-    t: i64,
-    end: i64,
+    name: &str,
     user_files: &[(String, String)],
     source: &dyn Fn(&str) -> Option<String>,
 ) -> Option<Location> {
-    let (base, def_line, function) = enclosing_py(events, t, end)?;
+    let (base, def_line, function) = py_function(name)?;
     let file = user_files.iter().find(|f| f.0 == base)?.1.clone();
     let line = source(&file)
         .and_then(|t| find_in_function(&t, def_line, ".append("))

@@ -380,26 +380,51 @@ impl Plane {
     pub fn for_each_event<'p>(
         &'p self,
         path: &Path,
+        f: impl FnMut(&LineInfo<'p>, &RawEvent<'p>),
+    ) -> Result<(), CaptureError> {
+        self.for_each_event_on(path, |_| true, f)
+    }
+
+    /// Walk the events of the lines whose name satisfies `want` (other lines are skipped
+    /// without decoding their events).
+    pub fn for_each_event_on<'p>(
+        &'p self,
+        path: &Path,
+        want: impl Fn(&str) -> bool,
         mut f: impl FnMut(&LineInfo<'p>, &RawEvent<'p>),
     ) -> Result<(), CaptureError> {
         for &(s, e) in &self.lines {
             let body = &self.bytes[s..e];
+            let base = self.base + s as u64;
+            // Header first (it may follow the events on the wire), then the events, without
+            // collecting them.
             let mut line = LineInfo::default();
-            let mut events: Vec<(&'p [u8], u64)> = Vec::new();
-            let mut r = Reader::new(body, self.base + s as u64);
+            let mut r = Reader::new(body, base);
+            let mut seen_name = false;
             while let Some((fno, v)) = r.next().map_err(|e| wire_error(path, e))? {
-                match (fno, v) {
-                    (1, v) => line.id = v.as_i64(),
-                    (2, v) => line.name = v.str(),
-                    (3, v) => line.timestamp_ns = v.as_i64(),
-                    (4, Value::Len(b, off)) => events.push((b, off)),
-                    (11, v) => line.display_name = v.str(),
+                match fno {
+                    1 => line.id = v.as_i64(),
+                    2 => {
+                        line.name = v.str();
+                        seen_name = true;
+                    }
+                    3 => line.timestamp_ns = v.as_i64(),
+                    11 => line.display_name = v.str(),
+                    // Writers emit fields in number order: name (2) and timestamp (3) precede
+                    // the events (4), so a line we skip need not be scanned to its end.
+                    4 if seen_name && !want(line.name) => break,
                     _ => {}
                 }
             }
-            for (b, off) in events {
-                let ev = RawEvent::parse(b, off).map_err(|e| wire_error(path, e))?;
-                f(&line, &ev);
+            if !want(line.name) {
+                continue;
+            }
+            let mut r = Reader::new(body, base);
+            while let Some((fno, v)) = r.next().map_err(|e| wire_error(path, e))? {
+                if let (4, Value::Len(b, off)) = (fno, v) {
+                    let ev = RawEvent::parse(b, off).map_err(|e| wire_error(path, e))?;
+                    f(&line, &ev);
+                }
             }
         }
         Ok(())
