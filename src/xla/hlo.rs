@@ -244,3 +244,18 @@ pub fn shape_string(s: &hpb::ShapeProto) -> String {
     }
     out
 }
+
+/// A shape string without its layouts: `(f32[2,3]{1,0}, s8[4]{0})` → `(f32[2,3], s8[4])`.
+pub fn without_layout(shape: &str) -> String {
+    let mut out = String::with_capacity(shape.len());
+    let mut depth = 0;
+    for c in shape.chars() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            _ if depth == 0 => out.push(c),
+            _ => {}
+        }
+    }
+    out
+}

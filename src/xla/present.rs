@@ -805,7 +805,7 @@ fn render(r: &RenderInput) -> String {
             i + 1,
             fmt_bytes(b.size),
             share,
-            b.shape.split('{').next().unwrap_or(""),
+            super::hlo::without_layout(&b.shape),
             b.instruction,
             b.op_name
         );

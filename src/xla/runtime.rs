@@ -136,8 +136,6 @@ pub struct Runtime {
     line_names: Vec<String>,
     /// Host event spans per line that allocate device memory, for attribution.
     spans: Vec<Span>,
-    /// Whether any per-op / kernel event carried a program id or module (execution evidence).
-    pub has_op_events: bool,
     /// Indices into `spans` of executions and device_puts, sorted by (line, start).
     alloc_spans: Vec<usize>,
 }
@@ -183,7 +181,6 @@ pub fn read(cap: &Capture, plans: &[Plan]) -> Result<Runtime, CaptureError> {
             device_plane(cap, &plane, &mut kernels, &mut kernels_by_name)?;
         }
     }
-    rt.has_op_events = !op_runs.is_empty() || !kernels.is_empty() || !kernels_by_name.is_empty();
     for v in kernels.values_mut().chain(kernels_by_name.values_mut()) {
         v.sort_unstable();
     }
@@ -588,14 +585,18 @@ fn attribute_executions(
             .map(|x| x.start_ps)
             .unwrap_or(i64::MAX);
         let pid = split_program_id(&e.module).1;
-        let mut c = 0;
-        if let Some(p) = pid {
-            c += count_in(kernels.get(&(p as i64)), e.start_ps, next);
-        }
-        c += count_in(kernels_by_name.get(&e.module), e.start_ps, next);
+        let count = |to: i64| {
+            pid.map(|p| count_in(kernels.get(&(p as i64)), e.start_ps, to))
+                .unwrap_or(0)
+                + count_in(kernels_by_name.get(&e.module), e.start_ps, to)
+        };
+        let c = count(next);
         // No kernel is only evidence when device events continue past this execution, or when
-        // the allocator was retrying inside it (an OOM stops the launch).
-        let known = c > 0 || device_last.is_some_and(|d| d > e.start_ps) || retry_in(e);
+        // the allocator was retrying inside it (an OOM stops the launch); device work of this
+        // program that starts later still may belong to it (asynchronous queues).
+        let later = c == 0 && count(i64::MAX) > 0;
+        let known =
+            c > 0 || (!later && (device_last.is_some_and(|d| d > e.start_ps) || retry_in(e)));
         rt.executions[i].kernels = known.then_some(c);
     }
     // TPU-style captures: executions known only from device module events.
@@ -676,8 +677,8 @@ fn summarize_allocators(rt: &mut Runtime) {
         for e in &mut rt.executions {
             let k = events.partition_point(|m| m.t_ps < e.start_ps);
             if k > 0 {
-                e.bytes_in_use_at_start =
-                    Some(events[k - 1].bytes_allocated + events[k - 1].bytes_reserved);
+                // Live buffers only: `bytes_reserved` is the program's own stack on TPU.
+                e.bytes_in_use_at_start = Some(events[k - 1].bytes_allocated);
             } else if let Some(first) = events.first() {
                 // Nothing allocated yet in the capture: what the first event saw before itself.
                 let before = if first.alloc {
@@ -685,7 +686,7 @@ fn summarize_allocators(rt: &mut Runtime) {
                 } else {
                     first.bytes_allocated + first.allocation_bytes
                 };
-                e.bytes_in_use_at_start = Some(before + first.bytes_reserved);
+                e.bytes_in_use_at_start = Some(before);
             }
         }
     }
@@ -843,11 +844,5 @@ impl Runtime {
                     && m.requested_bytes > 0
                     && temp_sizes.contains(&m.requested_bytes)
             })
-    }
-
-    /// Allocator events of the device pool (for tests and the report).
-    pub fn main_events(&self) -> impl Iterator<Item = &MemEvent> {
-        let name = self.main().map(|a| a.name.clone()).unwrap_or_default();
-        self.mem.iter().filter(move |m| m.allocator == name)
     }
 }
