@@ -347,12 +347,17 @@ pub fn diagnose(ctx: &Context) -> Vec<Finding> {
                 "forward activations kept for backward",
                 sev,
                 format!(
-                    "mostly forward, kept for the backward pass: {} ({:.1}% of the heap peak); the largest share, {} in {} buffer(s) ({}), comes from this line",
+                    "mostly forward, kept for the backward pass: {} ({:.1}% of the heap peak); the largest share, {} in {} buffer(s) ({}), comes from this line{}",
                     fmt_bytes(fwd),
                     pct(fwd, heap),
                     fmt_bytes(*bytes),
                     rows.len(),
-                    shapes(rows)
+                    shapes(rows),
+                    if sev == Severity::Information {
+                        " (expected retention within a step, not a leak)"
+                    } else {
+                        ""
+                    }
                 ),
             )
             .at(loc.clone(), stack.clone())
@@ -612,7 +617,7 @@ fn growth_finding(ctx: &Context) -> Option<Finding> {
             "growth per execution",
             Severity::Warning,
             format!(
-                "memory in use grows by {} per execution of {} ({:.2}x the non-aliased outputs): the program keeps each step's outputs alive",
+                "memory in use grows by {} per execution of {} ({:.2}x the non-aliased outputs): the program keeps each step's outputs alive, a leak across steps",
                 fmt_bytes(per),
                 p.module,
                 ratio

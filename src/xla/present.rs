@@ -690,7 +690,7 @@ fn render(r: &RenderInput) -> String {
     let w = &mut s;
     let _ = writeln!(
         w,
-        "Module {} — {} of {} module(s) with an HLO plan; chosen as {} (--module to pick another).",
+        "Module {} — {} of {} module(s) with an HLO plan [read]; chosen as {} (--module to pick another).",
         p.module,
         r.plans
             .iter()

@@ -272,6 +272,8 @@ pub struct Plane {
     /// Byte ranges of the `XLine` messages within `bytes`.
     lines: Vec<(usize, usize)>,
     pub event_meta: FxHashMap<i64, xpb::XEventMetadata>,
+    /// Absolute offset of each event-metadata entry (for errors inside its stats).
+    pub event_meta_offset: FxHashMap<i64, u64>,
     pub stat_names: FxHashMap<i64, String>,
     pub stats: Vec<xpb::XStat>,
 }
@@ -281,6 +283,7 @@ impl Plane {
         let mut name = String::new();
         let mut lines = Vec::new();
         let mut event_meta = FxHashMap::default();
+        let mut event_meta_offset = FxHashMap::default();
         let mut stat_names = FxHashMap::default();
         let mut stats = Vec::new();
         {
@@ -295,6 +298,7 @@ impl Plane {
                     (4, Value::Len(b, off)) => {
                         let (k, m) = map_entry::<xpb::XEventMetadata>(path, b, off)?;
                         event_meta.insert(k, m);
+                        event_meta_offset.insert(k, off);
                     }
                     (5, Value::Len(b, off)) => {
                         let (k, m) = map_entry::<xpb::XStatMetadata>(path, b, off)?;
@@ -313,6 +317,7 @@ impl Plane {
             base,
             lines,
             event_meta,
+            event_meta_offset,
             stat_names,
             stats,
         })
