@@ -827,3 +827,28 @@ fn donation_finding(ctx: &Context) -> Option<Finding> {
     f.scope = Some(p.module.clone());
     Some(f)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn argument_roots_and_square_tails() {
+        assert_eq!(arg_root("opt_state['m'][2]['w']"), "opt_state");
+        assert_eq!(arg_root("params[1]['w']"), "params");
+        assert_eq!(arg_root("x"), "x");
+        assert_eq!(is_square_tail("f32[1,4,2048,2048]{3,2,1,0}"), Some(2048));
+        assert_eq!(is_square_tail("f32[8,4,256,256]"), None);
+        assert_eq!(is_square_tail("f32[2048,1024]"), None);
+    }
+
+    #[test]
+    fn long_series_are_shortened() {
+        assert_eq!(series(&[1 << 20, 2 << 20]), "1.00 MiB → 2.00 MiB");
+        let long: Vec<u64> = (1..=10).map(|i| i << 20).collect();
+        assert_eq!(
+            series(&long),
+            "1.00 MiB → 2.00 MiB → 3.00 MiB → 4.00 MiB → … → 9.00 MiB → 10.00 MiB (10 executions)"
+        );
+    }
+}

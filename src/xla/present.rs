@@ -384,7 +384,9 @@ pub fn find_jit_line(text: &str, call_line: u32, fn_name: &str) -> Option<u32> {
                 let mut k = i;
                 while k > 0 && lines[k - 1].trim_start().starts_with('@') {
                     k -= 1;
-                    if is_jit(lines[k]) {
+                    // `@jax.jit`, `@jit`, `@partial(jax.jit, …)`, `@functools.partial(jit, …)`
+                    let d = code(lines[k]);
+                    if is_jit(&d) || d.contains("jax.jit") || d.contains("(jit,") {
                         return Some(k as u32 + 1);
                     }
                 }
@@ -1069,5 +1071,67 @@ fn runtime_only(cap: &Capture, plans: &[Plan], rt: &Runtime) -> CaptureReport {
         sites: Vec::new(),
         findings: Vec::new(),
         text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PROGRAM: &str = "import jax
+def train_step(params, opt_state, x, y=None, *rest):
+    return params
+
+step = jax.jit(train_step)  # a comment with jit(
+
+@partial(jax.jit, static_argnums=2)
+def eval_step(params, batch):
+    return params
+
+def loop(params, o, x):
+    hist = []
+    for _ in range(3):
+        params = step(params, o, x)
+        hist.append(params)
+        e = eval_step(params, x)
+    out = train_step_jit(params)
+    return params
+";
+
+    #[test]
+    fn jit_line_is_found_from_the_call_site() {
+        // `step(...)` on line 14 was made by `step = jax.jit(train_step)` on line 5.
+        assert_eq!(find_jit_line(PROGRAM, 14, "train_step"), Some(5));
+        // A decorated function: the decorator line.
+        assert_eq!(find_jit_line(PROGRAM, 16, "eval_step"), Some(7));
+        // `train_step_jit(` is a name ending in `jit`, not a jit call: fall back to the
+        // `jax.jit(train_step` line.
+        assert_eq!(find_jit_line(PROGRAM, 17, "train_step"), Some(5));
+        assert_eq!(find_jit_line(PROGRAM, 99, "train_step"), None);
+    }
+
+    #[test]
+    fn signature_and_append_line() {
+        assert_eq!(
+            signature(PROGRAM, "train_step"),
+            Some(vec![
+                "params".into(),
+                "opt_state".into(),
+                "x".into(),
+                "y".into()
+            ])
+        );
+        assert_eq!(find_in_function(PROGRAM, 11, ".append("), Some(15));
+        assert_eq!(find_in_function(PROGRAM, 2, ".append("), None);
+    }
+
+    #[test]
+    fn python_tracer_function_events() {
+        assert_eq!(
+            py_function("$d_grads_kept.py:48 train_loop"),
+            Some(("d_grads_kept.py", 48, "train_loop"))
+        );
+        assert_eq!(py_function("$<unknown> append"), None);
+        assert_eq!(py_function("$builtins isinstance"), None);
     }
 }

@@ -91,11 +91,6 @@ impl SpaceFile {
         self.file
             .read_exact_at(&mut buf[..want], pos)
             .map_err(|e| self.io(e))?;
-        let mut r = if top {
-            Reader::file(&buf[..want])
-        } else {
-            Reader::new(&buf[..want], 0)
-        };
         // Parse key + (length) by hand: the reader would insist on the payload being present.
         let (key, n1) = varint(&buf[..want]).ok_or_else(|| {
             wire_error(
@@ -107,7 +102,6 @@ impl SpaceFile {
                 },
             )
         })?;
-        let _ = &mut r;
         let field = (key >> 3) as u32;
         let bad = |what: String, truncated: bool| {
             wire_error(
@@ -343,15 +337,6 @@ impl Plane {
             .map(|(k, _)| *k)
     }
 
-    /// Event-metadata ids whose name satisfies `pred`.
-    pub fn event_ids(&self, pred: impl Fn(&str) -> bool) -> Vec<i64> {
-        self.event_meta
-            .iter()
-            .filter(|(_, m)| pred(&m.name))
-            .map(|(k, _)| *k)
-            .collect()
-    }
-
     /// Plane-level stat by name, as a string (str or ref).
     pub fn plane_stat_str(&self, name: &str) -> Option<String> {
         let s = self
@@ -414,7 +399,6 @@ impl Plane {
                         seen_name = true;
                     }
                     3 => line.timestamp_ns = v.as_i64(),
-                    11 => line.display_name = v.str(),
                     // Writers emit fields in number order: name (2) and timestamp (3) precede
                     // the events (4), so a line we skip need not be scanned to its end.
                     4 if seen_name && !want(line.name) => break,
@@ -450,7 +434,6 @@ impl Plane {
 pub struct LineInfo<'a> {
     pub id: i64,
     pub name: &'a str,
-    pub display_name: &'a str,
     pub timestamp_ns: i64,
 }
 
@@ -504,7 +487,7 @@ impl<'a> RawEvent<'a> {
             body,
             off,
         };
-        let mut r = Reader::sub(body, off);
+        let mut r = Reader::new(body, off);
         while let Some((f, v)) = r.next()? {
             match f {
                 1 => ev.metadata_id = v.as_i64(),
@@ -526,13 +509,13 @@ impl<'a> RawEvent<'a> {
     /// Visit `(stat metadata id, value)` pairs. Malformed stats end the walk silently: the event
     /// framing was already checked when the event was parsed.
     pub fn stats(&self, mut f: impl FnMut(i64, RawValue<'a>)) {
-        let mut r = Reader::sub(self.body, self.off);
+        let mut r = Reader::new(self.body, self.off);
         while let Ok(Some((fno, v))) = r.next() {
             if fno != 4 {
                 continue;
             }
             let Value::Len(b, o) = v else { continue };
-            let mut s = Reader::sub(b, o);
+            let mut s = Reader::new(b, o);
             let mut id = 0;
             let mut val = RawValue::None;
             while let Ok(Some((k, x))) = s.next() {
@@ -572,7 +555,7 @@ fn map_entry<M: Message + Default>(
 ) -> Result<(i64, M), CaptureError> {
     let mut key = 0;
     let mut val = None;
-    let mut r = Reader::sub(b, off);
+    let mut r = Reader::new(b, off);
     while let Some((f, v)) = r.next().map_err(|e| wire_error(path, e))? {
         match (f, v) {
             (1, v) => key = v.as_i64(),

@@ -74,11 +74,6 @@ impl<'a> Reader<'a> {
         }
     }
 
-    /// Sub-message reader for a `Value::Len` payload.
-    pub fn sub(bytes: &'a [u8], offset: u64) -> Self {
-        Reader::new(bytes, offset)
-    }
-
     #[cold]
     fn err(&self, at: usize, truncated: bool, what: impl Into<String>) -> WireError {
         WireError {
@@ -179,27 +174,6 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Decode a packed-or-unpacked repeated varint field value into `out`.
-pub fn push_varints(v: Value<'_>, out: &mut Vec<i64>) {
-    match v {
-        Value::Varint(x) => out.push(x as i64),
-        Value::Len(b, _) => {
-            let mut r = Reader::new(b, 0);
-            // A packed run is a sequence of bare varints; parse them with a fake key-less loop.
-            let mut pos = 0usize;
-            while pos < b.len() {
-                r.pos = pos;
-                match r.varint(pos) {
-                    Ok(x) => out.push(x as i64),
-                    Err(_) => break,
-                }
-                pos = r.pos;
-            }
-        }
-        _ => {}
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,7 +200,7 @@ mod tests {
     #[test]
     fn overrun_inside_a_message_is_corruption_not_truncation() {
         let msg = [0x12, 0x05, b'h'];
-        let mut r = Reader::sub(&msg, 100);
+        let mut r = Reader::new(&msg, 100);
         let e = r.next().unwrap_err();
         assert_eq!(e.offset, 100);
         assert!(!e.truncated);
