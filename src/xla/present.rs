@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use super::capture::Capture;
 use super::diagnose::{self, Context, Growth};
 use super::hlo::split_program_id;
-use super::plan::{Plan, Role};
+use super::plan::{Plan, Role, SMALL_BUFFER_BYTES};
 use super::runtime::{Execution, Runtime};
 use crate::analyze::Options;
 use crate::error::{CaptureError, ErrorKind};
@@ -224,13 +224,12 @@ pub fn report(
         .last()
         .map(|e| rt.live_at(e.start_ps))
         .unwrap_or_default();
-    let device_memory = device_memory(cap)?;
     let ctx = Context {
         plan,
         rt: &rt,
         execs: execs.clone(),
         capacity: rt.main().map(|a| a.capacity_bytes),
-        device_memory,
+        device_memory: rt.device_memory,
         jit_site,
         jit_line_found,
         signature,
@@ -459,19 +458,6 @@ pub fn signature(text: &str, fn_name: &str) -> Option<Vec<String>> {
     Some(out)
 }
 
-/// Device memory size from a GPU plane's `memory_size` stat.
-fn device_memory(cap: &Capture) -> Result<Option<u64>, CaptureError> {
-    let Some(idx) = cap.file.find(|n| n.starts_with("/device:GPU:")).next() else {
-        return Ok(None);
-    };
-    // Device planes can be large; the stat sits in the plane header, so load only this one.
-    let plane = cap.file.load(idx)?;
-    Ok(plane
-        .plane_stat_num("memory_size")
-        .filter(|v| *v > 0.0)
-        .map(|v| v as u64))
-}
-
 /// Buffers at the peak grouped by culprit line.
 fn sites(plan: &Plan, pick: &dyn Fn(&[Location]) -> Option<usize>, top: usize) -> Vec<Site> {
     // (site, only heap buffers, bytes per role)
@@ -535,6 +521,10 @@ fn sites(plan: &Plan, pick: &dyn Fn(&[Location]) -> Option<usize>, top: usize) -
         })
         .collect();
     sites.sort_by_key(|s| std::cmp::Reverse(s.bytes));
+    // Lines holding only scalars are noise next to megabytes (xprof lumps them as `small`).
+    if sites.iter().any(|s| s.bytes >= SMALL_BUFFER_BYTES) {
+        sites.retain(|s| s.bytes >= SMALL_BUFFER_BYTES);
+    }
     sites.truncate(top.max(1));
     sites
 }

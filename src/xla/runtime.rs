@@ -79,8 +79,8 @@ pub struct Execution {
     pub module: String,
     pub start_ps: i64,
     pub end_ps: i64,
-    /// Kernels (GPU/TPU) or ops (CPU) seen for this execution; `None` when the capture has no
-    /// per-op events at all (then "launched none" cannot be told).
+    /// Kernels (GPU/TPU) or ops (CPU) seen for this execution; `None` when it cannot be told
+    /// (no device events after it, or later device work of the same program may be its own).
     pub kernels: Option<u64>,
     /// Bytes in use in the device allocator just before the execution started (measured).
     pub bytes_in_use_at_start: Option<u64>,
@@ -136,6 +136,8 @@ pub struct Runtime {
     line_names: Vec<String>,
     /// Host event spans per line that allocate device memory, for attribution.
     spans: Vec<Span>,
+    /// Physical memory of the first GPU (`memory_size` plane stat), read.
+    pub device_memory: Option<u64>,
     /// Indices into `spans` of executions and device_puts, sorted by (line, start).
     alloc_spans: Vec<usize>,
 }
@@ -178,6 +180,12 @@ pub fn read(cap: &Capture, plans: &[Plan]) -> Result<Runtime, CaptureError> {
             host_plane(cap, &plane, &mut rt, &mut op_runs)?;
             rt.host_planes.push(plane);
         } else {
+            if plane.name.starts_with("/device:GPU:") && rt.device_memory.is_none() {
+                rt.device_memory = plane
+                    .plane_stat_num("memory_size")
+                    .filter(|v| *v > 0.0)
+                    .map(|v| v as u64);
+            }
             device_plane(cap, &plane, &mut kernels, &mut kernels_by_name)?;
         }
     }
