@@ -971,11 +971,14 @@ fn render(r: &RenderInput) -> String {
                 .as_ref()
                 .map(|l| format!("{}:{}: ", l.file, l.line))
                 .unwrap_or_default();
-            let saving = fix
-                .saving_bytes
-                .filter(|b| *b > 0)
-                .map(|b| format!(" — saves ~{} {}", fmt_bytes(b), tag(Label::Inferred)))
-                .unwrap_or_default();
+            // Savings are estimates: tag them, and say them once.
+            let saving = match fix.saving_bytes.filter(|b| *b > 0) {
+                Some(b) if fix.title.contains(&fmt_bytes(b)) => {
+                    format!(" {}", tag(Label::Inferred))
+                }
+                Some(b) => format!(" — saves ~{} {}", fmt_bytes(b), tag(Label::Inferred)),
+                None => String::new(),
+            };
             let cost = fix
                 .cost
                 .as_ref()
