@@ -240,15 +240,16 @@ fn a_capture_written_in_pieces_is_reported_once_complete() {
 
     // Like a slow writer: 6 pieces, 250 ms apart.
     let target = ws.join("jax/run.xplane.pb");
-    {
+    let mut f = std::fs::File::create(&target).unwrap();
+    for (i, chunk) in bytes.chunks(bytes.len().div_ceil(6)).enumerate() {
         use std::io::Write;
-        let mut f = std::fs::File::create(&target).unwrap();
-        for chunk in bytes.chunks(bytes.len().div_ceil(6)) {
-            f.write_all(chunk).unwrap();
-            f.flush().unwrap();
+        if i > 0 {
             lsp.idle(Duration::from_millis(250));
         }
+        f.write_all(chunk).unwrap();
+        f.flush().unwrap();
     }
+    drop(f);
     let last_byte = Instant::now();
     let diags = lsp.diagnostics(&py, Duration::from_secs(10), has("JX005"));
     let took = last_byte.elapsed();

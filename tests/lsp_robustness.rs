@@ -174,3 +174,61 @@ fn clients_that_can_watch_files_get_a_registration_and_their_events_count() {
     );
     lsp.shutdown();
 }
+
+/// A JSON snapshot of about `mb` MB: one device, `alloc` entries from one user frame.
+fn big_json_snapshot(path: &std::path::Path, mb: usize) {
+    use std::io::Write;
+    let mut w = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    write!(w, "{{\"segments\": [], \"device_traces\": [[").unwrap();
+    let mut written = 0;
+    let mut i = 0u64;
+    while written < mb << 20 {
+        let e = format!(
+            "{}{{\"action\": \"alloc\", \"addr\": {}, \"size\": 512, \"stream\": 0, \"time_us\": {}, \"frames\": [{{\"filename\": \"/home/u/train.py\", \"line\": 12, \"name\": \"main\"}}]}}",
+            if i == 0 { "" } else { ", " },
+            0x7f00_0000_0000u64 + i * 512,
+            1_700_000_000_000_000u64 + i
+        );
+        w.write_all(e.as_bytes()).unwrap();
+        written += e.len();
+        i += 1;
+    }
+    write!(w, "]]}}").unwrap();
+}
+
+#[test]
+fn a_capture_rewritten_in_place_while_being_read_does_not_kill_the_server() {
+    let (_tmp, ws) = tempdir();
+    let py = ws.join("train.py");
+    std::fs::write(&py, "x = 1\n").unwrap();
+    let mut lsp = Lsp::start(&ws, json!({}));
+    lsp.idle(Duration::from_millis(300));
+    let cap = ws.join("memory_snapshot.json");
+    big_json_snapshot(&cap, 150);
+    let from = lsp.seen.len();
+    let began = lsp.wait_for(from, Duration::from_secs(10), |m| {
+        m["method"] == "$/progress" && m["params"]["value"]["kind"] == "begin"
+    });
+    assert!(began.is_some(), "the analysis never started");
+    // `_dump_snapshot()` to the same path: open(path, "wb") truncates the file being read.
+    std::fs::write(&cap, b"{\"segments\": [").unwrap();
+    let noticed = lsp.wait_for(from, Duration::from_secs(20), |m| {
+        m["method"] == "window/logMessage"
+            && m["params"]["message"]
+                .as_str()
+                .is_some_and(|s| s.contains("rewritten while being read"))
+    });
+    // Either the decoder finished before the truncation hit an unread page, or the fault was
+    // absorbed; in both cases the server must still answer.
+    let (res, took) = lsp.request_timed(
+        "textDocument/hover",
+        json!({"textDocument": {"uri": uri(&py)}, "position": {"line": 0, "character": 0}}),
+    );
+    assert!(res.is_null());
+    assert!(took < Duration::from_secs(1));
+    eprintln!("fault absorbed: {}", noticed.is_some());
+    // The half-written replacement is not reported as broken.
+    lsp.idle(Duration::from_millis(1500));
+    assert!(lsp.errors().is_empty(), "{:?}", lsp.errors());
+    lsp.shutdown();
+}

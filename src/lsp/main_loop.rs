@@ -72,6 +72,8 @@ pub enum Event {
 pub enum Outcome {
     /// The file changed between two polls before the analysis started.
     Unstable,
+    /// The file was truncated while it was being read (see `sigbus`).
+    Rewritten,
     Reports(Vec<CaptureReport>),
     Error(CaptureError),
     Panic(String),
@@ -490,7 +492,14 @@ impl Owner {
             }
             let p = path.clone();
             let mut job = tokio::task::spawn_blocking(move || {
+                let faults = crate::lsp::sigbus::rescued();
                 let outcome = contained(|| analyze::analyze_file(&p, &opts));
+                // The mapping lost its file under the reader: whatever was decoded is void.
+                let outcome = if crate::lsp::sigbus::rescued() != faults {
+                    Outcome::Rewritten
+                } else {
+                    outcome
+                };
                 (outcome, FileKey::of(&p))
             });
             let joined = tokio::select! {
@@ -545,6 +554,23 @@ impl Owner {
                     reports,
                 }));
                 changed = true;
+            }
+            Outcome::Rewritten => {
+                entry.status = Status::Incomplete;
+                entry.dirty = true;
+                eprintln!(
+                    "memlsp: {} was rewritten while being read; reading it again",
+                    path.display()
+                );
+                self.client
+                    .log_message(
+                        lsp::MessageType::INFO,
+                        format!(
+                            "{} was rewritten while being read; reading it again",
+                            path.display()
+                        ),
+                    )
+                    .await;
             }
             Outcome::Reports(_) | Outcome::Unstable => {
                 // Changed while being read: look again now (the new content has a new key).

@@ -32,6 +32,7 @@ pub mod config;
 pub mod index;
 pub mod main_loop;
 pub mod server;
+pub mod sigbus;
 pub mod to_proto;
 pub mod workspace;
 
@@ -107,6 +108,7 @@ impl Shared {
 
 /// Run the language server on stdin/stdout until the client says `exit`.
 pub fn run_stdio() -> anyhow::Result<()> {
+    sigbus::install();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .max_blocking_threads(4)
