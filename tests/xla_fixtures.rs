@@ -98,3 +98,53 @@ fn a_profile_directory_yields_one_report_per_host_file() {
         reports[0].headline
     );
 }
+
+/// Damaged bytes anywhere give a report or an error, never a panic (debug builds also trap
+/// arithmetic overflow, so sizes and times from a corrupt file are exercised too).
+#[test]
+fn corrupted_bytes_never_panic() {
+    let bytes = std::fs::read(fixture("decorator_nodonate")).unwrap();
+    // Half the mutations land in the /host:metadata plane (HLO protos: sizes, ids, frames).
+    let cap = memlsp::xla::Capture::open(&fixture("decorator_nodonate")).unwrap();
+    let meta = cap
+        .file
+        .planes
+        .iter()
+        .find(|p| p.name == "/host:metadata")
+        .unwrap();
+    let (meta_start, meta_len) = (meta.start as usize, meta.len as usize);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mutated.xplane.pb");
+    // A fixed linear-congruential sequence: deterministic, spread over the file.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let (mut refused, mut reported) = (0, 0);
+    for round in 0..300 {
+        let mut m = bytes.clone();
+        for _ in 0..3 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let at = if round % 2 == 0 {
+                meta_start + (x >> 33) as usize % meta_len
+            } else {
+                (x >> 33) as usize % m.len()
+            };
+            m[at] = (x >> 13) as u8;
+        }
+        std::fs::write(&path, &m).unwrap();
+        match memlsp::xla::analyze_file(&path, &Options::default()) {
+            Ok(r) => {
+                assert!(!r.headline.is_empty());
+                reported += 1;
+            }
+            Err(e) => {
+                assert!(
+                    e.to_string().starts_with(&path.display().to_string()),
+                    "{e}"
+                );
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!(refused + reported, 300);
+}

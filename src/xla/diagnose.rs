@@ -266,7 +266,7 @@ pub fn diagnose(ctx: &Context) -> Vec<Finding> {
         if let Some(in_use) = last.bytes_in_use_at_start {
             let step_new = p.total_peak_bytes.saturating_sub(p.parameter_bytes);
             let others = in_use.saturating_sub(p.parameter_bytes);
-            if in_use + step_new > cap && others > 0 && !no_fit {
+            if in_use.saturating_add(step_new) > cap && others > 0 && !no_fit {
                 let largest = ctx.live_at_last.first();
                 let mut f = Finding::new(
                     "JX006",
