@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 
 use super::capture::Capture;
-use super::diagnose::{self, Context, Growth};
+use super::diagnose::{self, Context, Growth, pct};
 use super::hlo::split_program_id;
 use super::plan::{Plan, Role, SMALL_BUFFER_BYTES};
 use super::runtime::{Execution, Runtime};
@@ -464,12 +464,7 @@ fn sites(plan: &Plan, pick: &dyn Fn(&[Location]) -> Option<usize>, top: usize) -
     type Acc = (Site, bool, Vec<(Role, u64)>);
     let mut out: Vec<Acc> = Vec::new();
     for b in &plan.at_peak {
-        let stack: Vec<Location> = b.frames().iter().map(|f| f.location()).collect();
-        let loc = if stack.is_empty() {
-            b.line().map(|f| f.location())
-        } else {
-            Some(stack[pick(&stack).unwrap_or(0)].clone())
-        };
+        let (loc, stack) = diagnose::culprit(b, pick);
         let i = match out.iter().position(|s| s.0.location == loc) {
             Some(i) => i,
             None => {
@@ -527,14 +522,6 @@ fn sites(plan: &Plan, pick: &dyn Fn(&[Location]) -> Option<usize>, top: usize) -
     }
     sites.truncate(top.max(1));
     sites
-}
-
-fn pct(part: u64, whole: u64) -> f64 {
-    if whole == 0 {
-        0.0
-    } else {
-        part as f64 * 100.0 / whole as f64
-    }
 }
 
 fn headline(plan: &Plan, findings: &[Finding]) -> String {
