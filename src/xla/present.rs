@@ -86,12 +86,12 @@ pub fn select_module<'p>(
         })
         .max_by_key(|p| last_exec(p));
     if let Some(p) = stalled {
-        if !rt.retries.is_empty() {
-            return Ok(Some((
-                p,
-                "its last execution launched no kernel (allocator retries in the capture)".into(),
-            )));
-        }
+        let why = if rt.retries.is_empty() {
+            "its last execution launched no kernel"
+        } else {
+            "its last execution launched no kernel (allocator retries in the capture)"
+        };
+        return Ok(Some((p, why.into())));
     }
     if let Some(p) = plans
         .iter()
@@ -669,13 +669,8 @@ fn render(r: &RenderInput) -> String {
     let w = &mut s;
     let _ = writeln!(
         w,
-        "Module {} — {} of {} module(s) with an HLO plan [read]; chosen as {} (--module to pick another).",
+        "Module {} (one of {} modules with an HLO plan [read]); chosen as {} (--module to pick another).",
         p.module,
-        r.plans
-            .iter()
-            .position(|x| x.module == p.module)
-            .map(|i| i + 1)
-            .unwrap_or(0),
         r.plans.len(),
         r.why
     );
