@@ -25,7 +25,7 @@ fn analyze(name: &str) -> CaptureReport {
 
 #[test]
 fn fixtures_stay_small() {
-    for name in ["decorator_nodonate", "scan_layers"] {
+    for name in ["decorator_nodonate", "scan_layers", "grads_kept"] {
         let len = std::fs::metadata(fixture(name)).unwrap().len();
         assert!(len < 1 << 20, "{name} is {len} bytes");
     }
@@ -82,6 +82,42 @@ fn scan_stacked_activations_point_at_the_scan_line() {
         panic!()
     };
     assert!(x["plan"]["roles"]["forward"].as_u64().unwrap() >= 3 * 16 * 512 * 256 * 4);
+}
+
+#[test]
+fn gradients_appended_every_step_point_at_the_append_line() {
+    let r = analyze("grads_kept");
+    let f = r
+        .findings
+        .iter()
+        .find(|f| f.code == "JX004")
+        .expect("JX004");
+    assert_eq!(f.severity, Severity::Warning);
+    let loc = f.location.as_ref().unwrap();
+    assert_eq!(loc.file, "/tmp/memlsp-jaxgen/grads_kept.py");
+    assert_eq!(loc.line, culprit_line("grads_kept", "CULPRIT(growth)"));
+    assert_eq!(loc.function, "train_loop");
+    assert_eq!(f.fixes[0].kind, FixKind::DeviceGetAppend);
+    // Four traced steps, one append after each; the new memory per step is the plan's
+    // non-aliased outputs: the gradient f32[512,512] (plus a few bytes of XLA:CPU bookkeeping).
+    assert!(
+        f.evidence[0].text.ends_with("[1, 1, 1, 1]"),
+        "{}",
+        f.evidence[0].text
+    );
+    let EngineData::Xla(x) = &r.engine else {
+        panic!()
+    };
+    let new = x["plan"]["non_aliased_output_bytes"].as_u64().unwrap();
+    assert_eq!(f.bytes, Some(new));
+    assert!(
+        (512 * 512 * 4..512 * 512 * 4 + 1024).contains(&new),
+        "{new}"
+    );
+    assert!(
+        r.findings.iter().all(|f| f.code != "JX005"),
+        "the step donates w"
+    );
 }
 
 #[test]
