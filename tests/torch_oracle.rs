@@ -51,9 +51,7 @@ fn raw_percents(text: &str) -> Vec<Option<f64>> {
     text.match_indices(key)
         .map(|(i, _)| {
             let rest = &text[i + key.len()..];
-            let end = rest
-                .find(|c: char| c == ',' || c == '\n' || c == '}')
-                .unwrap_or(rest.len());
+            let end = rest.find([',', '\n', '}']).unwrap_or(rest.len());
             let v = rest[..end].trim();
             if v == "null" {
                 None
@@ -120,7 +118,10 @@ fn check(path: &Path, oracle_text: &str) -> Vec<String> {
             "{name}: oom count"
         );
         for (dev, pd) in t["per_device"].as_object().unwrap() {
-            let Some(d) = devices.iter().find(|d| d["device"].to_string() == *dev) else {
+            let Some(d) = devices
+                .iter()
+                .find(|d| d["device"].as_i64().map(|x| x.to_string()).as_deref() == Some(dev))
+            else {
                 errors.push(format!("trace device {dev} missing"));
                 continue;
             };

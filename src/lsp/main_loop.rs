@@ -31,6 +31,8 @@ const DEBOUNCE: Duration = Duration::from_millis(150);
 const PROGRESS_AFTER: Duration = Duration::from_millis(200);
 /// A failure on a file modified this recently may be a write in progress: look again first.
 const SETTLE: Duration = Duration::from_millis(1000);
+/// Interval of the two size polls before an analysis.
+const STABLE_POLL: Duration = Duration::from_millis(50);
 
 /// Everything that changes server state.
 pub enum Event {
@@ -41,7 +43,11 @@ pub enum Event {
     Initialized,
     /// `didChangeConfiguration`: the pushed settings, or `None` to pull them again.
     ConfigChanged(Option<Value>),
-    Settings(Value),
+    /// Settings pulled from the client (`first`: the pull made at start).
+    Settings {
+        value: Value,
+        first: bool,
+    },
     Open(PathBuf, Doc),
     Change(PathBuf, Doc),
     Close(PathBuf),
@@ -64,6 +70,10 @@ pub enum Event {
 
 /// What one analysis produced.
 pub enum Outcome {
+    /// The file changed between two polls before the analysis started.
+    Unstable,
+    /// The file was truncated while it was being read (see `sigbus`).
+    Rewritten,
     Reports(Vec<CaptureReport>),
     Error(CaptureError),
     Panic(String),
@@ -184,19 +194,31 @@ impl Owner {
                 self.init_options = init_options;
             }
             Event::Initialized => {
-                if let Some(opts) = self.init_options.clone() {
-                    self.apply_settings(&opts).await;
+                if self.caps().configuration {
+                    // Scan only once the client's settings are known, so a capture is never
+                    // analysed (and published) under defaults the user has overridden.
+                    self.pull_settings(true);
                 } else {
-                    self.apply_settings(&Value::Null).await;
+                    let opts = self.init_options.clone().unwrap_or(Value::Null);
+                    self.apply_settings(&opts).await;
+                    self.start_watching().await;
                 }
-                self.pull_settings();
-                self.start_watching().await;
             }
             Event::ConfigChanged(Some(v)) if v.get("memlsp").is_some() => {
                 self.apply_settings(&v).await
             }
-            Event::ConfigChanged(_) => self.pull_settings(),
-            Event::Settings(v) => self.apply_settings(&v).await,
+            Event::ConfigChanged(_) => self.pull_settings(false),
+            Event::Settings { value, first } => {
+                // `null` from the client: no `memlsp` section there, use initializationOptions.
+                let value = match value {
+                    Value::Null => self.init_options.clone().unwrap_or(Value::Null),
+                    v => v,
+                };
+                self.apply_settings(&value).await;
+                if first {
+                    self.start_watching().await;
+                }
+            }
             Event::Open(path, doc) | Event::Change(path, doc) => {
                 if let Ok(mut docs) = self.shared.docs.write() {
                     let newer = docs.get(&path).is_none_or(|d| d.version <= doc.version);
@@ -274,7 +296,8 @@ impl Owner {
     }
 
     /// Ask the client for the `memlsp` section (in a task: the owner never waits on the client).
-    fn pull_settings(&self) {
+    /// The first pull always answers, with `null` when the client does not.
+    fn pull_settings(&self, first: bool) {
         if !self.caps().configuration {
             return;
         }
@@ -287,12 +310,12 @@ impl Owner {
             };
             let res =
                 tokio::time::timeout(Duration::from_secs(5), client.configuration(vec![item]));
-            if let Ok(Ok(mut values)) = res.await {
-                if let Some(v) = values.pop() {
-                    if !v.is_null() {
-                        let _ = tx.send(Event::Settings(v));
-                    }
-                }
+            let value = match res.await {
+                Ok(Ok(mut values)) => values.pop().unwrap_or(Value::Null),
+                _ => Value::Null,
+            };
+            if first || !value.is_null() {
+                let _ = tx.send(Event::Settings { value, first });
             }
         });
     }
@@ -443,7 +466,9 @@ impl Owner {
     }
 
     fn spawn_analysis(&mut self, path: PathBuf, key: FileKey) {
-        let opts: Options = self.settings.options();
+        let mut opts: Options = self.settings.options();
+        opts.workspace = self.roots.clone();
+        opts.path_mappings = self.settings.mappings(&self.roots);
         let tx = self.tx.clone();
         let workers = self.workers.clone();
         let client = self.client.clone();
@@ -452,15 +477,31 @@ impl Owner {
         let token = lsp::ProgressToken::String(format!("memlsp/analyse/{}", self.progress_seq));
         tokio::spawn(async move {
             let _permit = workers.acquire_owned().await;
+            // Two polls of the size: a file still growing is not read yet (the engines map files
+            // into memory; reading one mid-write only wastes work).
+            tokio::time::sleep(STABLE_POLL).await;
+            let polled = FileKey::of(&path);
+            if polled != Some(key) {
+                let _ = tx.send(Event::Done {
+                    path,
+                    key,
+                    after: polled,
+                    outcome: Outcome::Unstable,
+                });
+                return;
+            }
             let p = path.clone();
             let mut job = tokio::task::spawn_blocking(move || {
-                let outcome = match std::panic::catch_unwind(AssertUnwindSafe(|| {
+                let faults = crate::lsp::sigbus::rescued();
+                let outcome = contained(|| {
                     test_panic_hook(&p);
                     analyze::analyze_file(&p, &opts)
-                })) {
-                    Ok(Ok(report)) => Outcome::Reports(vec![report]),
-                    Ok(Err(e)) => Outcome::Error(e),
-                    Err(panic) => Outcome::Panic(panic_message(panic.as_ref())),
+                });
+                // The mapping lost its file under the reader: whatever was decoded is void.
+                let outcome = if crate::lsp::sigbus::rescued() != faults {
+                    Outcome::Rewritten
+                } else {
+                    outcome
                 };
                 (outcome, FileKey::of(&p))
             });
@@ -517,7 +558,25 @@ impl Owner {
                 }));
                 changed = true;
             }
-            Outcome::Reports(_) => {
+            Outcome::Rewritten => {
+                entry.status = Status::Incomplete;
+                entry.dirty = true;
+                eprintln!(
+                    "memlsp: {} was rewritten while being read; reading it again",
+                    path.display()
+                );
+                self.client
+                    .log_message(
+                        lsp::MessageType::INFO,
+                        format!(
+                            "{} was rewritten while being read; reading it again",
+                            path.display()
+                        ),
+                    )
+                    .await;
+            }
+            Outcome::Reports(_) | Outcome::Unstable => {
+                // Changed while being read: look again now (the new content has a new key).
                 entry.status = Status::Incomplete;
                 entry.dirty = true;
             }
@@ -615,6 +674,8 @@ impl Owner {
                 diagnostics: self.published.clone(),
                 inlay_hints: self.settings.inlay_hints,
                 inlay_min_percent: self.settings.inlay_min_percent,
+                inlay_min_bytes: self.settings.inlay_min_bytes,
+                roots: self.roots.clone(),
                 frames: self.settings.options().frames,
                 encoding: caps.encoding,
             });
@@ -704,6 +765,15 @@ impl Owner {
     }
 }
 
+/// Run one analysis; a panic inside it becomes an `Outcome` instead of unwinding further.
+fn contained(analyse: impl FnOnce() -> Result<CaptureReport, CaptureError>) -> Outcome {
+    match std::panic::catch_unwind(AssertUnwindSafe(analyse)) {
+        Ok(Ok(report)) => Outcome::Reports(vec![report]),
+        Ok(Err(e)) => Outcome::Error(e),
+        Err(panic) => Outcome::Panic(panic_message(panic.as_ref())),
+    }
+}
+
 fn schedule_recheck(tx: &mpsc::UnboundedSender<Event>, path: &Path) {
     let tx = tx.clone();
     let p = path.to_path_buf();
@@ -732,5 +802,32 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
         s.clone()
     } else {
         "unknown panic".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panicking_analysis_becomes_an_outcome_with_its_message() {
+        let out = contained(|| panic!("index out of bounds: the len is 3"));
+        match out {
+            Outcome::Panic(msg) => assert_eq!(msg, "index out of bounds: the len is 3"),
+            _ => panic!("the panic escaped as a result"),
+        }
+        let out = contained(|| {
+            let n: Vec<u8> = Vec::new();
+            Ok(crate::report::CaptureReport {
+                path: PathBuf::from(format!("{}", n.len())),
+                kind: crate::report::CaptureKind::XlaCapture,
+                headline: String::new(),
+                engine: Default::default(),
+                sites: Vec::new(),
+                findings: Vec::new(),
+                text: String::new(),
+            })
+        });
+        assert!(matches!(out, Outcome::Reports(r) if r.len() == 1));
     }
 }

@@ -56,6 +56,12 @@ pub struct SiteTrace {
     pub retained_last: u64,
     /// Largest requested size among retained allocations.
     pub retained_max_size: u64,
+    /// Largest requested size among all allocations of the site in the window.
+    pub alloc_max_size: u64,
+    /// Bit w set when any allocation of the site falls in window part w.
+    pub alloc_windows: u16,
+    /// Index of the site's last allocation.
+    pub last_alloc: u64,
     pub role: Role,
     pub stack: Option<StackId>,
 }
@@ -161,11 +167,9 @@ impl Timeline {
 }
 
 fn part(i: usize, n: usize) -> usize {
-    if n == 0 {
-        0
-    } else {
-        (i.saturating_mul(WINDOWS) / n).min(WINDOWS - 1)
-    }
+    i.saturating_mul(WINDOWS)
+        .checked_div(n)
+        .map_or(0, |p| p.min(WINDOWS - 1))
 }
 
 fn signed(v: u64) -> i64 {
@@ -213,7 +217,7 @@ fn device_timeline(
     let mut run_sites: FxHashMap<SiteKey, (u64, Option<StackId>)> = FxHashMap::default();
     let mut best: Option<FreeBurst> = None;
     let mut running: i64 = 0;
-    let mut floors_rel = vec![i64::MAX; WINDOWS];
+    let mut floors_rel = [i64::MAX; WINDOWS];
     let mut peak_rel: Option<(i64, usize)> = None;
     let mut trough_before_peak: (i64, usize) = (0, 0);
     let mut trough: (i64, usize) = (i64::MAX, 0);
@@ -251,6 +255,9 @@ fn device_timeline(
                     ..Default::default()
                 });
                 s.allocs += 1;
+                s.alloc_max_size = s.alloc_max_size.max(e.size);
+                s.alloc_windows |= 1 << part(i, n);
+                s.last_alloc = i as u64;
                 s.alloc_bytes = s.alloc_bytes.saturating_add(e.size);
                 running = running.saturating_add(signed(e.size));
                 let opt = s.role == Role::OptimizerState;
@@ -549,7 +556,8 @@ pub fn live_at(
     for (size, stack) in set.values() {
         out.bytes = out.bytes.saturating_add(*size);
         out.blocks += 1;
-        *out.role_bytes.entry(stacks.role(*stack)).or_default() += *size;
+        let r = out.role_bytes.entry(stacks.role(*stack)).or_default();
+        *r = r.saturating_add(*size);
         let (key, _) = stacks.site(*stack);
         let s = by.entry(key).or_insert((0, 0, *stack, 0));
         s.0 = s.0.saturating_add(*size);
@@ -602,6 +610,8 @@ impl Timeline {
                         "live_bytes_reconstructed": {"start": t.live_start, "peak": t.live_peak,
                             "peak_index": t.live_peak_index, "end": t.live_end,
                             "floors": t.floors},
+                        "steps_estimate": {"sawtooth_cycles": t.cycles,
+                            "optimizer_runs": t.optimizer_runs},
                         "repeating_unfreed_sites": t.sites.iter()
                             .filter(|s| s.retained_parts() >= 3 && s.retained >= 3)
                             .map(|s| json!({"site": site_string(snap, s.key),

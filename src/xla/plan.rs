@@ -125,6 +125,25 @@ pub struct PeakBuffer {
     /// Innermost first.
     pub stack: Vec<Frame>,
     pub role: Role,
+    /// For a buffer XLA created without a name stack: the `while` loop it is carried by (a scan's
+    /// stacked values), whose line stands in for the missing one (inferred).
+    pub via: Option<String>,
+    pub via_stack: Vec<Frame>,
+}
+
+impl PeakBuffer {
+    /// The stack to attribute the buffer to: its own, else the one of the loop carrying it.
+    pub fn frames(&self) -> &[Frame] {
+        if self.stack.is_empty() && self.source.is_none() {
+            &self.via_stack
+        } else {
+            &self.stack
+        }
+    }
+    /// The source line to show: xprof's, else the carrying loop's.
+    pub fn line(&self) -> Option<&Frame> {
+        self.source.as_ref().or(self.via_stack.first())
+    }
 }
 
 /// The plan of one module in memory colour 0 (or another colour).
@@ -208,11 +227,37 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
     let ba = proto.buffer_assignment.as_ref().unwrap_or(&empty_ba);
 
     let mut by_id: FxHashMap<i64, &hpb::HloInstructionProto> = FxHashMap::default();
+    let mut users: FxHashMap<i64, Vec<&hpb::HloInstructionProto>> = FxHashMap::default();
     for c in &module.computations {
         for i in &c.instructions {
             by_id.insert(i.id, i);
+            for o in &i.operand_ids {
+                users.entry(*o).or_default().push(i);
+            }
         }
     }
+    // The `while` an unnamed instruction's value flows into (through tuples and copies).
+    let carrying_while = |start: &hpb::HloInstructionProto| -> Option<&hpb::HloInstructionProto> {
+        let mut frontier = vec![start.id];
+        for _ in 0..4 {
+            let mut next = Vec::new();
+            for id in frontier {
+                for u in users.get(&id).map(|v| v.as_slice()).unwrap_or(&[]) {
+                    if u.opcode == "while" {
+                        return Some(u);
+                    }
+                    if matches!(
+                        u.opcode.as_str(),
+                        "tuple" | "copy" | "bitcast" | "get-tuple-element"
+                    ) {
+                        next.push(u.id);
+                    }
+                }
+            }
+            frontier = next;
+        }
+        None
+    };
     let lb_proto: FxHashMap<i64, &hpb::LogicalBufferProto> =
         ba.logical_buffers.iter().map(|b| (b.id, b)).collect();
     let mut bufs: FxHashMap<i64, Buf> = FxHashMap::default();
@@ -249,31 +294,33 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
     for (_, a) in &allocs {
         let size = a.size.max(0) as u64;
         if a.is_thread_local || a.is_tuple {
-            plan.non_reusable_bytes += size;
+            plan.non_reusable_bytes = plan.non_reusable_bytes.saturating_add(size);
         }
         if a.is_thread_local {
             continue;
         }
-        plan.total_allocation_bytes += size;
+        plan.total_allocation_bytes = plan.total_allocation_bytes.saturating_add(size);
         if a.is_entry_computation_parameter {
-            plan.parameter_bytes += size;
+            plan.parameter_bytes = plan.parameter_bytes.saturating_add(size);
             if donors.contains(&(a.parameter_number, a.parameter_shape_index.clone())) {
-                plan.donated_bytes += size;
+                plan.donated_bytes = plan.donated_bytes.saturating_add(size);
             }
         }
         if a.maybe_live_out {
-            plan.output_bytes += size;
+            plan.output_bytes = plan.output_bytes.saturating_add(size);
             if !a.is_entry_computation_parameter {
-                plan.non_aliased_output_bytes += size;
+                plan.non_aliased_output_bytes = plan.non_aliased_output_bytes.saturating_add(size);
             }
         }
         if is_indefinite(a) {
-            plan.indefinite_bytes += size;
+            plan.indefinite_bytes = plan.indefinite_bytes.saturating_add(size);
         } else {
             plan.temp_allocations.push(size);
         }
     }
-    plan.temp_bytes = plan.total_allocation_bytes - plan.indefinite_bytes;
+    plan.temp_bytes = plan
+        .total_allocation_bytes
+        .saturating_sub(plan.indefinite_bytes);
     plan.alias_count = module
         .input_output_alias
         .as_ref()
@@ -343,7 +390,8 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
                     };
                     if refs == 0 {
                         live.retain(|&x| x != root);
-                        heap -= bufs.get(&root).map(|b| b.proto.size).unwrap_or(0);
+                        heap =
+                            heap.saturating_sub(bufs.get(&root).map(|b| b.proto.size).unwrap_or(0));
                     }
                 }
                 2 => {
@@ -370,7 +418,7 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
             }
             if let Some(id) = grew {
                 live.push(id);
-                heap += bufs.get(&id).map(|b| b.proto.size).unwrap_or(0);
+                heap = heap.saturating_add(bufs.get(&id).map(|b| b.proto.size).unwrap_or(0));
                 if heap > peak {
                     peak = heap;
                     plan.peak_position = pos;
@@ -406,12 +454,32 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
             let parts: Vec<String> = idx.iter().map(|i| i.to_string()).collect();
             format!("{}{{{}}}", b.instr.name, parts.join(","))
         };
+        let mut role = role_of(&op_name, &b.instr.opcode, shape.element_type);
+        let (mut via, mut via_stack) = (None, Vec::new());
+        if op_name.is_empty() {
+            if let Some(w) = carrying_while(b.instr) {
+                let wname = w
+                    .metadata
+                    .as_ref()
+                    .map(|m| m.op_name.as_str())
+                    .unwrap_or("");
+                role = if wname.contains("transpose(") {
+                    Role::Backward
+                } else {
+                    Role::ScanStack
+                };
+                via = Some(w.name.clone());
+                via_stack = hlo::source_of(w, sfi).1;
+            }
+        }
         PeakBuffer {
             logical_buffer_id: b.proto.id,
             size: b.proto.size.max(0) as u64,
             instruction,
             shape: hlo::shape_string(shape),
-            role: role_of(&op_name, &b.instr.opcode, shape.element_type),
+            role,
+            via,
+            via_stack,
             op_name,
             opcode: b.instr.opcode.clone(),
             category: Category::of(&ba.buffer_allocations[b.alloc]),
@@ -431,14 +499,15 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
             }
         }
         if let Some(b) = best {
-            plan.indefinite_in_peak += a.size.max(0) as u64;
+            plan.indefinite_in_peak = plan.indefinite_in_peak.saturating_add(a.size.max(0) as u64);
             rows.push(row(b, false));
         }
     }
     for id in &peak_ids {
         if let Some(b) = bufs.get(id) {
             let r = row(b, true);
-            *plan.roles.entry(r.role.key()).or_default() += r.size;
+            let role = plan.roles.entry(r.role.key()).or_default();
+            *role = role.saturating_add(r.size);
             rows.push(r);
         }
     }
@@ -453,7 +522,7 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
             .then(a.logical_buffer_id.cmp(&b.logical_buffer_id))
     });
     plan.at_peak = rows;
-    plan.total_peak_bytes = plan.heap_peak_bytes + plan.indefinite_in_peak;
+    plan.total_peak_bytes = plan.heap_peak_bytes.saturating_add(plan.indefinite_in_peak);
 
     // Parameters and where the module was called from.
     let entry = module
@@ -579,4 +648,40 @@ fn common_callers(
     let mut c = common.unwrap_or_default();
     c.reverse(); // innermost first
     c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roles_follow_the_jax_name_stack() {
+        assert_eq!(role_of("jit(f)/jvp()/div", "fusion", 11), Role::Forward);
+        assert_eq!(
+            role_of("jit(f)/transpose(jvp())/mul", "fusion", 11),
+            Role::Backward
+        );
+        assert_eq!(
+            role_of(
+                "jit(f)/transpose(jvp(jvp()))/checkpoint/rematted_computation/reduce_max",
+                "fusion",
+                11
+            ),
+            Role::Recomputed
+        );
+        assert_eq!(
+            role_of("jit(f)/jvp()/while/body/closed_call/dot", "dot", 11),
+            Role::ScanStack
+        );
+        assert_eq!(
+            role_of("jit(f)/jvp()/dot", "custom-call", 2),
+            Role::Workspace
+        );
+        // Fusions list several names; the first decides.
+        assert_eq!(
+            role_of("jit(f)/transpose(jvp())/mul;jit(f)/jvp()/add", "fusion", 11),
+            Role::Backward
+        );
+        assert_eq!(role_of("", "copy", 11), Role::Other);
+    }
 }

@@ -46,11 +46,21 @@ pub fn client_caps() -> Value {
 impl Lsp {
     /// Start the server on `root` and complete the `initialize` handshake.
     pub fn start(root: &Path, settings: Value) -> Lsp {
-        Lsp::start_with_env(root, settings, &[])
+        Lsp::start_full(root, settings, client_caps(), &[])
+    }
+
+    /// `start` with the given client capabilities.
+    pub fn start_with(root: &Path, settings: Value, caps: Value) -> Lsp {
+        Lsp::start_full(root, settings, caps, &[])
     }
 
     /// [`Lsp::start`] with extra environment variables for the server process.
     pub fn start_with_env(root: &Path, settings: Value, env: &[(&str, &str)]) -> Lsp {
+        Lsp::start_full(root, settings, client_caps(), env)
+    }
+
+    /// Start with client capabilities and extra environment variables.
+    pub fn start_full(root: &Path, settings: Value, caps: Value, env: &[(&str, &str)]) -> Lsp {
         let mut child = Command::new(env!("CARGO_BIN_EXE_memlsp"))
             .arg("lsp")
             .envs(env.iter().copied())
@@ -108,7 +118,7 @@ impl Lsp {
                 "processId": null,
                 "rootUri": uri(root),
                 "workspaceFolders": [{"uri": uri(root), "name": "ws"}],
-                "capabilities": client_caps(),
+                "capabilities": caps,
             }),
         );
         assert!(init.get("capabilities").is_some(), "initialize: {init}");
@@ -406,6 +416,11 @@ pub fn copy(src: &Path, dst: &Path) {
         std::fs::create_dir_all(p).expect("mkdir");
     }
     std::fs::copy(src, dst).expect("copy");
+    // ../shared is read-only; the copies are the user's files and must be editable.
+    let mut perm = std::fs::metadata(dst).expect("stat copy").permissions();
+    #[allow(clippy::permissions_set_readonly_false)]
+    perm.set_readonly(false);
+    std::fs::set_permissions(dst, perm).expect("chmod copy");
 }
 
 pub fn tempdir() -> (tempfile::TempDir, PathBuf) {
