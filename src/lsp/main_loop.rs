@@ -243,6 +243,21 @@ impl Owner {
                         if exists != self.py_files.contains(&p) {
                             py_changed = true;
                         }
+                    } else if p.is_dir() && self.matcher.is_scanned_dir(&p) {
+                        // A folder moved or copied in: the watcher may report only the folder.
+                        self.scan_dir(p);
+                    } else if !p.exists() {
+                        // A removed or renamed directory takes its captures with it (the watcher
+                        // may report only the directory).
+                        let inside: Vec<PathBuf> = self
+                            .captures
+                            .keys()
+                            .filter(|k| k.starts_with(&p))
+                            .cloned()
+                            .collect();
+                        for c in inside {
+                            changed |= self.consider(&c);
+                        }
                     }
                 }
                 if py_changed {
@@ -381,6 +396,28 @@ impl Owner {
         tokio::spawn(async move {
             if let Ok(found) = tokio::task::spawn_blocking(move || matcher.scan()).await {
                 let _ = tx.send(Event::Paths(found));
+            }
+        });
+    }
+
+    /// Look for captures under one directory of the workspace (off the async executor).
+    fn scan_dir(&self, dir: PathBuf) {
+        let matcher = self.matcher.clone();
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let found = tokio::task::spawn_blocking(move || {
+                crate::source::workspace::walk(&dir)
+                    .flatten()
+                    .filter(|e| e.file_type().is_some_and(|t| t.is_file()))
+                    .map(|e| e.into_path())
+                    .filter(|p| matcher.is_capture(p))
+                    .collect::<Vec<_>>()
+            })
+            .await;
+            if let Ok(found) = found {
+                if !found.is_empty() {
+                    let _ = tx.send(Event::Paths(found));
+                }
             }
         });
     }
