@@ -503,7 +503,9 @@ impl Owner {
     }
 
     fn spawn_analysis(&mut self, path: PathBuf, key: FileKey) {
-        let opts: Options = self.settings.options();
+        let mut opts: Options = self.settings.options();
+        opts.workspace = self.roots.clone();
+        opts.path_mappings = self.settings.mappings(&self.roots);
         let tx = self.tx.clone();
         let workers = self.workers.clone();
         let client = self.client.clone();
@@ -528,7 +530,10 @@ impl Owner {
             let p = path.clone();
             let mut job = tokio::task::spawn_blocking(move || {
                 let faults = crate::lsp::sigbus::rescued();
-                let outcome = contained(|| analyze::analyze_file(&p, &opts));
+                let outcome = contained(|| {
+                    test_panic_hook(&p);
+                    analyze::analyze_file(&p, &opts)
+                });
                 // The mapping lost its file under the reader: whatever was decoded is void.
                 let outcome = if crate::lsp::sigbus::rescued() != faults {
                     Outcome::Rewritten
@@ -813,6 +818,18 @@ fn schedule_recheck(tx: &mpsc::UnboundedSender<Event>, path: &Path) {
         tokio::time::sleep(SETTLE).await;
         let _ = tx.send(Event::Recheck(p));
     });
+}
+
+/// Test hook: `MEMLSP_TEST_PANIC_ON=<substring>` makes the analysis of any capture whose path
+/// contains it panic, so tests can check a panic stays inside one analysis
+/// (`tests/lsp_resilience.rs`). Unset in normal use.
+fn test_panic_hook(path: &Path) {
+    if let Some(needle) = std::env::var_os("MEMLSP_TEST_PANIC_ON") {
+        let needle = needle.to_string_lossy();
+        if !needle.is_empty() && path.to_string_lossy().contains(needle.as_ref()) {
+            panic!("MEMLSP_TEST_PANIC_ON matched {}", path.display());
+        }
+    }
 }
 
 fn panic_message(p: &(dyn std::any::Any + Send)) -> String {

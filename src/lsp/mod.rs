@@ -33,6 +33,7 @@ pub mod index;
 pub mod main_loop;
 pub mod server;
 pub mod sigbus;
+mod stdin_filter;
 pub mod to_proto;
 pub mod workspace;
 
@@ -116,7 +117,8 @@ pub fn run_stdio() -> anyhow::Result<()> {
         .build()?;
     rt.block_on(async {
         let (service, socket) = tower_lsp_server::LspService::new(server::Backend::new);
-        tower_lsp_server::Server::new(tokio::io::stdin(), tokio::io::stdout(), socket)
+        let stdin = stdin_filter::stdin();
+        tower_lsp_server::Server::new(stdin, tokio::io::stdout(), socket)
             .serve(service)
             .await;
     });

@@ -645,3 +645,39 @@ fn common_callers(
     c.reverse(); // innermost first
     c
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roles_follow_the_jax_name_stack() {
+        assert_eq!(role_of("jit(f)/jvp()/div", "fusion", 11), Role::Forward);
+        assert_eq!(
+            role_of("jit(f)/transpose(jvp())/mul", "fusion", 11),
+            Role::Backward
+        );
+        assert_eq!(
+            role_of(
+                "jit(f)/transpose(jvp(jvp()))/checkpoint/rematted_computation/reduce_max",
+                "fusion",
+                11
+            ),
+            Role::Recomputed
+        );
+        assert_eq!(
+            role_of("jit(f)/jvp()/while/body/closed_call/dot", "dot", 11),
+            Role::ScanStack
+        );
+        assert_eq!(
+            role_of("jit(f)/jvp()/dot", "custom-call", 2),
+            Role::Workspace
+        );
+        // Fusions list several names; the first decides.
+        assert_eq!(
+            role_of("jit(f)/transpose(jvp())/mul;jit(f)/jvp()/add", "fusion", 11),
+            Role::Backward
+        );
+        assert_eq!(role_of("", "copy", 11), Role::Other);
+    }
+}
