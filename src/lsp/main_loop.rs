@@ -591,7 +591,16 @@ impl Owner {
                 entry.result = Some(Arc::new(CaptureResult {
                     path: path.clone(),
                     mtime: key.mtime,
-                    reports,
+                    // The server shows findings and sites only: drop the report text and the
+                    // engine JSON instead of keeping them for every capture.
+                    reports: reports
+                        .into_iter()
+                        .map(|mut r| {
+                            r.text = String::new();
+                            r.engine = crate::report::EngineData::None;
+                            r
+                        })
+                        .collect(),
                 }));
                 changed = true;
             }
