@@ -259,6 +259,20 @@ impl<'a> Vm<'a, '_> {
         }
     }
 
+    /// The decimal memo index argument of the text opcodes `PUT` / `GET`.
+    fn text_index(&mut self, opcode: &str) -> R<usize> {
+        let line = self.line()?;
+        std::str::from_utf8(line)
+            .ok()
+            .and_then(|s| s.trim().parse::<usize>().ok())
+            .ok_or_else(|| {
+                self.err(
+                    PickleErrorKind::Invalid,
+                    format!("{opcode} with a malformed index"),
+                )
+            })
+    }
+
     #[inline]
     fn push(&mut self, v: Val) -> R<()> {
         if self.stack.len() >= self.limits.max_stack {
@@ -1118,13 +1132,7 @@ impl<'a> Vm<'a, '_> {
                     self.memo_put(i)?;
                 }
                 b'p' => {
-                    let line = self.line()?;
-                    let Some(i) = std::str::from_utf8(line)
-                        .ok()
-                        .and_then(|s| s.trim().parse::<usize>().ok())
-                    else {
-                        return Err(self.err(Invalid, "PUT with a malformed index"));
-                    };
+                    let i = self.text_index("PUT")?;
                     self.memo_put(i)?;
                 }
                 b'h' => {
@@ -1136,13 +1144,7 @@ impl<'a> Vm<'a, '_> {
                     self.memo_get(i)?;
                 }
                 b'g' => {
-                    let line = self.line()?;
-                    let Some(i) = std::str::from_utf8(line)
-                        .ok()
-                        .and_then(|s| s.trim().parse::<usize>().ok())
-                    else {
-                        return Err(self.err(Invalid, "GET with a malformed index"));
-                    };
+                    let i = self.text_index("GET")?;
                     self.memo_get(i)?;
                 }
                 // ---- code: recorded, never executed ----

@@ -147,6 +147,20 @@ fn tree_from_json(path: &Path, bytes: &[u8]) -> Result<Tree<'static>, CaptureErr
     let mut work = vec![Work::Visit(&value)];
     let mut out: Vec<Val> = Vec::new();
     let mut depth = 0usize;
+    // serde_json already stops at 128 levels; this keeps the conversion bounded on its own.
+    let enter = |depth: usize| {
+        if depth >= 1000 {
+            Err(CaptureError::new(
+                path,
+                ErrorKind::Limit,
+                None,
+                "JSON nested more than 1000 levels",
+                "",
+            ))
+        } else {
+            Ok(depth + 1)
+        }
+    };
     while let Some(w) = work.pop() {
         match w {
             Work::Visit(v) => match v {
@@ -167,32 +181,14 @@ fn tree_from_json(path: &Path, bytes: &[u8]) -> Result<Tree<'static>, CaptureErr
                     out.push(v);
                 }
                 serde_json::Value::Array(items) => {
-                    depth += 1;
-                    if depth > 1000 {
-                        return Err(CaptureError::new(
-                            path,
-                            ErrorKind::Limit,
-                            None,
-                            "JSON nested more than 1000 levels",
-                            "",
-                        ));
-                    }
+                    depth = enter(depth)?;
                     work.push(Work::List(items.len()));
                     for it in items.iter().rev() {
                         work.push(Work::Visit(it));
                     }
                 }
                 serde_json::Value::Object(map) => {
-                    depth += 1;
-                    if depth > 1000 {
-                        return Err(CaptureError::new(
-                            path,
-                            ErrorKind::Limit,
-                            None,
-                            "JSON nested more than 1000 levels",
-                            "",
-                        ));
-                    }
+                    depth = enter(depth)?;
                     work.push(Work::Dict(map.keys().cloned().collect()));
                     for it in map.values().rev() {
                         work.push(Work::Visit(it));

@@ -44,7 +44,8 @@ pub struct Context<'a> {
 const CONFIRM: &str =
     "confirm before/after with jax.jit(f).lower(*args).compile().memory_analysis()";
 
-fn pct(part: u64, whole: u64) -> f64 {
+/// `part` as a percentage of `whole` (0 when `whole` is 0).
+pub fn pct(part: u64, whole: u64) -> f64 {
     if whole == 0 {
         0.0
     } else {
@@ -52,14 +53,22 @@ fn pct(part: u64, whole: u64) -> f64 {
     }
 }
 
-/// Culprit location and stack (innermost first) of a buffer.
-fn located(ctx: &Context, b: &PeakBuffer) -> (Option<Location>, Vec<Location>) {
+/// Culprit location and stack (innermost first) of a buffer: the frame `pick` chooses (the
+/// first user frame), else the line xprof shows.
+pub fn culprit(
+    b: &PeakBuffer,
+    pick: &dyn Fn(&[Location]) -> Option<usize>,
+) -> (Option<Location>, Vec<Location>) {
     let stack: Vec<Location> = b.frames().iter().map(|f| f.location()).collect();
     if stack.is_empty() {
         return (b.line().map(|f| f.location()), stack);
     }
-    let i = (ctx.pick)(&stack).unwrap_or(0);
+    let i = pick(&stack).unwrap_or(0);
     (Some(stack[i].clone()), stack)
+}
+
+fn located(ctx: &Context, b: &PeakBuffer) -> (Option<Location>, Vec<Location>) {
+    culprit(b, ctx.pick)
 }
 
 /// "still needs X > capacity Y" when a fix does not bring the plan under the pool.
@@ -266,7 +275,7 @@ pub fn diagnose(ctx: &Context) -> Vec<Finding> {
         if let Some(in_use) = last.bytes_in_use_at_start {
             let step_new = p.total_peak_bytes.saturating_sub(p.parameter_bytes);
             let others = in_use.saturating_sub(p.parameter_bytes);
-            if in_use + step_new > cap && others > 0 && !no_fit {
+            if in_use.saturating_add(step_new) > cap && others > 0 && !no_fit {
                 let largest = ctx.live_at_last.first();
                 let mut f = Finding::new(
                     "JX006",

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 
 use super::capture::Capture;
-use super::diagnose::{self, Context, Growth};
+use super::diagnose::{self, Context, Growth, pct};
 use super::hlo::split_program_id;
 use super::plan::{Plan, Role, SMALL_BUFFER_BYTES};
 use super::runtime::{Execution, Runtime};
@@ -103,12 +103,12 @@ pub fn select_module<'p>(
         })
         .max_by_key(|p| last_exec(p));
     if let Some(p) = stalled {
-        if !rt.retries.is_empty() {
-            return Ok(Some((
-                p,
-                "its last execution launched no kernel (allocator retries in the capture)".into(),
-            )));
-        }
+        let why = if rt.retries.is_empty() {
+            "its last execution launched no kernel"
+        } else {
+            "its last execution launched no kernel (allocator retries in the capture)"
+        };
+        return Ok(Some((p, why.into())));
     }
     if let Some(p) = plans
         .iter()
@@ -481,12 +481,7 @@ fn sites(plan: &Plan, pick: &dyn Fn(&[Location]) -> Option<usize>, top: usize) -
     type Acc = (Site, bool, Vec<(Role, u64)>);
     let mut out: Vec<Acc> = Vec::new();
     for b in &plan.at_peak {
-        let stack: Vec<Location> = b.frames().iter().map(|f| f.location()).collect();
-        let loc = if stack.is_empty() {
-            b.line().map(|f| f.location())
-        } else {
-            Some(stack[pick(&stack).unwrap_or(0)].clone())
-        };
+        let (loc, stack) = diagnose::culprit(b, pick);
         let i = match out.iter().position(|s| s.0.location == loc) {
             Some(i) => i,
             None => {
@@ -544,14 +539,6 @@ fn sites(plan: &Plan, pick: &dyn Fn(&[Location]) -> Option<usize>, top: usize) -
     }
     sites.truncate(top.max(1));
     sites
-}
-
-fn pct(part: u64, whole: u64) -> f64 {
-    if whole == 0 {
-        0.0
-    } else {
-        part as f64 * 100.0 / whole as f64
-    }
 }
 
 fn headline(plan: &Plan, findings: &[Finding]) -> String {
@@ -699,13 +686,8 @@ fn render(r: &RenderInput) -> String {
     let w = &mut s;
     let _ = writeln!(
         w,
-        "Module {} — {} of {} module(s) with an HLO plan [read]; chosen as {} (--module to pick another).",
+        "Module {} (one of {} modules with an HLO plan [read]); chosen as {} (--module to pick another).",
         p.module,
-        r.plans
-            .iter()
-            .position(|x| x.module == p.module)
-            .map(|i| i + 1)
-            .unwrap_or(0),
         r.plans.len(),
         r.why
     );

@@ -272,7 +272,7 @@ fn host_plane(
             i
         };
         let t = ev.start_ps(line);
-        let end = t + ev.duration_ps.max(0);
+        let end = t.saturating_add(ev.duration_ps.max(0));
         match kind {
             EvKind::Mem => {
                 let mut m = MemEvent {
@@ -663,12 +663,12 @@ fn summarize_allocators(rt: &mut Runtime) {
             }
         };
         s.events += 1;
-        let in_use = m.bytes_reserved + m.bytes_allocated;
+        let in_use = m.bytes_reserved.saturating_add(m.bytes_allocated);
         if in_use > s.peak_bytes_in_use || s.events == 1 {
             s.peak_bytes_in_use = in_use;
             s.peak_time_ps = m.t_ps;
             s.heap_allocated_at_peak = m.bytes_allocated;
-            s.capacity_bytes = in_use + m.bytes_available;
+            s.capacity_bytes = in_use.saturating_add(m.bytes_available);
         }
         s.lifetime_peak_bytes = s.lifetime_peak_bytes.max(m.peak_bytes_in_use);
     }
@@ -692,7 +692,7 @@ fn summarize_allocators(rt: &mut Runtime) {
                 let before = if first.alloc {
                     first.bytes_allocated.saturating_sub(first.allocation_bytes)
                 } else {
-                    first.bytes_allocated + first.allocation_bytes
+                    first.bytes_allocated.saturating_add(first.allocation_bytes)
                 };
                 e.bytes_in_use_at_start = Some(before);
             }
@@ -748,7 +748,7 @@ impl Runtime {
         let mut add = |label: String, bytes: u64| match groups.iter_mut().find(|g| g.label == label)
         {
             Some(g) => {
-                g.bytes += bytes;
+                g.bytes = g.bytes.saturating_add(bytes);
                 g.count += 1;
             }
             None => groups.push(LiveGroup {
@@ -761,7 +761,7 @@ impl Runtime {
         let mut live: Vec<&&MemEvent> = live.values().collect();
         live.sort_by_key(|m| m.t_ps);
         for m in live {
-            tracked += m.allocation_bytes;
+            tracked = tracked.saturating_add(m.allocation_bytes);
             add(self.allocated_by(m), m.allocation_bytes);
         }
         let in_use = last.bytes_allocated;
@@ -788,7 +788,7 @@ impl Runtime {
             .take(8)
             .map(|&i| &self.spans[i])
             .filter(|s| s.line == m.line && m.t_ps <= s.end)
-            .min_by_key(|s| s.end - s.start);
+            .min_by_key(|s| s.end.saturating_sub(s.start));
         match best.map(|s| &s.kind) {
             Some(SpanKind::Exec(i)) => {
                 let e = &self.executions[*i];
@@ -825,7 +825,7 @@ impl Runtime {
                 |l| l == line_name,
                 |line, ev| {
                     let t = ev.start_ps(line);
-                    let end = t + ev.duration_ps.max(0);
+                    let end = t.saturating_add(ev.duration_ps.max(0));
                     if t >= to_ps || end < from_ps {
                         return;
                     }

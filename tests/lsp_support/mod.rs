@@ -46,20 +46,21 @@ pub fn client_caps() -> Value {
 impl Lsp {
     /// Start the server on `root` and complete the `initialize` handshake.
     pub fn start(root: &Path, settings: Value) -> Lsp {
-        Lsp::spawn(root, settings, client_caps(), &[])
+        Lsp::start_full(root, settings, client_caps(), &[])
     }
 
     /// `start` with the given client capabilities.
     pub fn start_with(root: &Path, settings: Value, caps: Value) -> Lsp {
-        Lsp::spawn(root, settings, caps, &[])
+        Lsp::start_full(root, settings, caps, &[])
     }
 
     /// [`Lsp::start`] with extra environment variables for the server process.
     pub fn start_with_env(root: &Path, settings: Value, env: &[(&str, &str)]) -> Lsp {
-        Lsp::spawn(root, settings, client_caps(), env)
+        Lsp::start_full(root, settings, client_caps(), env)
     }
 
-    fn spawn(root: &Path, settings: Value, caps: Value, env: &[(&str, &str)]) -> Lsp {
+    /// Start with client capabilities and extra environment variables.
+    pub fn start_full(root: &Path, settings: Value, caps: Value, env: &[(&str, &str)]) -> Lsp {
         let mut child = Command::new(env!("CARGO_BIN_EXE_memlsp"))
             .arg("lsp")
             .envs(env.iter().copied())
