@@ -346,7 +346,11 @@ impl Owner {
             return;
         }
         let options_changed = settings.options_key() != self.settings.options_key();
+        let globs_changed = settings.capture_globs != self.settings.capture_globs;
         self.settings = settings;
+        if globs_changed && self.registered {
+            self.register_watchers(true);
+        }
         let (matcher, bad) = CaptureMatcher::new(&self.roots, &self.settings.capture_globs);
         for b in bad {
             self.log(lsp::MessageType::WARNING, format!("captureGlobs: {b}"))
@@ -448,27 +452,42 @@ impl Owner {
         }
         if !self.registered && self.caps().watched_files_dynamic {
             self.registered = true;
-            let watchers = self
-                .settings
-                .capture_globs
-                .iter()
-                .map(|g| lsp::FileSystemWatcher {
-                    glob_pattern: lsp::GlobPattern::String(g.clone()),
-                    kind: None,
-                })
-                .collect();
-            let opts = lsp::DidChangeWatchedFilesRegistrationOptions { watchers };
-            let client = self.client.clone();
-            if let Ok(options) = serde_json::to_value(opts) {
-                tokio::spawn(async move {
-                    let reg = lsp::Registration {
-                        id: "memlsp-captures".into(),
-                        method: "workspace/didChangeWatchedFiles".into(),
-                        register_options: Some(options),
+            self.register_watchers(false);
+        }
+    }
+
+    /// Ask the client to watch `captureGlobs` (again, when they changed: the old registration
+    /// is withdrawn first).
+    fn register_watchers(&self, replace: bool) {
+        const ID: &str = "memlsp-captures";
+        const METHOD: &str = "workspace/didChangeWatchedFiles";
+        let watchers = self
+            .settings
+            .capture_globs
+            .iter()
+            .map(|g| lsp::FileSystemWatcher {
+                glob_pattern: lsp::GlobPattern::String(g.clone()),
+                kind: None,
+            })
+            .collect();
+        let opts = lsp::DidChangeWatchedFilesRegistrationOptions { watchers };
+        let client = self.client.clone();
+        if let Ok(options) = serde_json::to_value(opts) {
+            tokio::spawn(async move {
+                if replace {
+                    let old = lsp::Unregistration {
+                        id: ID.into(),
+                        method: METHOD.into(),
                     };
-                    let _ = client.register_capability(vec![reg]).await;
-                });
-            }
+                    let _ = client.unregister_capability(vec![old]).await;
+                }
+                let reg = lsp::Registration {
+                    id: ID.into(),
+                    method: METHOD.into(),
+                    register_options: Some(options),
+                };
+                let _ = client.register_capability(vec![reg]).await;
+            });
         }
     }
 
