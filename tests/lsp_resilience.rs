@@ -100,7 +100,7 @@ fn captures_deleted_or_truncated_while_read_do_not_crash_or_report() {
             std::fs::remove_file(&p).unwrap();
         } else {
             let f = std::fs::File::options().write(true).open(&p).unwrap();
-            f.set_len(bytes.len() as u64 / 3).unwrap();
+            f.set_len(1000).unwrap();
         }
         assert!(lsp.alive(), "the server died in round {round}");
     }
@@ -116,6 +116,41 @@ fn captures_deleted_or_truncated_while_read_do_not_crash_or_report() {
     );
     still_serving(&mut lsp, &opt);
     lsp.shutdown();
+}
+
+/// `memlsp report` (the server's analysis path) on a snapshot cut short while it is decoded: an
+/// error or a result, never death by signal (a memory-mapped file raised SIGBUS here).
+#[test]
+fn a_snapshot_truncated_while_read_never_kills_the_process() {
+    let Some(big) = memlsp::testdata::shared(BIG) else {
+        return;
+    };
+    let (_tmp, ws) = tempdir();
+    let bytes = std::fs::read(&big).unwrap();
+    let p = ws.join("redumped_snapshot.pickle");
+    for delay_ms in [0u64, 5, 10, 20, 40, 80] {
+        std::fs::write(&p, &bytes).unwrap();
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_memlsp"))
+            .args(["report", p.to_str().unwrap()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        std::fs::File::options()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(1000)
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.code().is_some(),
+            "truncated after {delay_ms} ms: killed by a signal ({:?})",
+            out.status
+        );
+        assert!(matches!(out.status.code(), Some(0 | 2)), "{:?}", out.status);
+    }
 }
 
 #[test]

@@ -23,6 +23,10 @@ pub struct LoadOptions {
     pub max_trace_events: Option<usize>,
 }
 
+/// Snapshots up to this size are read into memory; larger ones are memory-mapped (and their pages
+/// released as the decoder passes them).
+const READ_INTO_MEMORY_UP_TO: u64 = 256 << 20;
+
 /// Read and decode a snapshot file (`.pickle`/`.pkl` or the JSON form).
 pub fn load_snapshot(path: &Path, opts: &LoadOptions) -> Result<Snapshot, CaptureError> {
     let file = std::fs::File::open(path).map_err(|e| CaptureError::io(path, &e))?;
@@ -39,8 +43,20 @@ pub fn load_snapshot(path: &Path, opts: &LoadOptions) -> Result<Snapshot, Captur
             "a snapshot being written is retried when it changes; otherwise re-run _dump_snapshot()",
         ));
     }
-    // SAFETY: the map is read-only and private to this call; a file truncated underneath it by
-    // another process could fault, which is why the server only reads files whose size is stable.
+    if len <= READ_INTO_MEMORY_UP_TO {
+        // Read, not mapped: a mapped file that another process truncates while it is decoded
+        // raises SIGBUS and kills the whole process (the language server included), and torch
+        // re-dumps a snapshot in place (truncate, then write). A file that shrinks while read here
+        // is just short, and decodes as truncated.
+        use std::io::Read;
+        let mut bytes = Vec::with_capacity(len as usize);
+        let mut file = file;
+        file.read_to_end(&mut bytes)
+            .map_err(|e| CaptureError::io(path, &e))?;
+        return decode_inner(path, &bytes, opts, None);
+    }
+    // SAFETY: the map is read-only and private to this call. A file this large that is truncated
+    // underneath it by another process can still fault (SIGBUS); see docs/LIMITS.md.
     let map = unsafe { memmap2::Mmap::map(&file) };
     match map {
         Ok(map) => {
