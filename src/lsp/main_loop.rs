@@ -18,7 +18,7 @@ use tower_lsp_server::ls_types as lsp;
 use crate::analyze::{self, Options};
 use crate::error::CaptureError;
 use crate::lsp::config::Settings;
-use crate::lsp::index::{CaptureResult, Index, capture_name};
+use crate::lsp::index::{CaptureResult, FileEntry, Index, capture_name};
 use crate::lsp::to_proto;
 use crate::lsp::workspace::{CaptureMatcher, Watcher};
 use crate::lsp::{Caps, Doc, Shared, View};
@@ -205,27 +205,35 @@ impl Owner {
                 if let Ok(mut docs) = self.shared.docs.write() {
                     let newer = docs.get(&path).is_none_or(|d| d.version <= doc.version);
                     if newer {
-                        docs.insert(path, doc);
+                        docs.insert(path.clone(), doc);
                     }
                 }
+                self.republish_file(&path).await;
             }
             Event::Close(path) => {
                 if let Ok(mut docs) = self.shared.docs.write() {
                     docs.remove(&path);
                 }
+                self.republish_file(&path).await;
             }
             Event::Paths(paths) => {
                 let mut changed = false;
                 let mut py_changed = false;
+                let mut new_dirs = Vec::new();
                 for p in paths {
                     if self.matcher.is_capture(&p) {
                         changed |= self.consider(&p);
+                    } else if p.is_dir() {
+                        new_dirs.push(p);
                     } else if p.extension().is_some_and(|e| e == "py") {
                         let exists = p.is_file();
                         if exists != self.py_files.contains(&p) {
                             py_changed = true;
                         }
                     }
+                }
+                if !new_dirs.is_empty() {
+                    self.scan_dirs(new_dirs);
                 }
                 if py_changed {
                     self.rebuild_resolver();
@@ -356,6 +364,21 @@ impl Owner {
     }
 
     /// Find every capture under the roots (off the async executor).
+    /// Captures in directories that just appeared (created or moved in): files written right
+    /// after the directory was made land before the watcher watches it, so look inside.
+    fn scan_dirs(&self, dirs: Vec<PathBuf>) {
+        let matcher = self.matcher.clone();
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            if let Ok(found) = tokio::task::spawn_blocking(move || matcher.scan_under(&dirs)).await
+            {
+                if !found.is_empty() {
+                    let _ = tx.send(Event::Paths(found));
+                }
+            }
+        });
+    }
+
     fn rescan(&self) {
         let matcher = self.matcher.clone();
         let tx = self.tx.clone();
@@ -668,19 +691,9 @@ impl Owner {
         }
         self.logged_unresolved = index.unresolved.clone();
 
-        let enc = self.caps().encoding;
         let mut next: HashMap<PathBuf, Vec<lsp::Diagnostic>> = HashMap::new();
         for (file, fe) in &index.files {
-            let text = self.text_of(file);
-            let mut diags = Vec::new();
-            for (line, le) in &fe.lines {
-                let lt = text
-                    .as_deref()
-                    .and_then(|t| to_proto::line_of(t, line.saturating_sub(1)));
-                for lf in &le.findings {
-                    diags.push(to_proto::diagnostic(lf, lt, enc));
-                }
-            }
+            let diags = self.file_diagnostics(file, fe);
             if !diags.is_empty() {
                 next.insert(file.clone(), diags);
             }
@@ -711,6 +724,52 @@ impl Owner {
         }
     }
 
+    /// The diagnostics of one workspace file against its current text (buffer or disk). A
+    /// finding whose fix is already in the text (the user applied the quick fix) is left out:
+    /// the capture predates the edit.
+    fn file_diagnostics(&self, file: &Path, fe: &FileEntry) -> Vec<lsp::Diagnostic> {
+        let enc = self.caps().encoding;
+        let text = self.text_of(file);
+        let file_str = file.to_string_lossy();
+        let mut diags = Vec::new();
+        for (line, le) in &fe.lines {
+            let lt = text
+                .as_deref()
+                .and_then(|t| to_proto::line_of(t, line.saturating_sub(1)));
+            for lf in &le.findings {
+                let fixed = text
+                    .as_deref()
+                    .is_some_and(|t| fix_applied(&lf.finding, &file_str, t, *line));
+                if !fixed {
+                    diags.push(to_proto::diagnostic(lf, lt, enc));
+                }
+            }
+        }
+        diags
+    }
+
+    /// After an edit (or open/close) of `file`: publish its diagnostics again if they changed.
+    async fn republish_file(&mut self, file: &Path) {
+        let view = self.shared.view();
+        let Some(fe) = view.index.files.get(file) else {
+            return;
+        };
+        let diags = self.file_diagnostics(file, fe);
+        let old = self.published.get(file).cloned().unwrap_or_default();
+        if diags == old {
+            return;
+        }
+        if diags.is_empty() {
+            self.published.remove(file);
+        } else {
+            self.published.insert(file.to_path_buf(), diags.clone());
+        }
+        self.store_view(None);
+        if let Some(uri) = to_proto::uri(file) {
+            self.client.publish_diagnostics(uri, diags, None).await;
+        }
+    }
+
     fn text_of(&self, path: &Path) -> Option<String> {
         if let Ok(docs) = self.shared.docs.read() {
             if let Some(d) = docs.get(path) {
@@ -719,6 +778,20 @@ impl Owner {
         }
         std::fs::read_to_string(path).ok()
     }
+}
+
+/// True when one of the finding's edit fixes reports that the line already has it (`loss` is
+/// already `loss.detach()`, `jax.jit` already donates, …).
+fn fix_applied(f: &crate::findings::Finding, file: &str, text: &str, line: u32) -> bool {
+    f.fixes.iter().any(|fix| {
+        !matches!(fix.kind, crate::findings::FixKind::Advice)
+            && std::panic::catch_unwind(AssertUnwindSafe(|| {
+                crate::source::edits::edits_for(&fix.kind, file, text, line)
+            }))
+            .is_ok_and(
+                |r| matches!(r, Err(crate::source::edits::NoEdit(why)) if why.contains("already")),
+            )
+    })
 }
 
 fn schedule_recheck(tx: &mpsc::UnboundedSender<Event>, path: &Path) {

@@ -83,8 +83,13 @@ impl CaptureMatcher {
 
     /// Every capture under the roots (respects `.gitignore`, skips `.venv`, `node_modules`, …).
     pub fn scan(&self) -> Vec<PathBuf> {
+        self.scan_under(&self.roots)
+    }
+
+    /// Every capture under `dirs` (each inside a root), with the same rules as `scan`.
+    pub fn scan_under(&self, dirs: &[PathBuf]) -> Vec<PathBuf> {
         let mut out = Vec::new();
-        for root in &self.roots {
+        for root in dirs {
             let walker = ignore::WalkBuilder::new(root)
                 .hidden(false)
                 .git_global(false)
