@@ -17,7 +17,7 @@ SHARED="${MEMLSP_SHARED:-$REPO/../shared}"
 ARTIFACTS="$REPO/target/e2e"
 mkdir -p "$MEMLSP_CI_CACHE" "$ARTIFACTS"
 SUITES=("$@")
-[ ${#SUITES[@]} -eq 0 ] && SUITES=(nvim)
+[ ${#SUITES[@]} -eq 0 ] && SUITES=(nvim vscode)
 T_START=$SECONDS
 
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "ok installed"; }
@@ -58,6 +58,20 @@ run_nvim() {
 }
 
 run_vscode() {
+  # code-server 4.100 needs Node 20 (NodeSource's nodejs here; Debian 12's is 18).
+  if ! node -e 'process.exit(+process.versions.node.split(".")[0] >= 20 ? 0 : 1)' 2>/dev/null; then
+    apt_install nodejs || true
+  fi
+  if ! node -e 'process.exit(+process.versions.node.split(".")[0] >= 20 ? 0 : 1)' 2>/dev/null; then
+    echo "e2e: VS Code needs Node >= 20 (found: $(node --version 2>/dev/null || echo none))"
+    echo "0 passed, 1 failed"
+    return 1
+  fi
+  command -v npm >/dev/null || apt_install npm
+  # Build deps of code-server's native modules, ripgrep for its search, Chromium for Playwright.
+  apt_install libkrb5-dev libsecret-1-dev libx11-dev libxkbfile-dev pkg-config ripgrep g++ make \
+    python3 curl chromium
+  export npm_config_cache="$MEMLSP_CI_CACHE/npm"
   tests/e2e/vscode.sh "$MEMLSP" "$SHARED" "$ARTIFACTS"
 }
 

@@ -15,24 +15,11 @@ NVIM="$(realpath "${1:?usage: nvim.sh NVIM MEMLSP [SHARED]}")"
 MEMLSP="$(realpath "${2:?usage: nvim.sh NVIM MEMLSP [SHARED]}")"
 SHARED="$(realpath "${3:-$REPO/../shared}")"
 
-for f in jax_cpu_captures/b_mlp_nodonate/b_mlp_nodonate.xplane.pb \
-         jax_cpu_captures/e_attention_big/e_attention_big.xplane.pb \
-         torch_snapshots/real/silmont2000__mem_snapshot.pickle; do
-  [ -f "$SHARED/$f" ] || { echo "nvim e2e: missing $SHARED/$f"; echo "0 passed, 1 failed"; exit 1; }
-done
-
 TMP="$(mktemp -d "${TMPDIR:-/tmp}/memlsp-nvim-e2e.XXXXXX")"
 trap 'rm -rf "$TMP"' EXIT
 WS="$TMP/ws"
-mkdir -p "$WS/jax" "$WS/captures" "$TMP/bin"
-touch "$WS/pyproject.toml"
-for c in b_mlp_nodonate e_attention_big; do
-  cp "$SHARED/jax_cpu_captures/$c/$c.py" "$SHARED/jax_cpu_captures/$c/$c.xplane.pb" "$WS/jax/"
-done
-cp -r "$REPO/tests/e2e/fixtures/torch_real/cs336_systems" "$WS/"
-cp "$SHARED/torch_snapshots/real/silmont2000__mem_snapshot.pickle" "$WS/captures/mem_snapshot.pickle"
-cp "$REPO/fixtures/torch/train_leak.py" "$WS/"
-chmod -R u+w "$WS"
+mkdir -p "$TMP/bin"
+"$REPO/tests/e2e/make-workspace.sh" "$WS" "$SHARED"
 
 # The server as a user has it: `memlsp` on PATH.
 ln -s "$MEMLSP" "$TMP/bin/memlsp"
