@@ -18,7 +18,7 @@ use tower_lsp_server::ls_types as lsp;
 use crate::analyze::{self, Options};
 use crate::error::CaptureError;
 use crate::lsp::config::Settings;
-use crate::lsp::index::{CaptureResult, Index, capture_name};
+use crate::lsp::index::{CaptureResult, FileEntry, Index, capture_name};
 use crate::lsp::to_proto;
 use crate::lsp::workspace::{CaptureMatcher, Watcher};
 use crate::lsp::{Caps, Doc, Shared, View};
@@ -223,14 +223,16 @@ impl Owner {
                 if let Ok(mut docs) = self.shared.docs.write() {
                     let newer = docs.get(&path).is_none_or(|d| d.version <= doc.version);
                     if newer {
-                        docs.insert(path, doc);
+                        docs.insert(path.clone(), doc);
                     }
                 }
+                self.republish_file(&path).await;
             }
             Event::Close(path) => {
                 if let Ok(mut docs) = self.shared.docs.write() {
                     docs.remove(&path);
                 }
+                self.republish_file(&path).await;
             }
             Event::Paths(paths) => {
                 let mut changed = false;
@@ -777,19 +779,9 @@ impl Owner {
         }
         self.logged_unresolved = index.unresolved.clone();
 
-        let enc = self.caps().encoding;
         let mut next: HashMap<PathBuf, Vec<lsp::Diagnostic>> = HashMap::new();
         for (file, fe) in &index.files {
-            let text = self.text_of(file);
-            let mut diags = Vec::new();
-            for (line, le) in &fe.lines {
-                let lt = text
-                    .as_deref()
-                    .and_then(|t| to_proto::line_of(t, line.saturating_sub(1)));
-                for lf in &le.findings {
-                    diags.push(to_proto::diagnostic(lf, lt, enc));
-                }
-            }
+            let diags = self.file_diagnostics(file, fe);
             if !diags.is_empty() {
                 next.insert(file.clone(), diags);
             }
@@ -820,6 +812,52 @@ impl Owner {
         }
     }
 
+    /// The diagnostics of one workspace file against its current text (buffer or disk). A
+    /// finding whose fix is already in the text (the user applied the quick fix) is left out:
+    /// the capture predates the edit.
+    fn file_diagnostics(&self, file: &Path, fe: &FileEntry) -> Vec<lsp::Diagnostic> {
+        let enc = self.caps().encoding;
+        let text = self.text_of(file);
+        let file_str = file.to_string_lossy();
+        let mut diags = Vec::new();
+        for (line, le) in &fe.lines {
+            let lt = text
+                .as_deref()
+                .and_then(|t| to_proto::line_of(t, line.saturating_sub(1)));
+            for lf in &le.findings {
+                let fixed = text
+                    .as_deref()
+                    .is_some_and(|t| fix_applied(&lf.finding, &file_str, t, *line));
+                if !fixed {
+                    diags.push(to_proto::diagnostic(lf, lt, enc));
+                }
+            }
+        }
+        diags
+    }
+
+    /// After an edit (or open/close) of `file`: publish its diagnostics again if they changed.
+    async fn republish_file(&mut self, file: &Path) {
+        let view = self.shared.view();
+        let Some(fe) = view.index.files.get(file) else {
+            return;
+        };
+        let diags = self.file_diagnostics(file, fe);
+        let old = self.published.get(file).cloned().unwrap_or_default();
+        if diags == old {
+            return;
+        }
+        if diags.is_empty() {
+            self.published.remove(file);
+        } else {
+            self.published.insert(file.to_path_buf(), diags.clone());
+        }
+        self.store_view(None);
+        if let Some(uri) = to_proto::uri(file) {
+            self.client.publish_diagnostics(uri, diags, None).await;
+        }
+    }
+
     fn text_of(&self, path: &Path) -> Option<String> {
         if let Ok(docs) = self.shared.docs.read() {
             if let Some(d) = docs.get(path) {
@@ -837,6 +875,20 @@ fn contained(analyse: impl FnOnce() -> Result<CaptureReport, CaptureError>) -> O
         Ok(Err(e)) => Outcome::Error(e),
         Err(panic) => Outcome::Panic(panic_message(panic.as_ref())),
     }
+}
+
+/// True when one of the finding's edit fixes reports that the line already has it (`loss` is
+/// already `loss.detach()`, `jax.jit` already donates, …).
+fn fix_applied(f: &crate::findings::Finding, file: &str, text: &str, line: u32) -> bool {
+    f.fixes.iter().any(|fix| {
+        !matches!(fix.kind, crate::findings::FixKind::Advice)
+            && std::panic::catch_unwind(AssertUnwindSafe(|| {
+                crate::source::edits::edits_for(&fix.kind, file, text, line)
+            }))
+            .is_ok_and(
+                |r| matches!(r, Err(crate::source::edits::NoEdit(why)) if why.contains("already")),
+            )
+    })
 }
 
 fn schedule_recheck(tx: &mpsc::UnboundedSender<Event>, path: &Path) {
