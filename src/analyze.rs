@@ -23,6 +23,11 @@ pub struct Options {
     pub frames: FrameFilter,
     /// Files larger than this are refused (bytes).
     pub max_file_bytes: u64,
+    /// Workspace roots, where an engine that needs program text (the JAX engine, to find the
+    /// `jax.jit` line) looks for recorded files; see `crate::source::paths::Resolver`.
+    pub workspace: Vec<PathBuf>,
+    /// `(recorded prefix, local prefix)` path mappings for the same lookup.
+    pub path_mappings: Vec<(String, PathBuf)>,
 }
 
 impl Default for Options {
@@ -33,6 +38,8 @@ impl Default for Options {
             module: None,
             frames: FrameFilter::default(),
             max_file_bytes: 4 << 30,
+            workspace: Vec::new(),
+            path_mappings: Vec::new(),
         }
     }
 }

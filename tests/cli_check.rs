@@ -204,3 +204,36 @@ fn real_torch_snapshots_match_the_oracle() {
     }
     assert_valid_sarif(&memlsp(&["--check", arg(&real), "--format", "sarif"], ws.path()).json());
 }
+
+#[test]
+fn path_map_overrides_the_suffix_match() {
+    let Some((ws, capture)) = jax_workspace("b_mlp_nodonate") else {
+        return;
+    };
+    std::fs::create_dir(ws.path().join("src")).unwrap();
+    std::fs::copy(
+        ws.path().join("jax/b_mlp_nodonate.py"),
+        ws.path().join("src/b_mlp_nodonate.py"),
+    )
+    .unwrap();
+    let jx005_file = |extra: &[&str]| -> Option<String> {
+        let mut args = vec!["--check", arg(&capture), "--format", "json"];
+        args.extend_from_slice(extra);
+        let run = memlsp(&args, ws.path());
+        if run.engine_missing() {
+            return None;
+        }
+        let doc = run.json();
+        let f = findings(&doc).into_iter().find(|f| f["code"] == "JX005")?;
+        Some(f["file"].as_str()?.to_string())
+    };
+    let Some(guessed) = jx005_file(&[]) else {
+        return;
+    };
+    // Two equally good suffix matches: the tie goes to the smaller path.
+    assert_eq!(guessed, "jax/b_mlp_nodonate.py");
+    assert_eq!(
+        jx005_file(&["--path-map", "/srv/jaxdemo=src"]).as_deref(),
+        Some("src/b_mlp_nodonate.py")
+    );
+}

@@ -108,3 +108,76 @@ fn torch_report_totals_match_the_oracle() {
         doc["captures"][0]["headline"].as_str()
     );
 }
+
+#[test]
+fn diff_reports_growth_between_two_snapshots() {
+    let (Some(earlier), Some(later)) = (
+        shared("torch_snapshots/real/Maphsge4__bdf4fe2e_snapshot.pickle"),
+        shared("torch_snapshots/real/Maphsge4__ec5be110_snapshot.pickle"),
+    ) else {
+        return;
+    };
+    let cwd = tempfile::tempdir().unwrap();
+    let run = memlsp(
+        &[
+            "report",
+            arg(&earlier),
+            "--diff",
+            arg(&later),
+            "--format",
+            "json",
+        ],
+        cwd.path(),
+    );
+    if run.engine_missing() {
+        return;
+    }
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let doc = run.json();
+    let captures = doc["captures"].as_array().unwrap();
+    assert_eq!(captures.len(), 1);
+    let codes: Vec<&str> = captures[0]["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["code"].as_str().unwrap())
+        .collect();
+    assert!(codes.contains(&"PT011"), "{codes:?}");
+    let missing = memlsp(
+        &["report", arg(&earlier), "--diff", "no_such_later.pickle"],
+        cwd.path(),
+    );
+    missing.assert_one_line_error("no_such_later.pickle");
+    assert_eq!(missing.stdout, "");
+}
+
+#[test]
+fn exclude_frames_moves_attribution_to_the_next_user_frame() {
+    let Some(snap) = shared("torch_snapshots/real/Yiyi-philosophy__oom_snapshot.pickle") else {
+        return;
+    };
+    let cwd = tempfile::tempdir().unwrap();
+    let top_site = |extra: &[&str]| -> Option<String> {
+        let mut args = vec!["report", arg(&snap), "--format", "json"];
+        args.extend_from_slice(extra);
+        let run = memlsp(&args, cwd.path());
+        if run.engine_missing() {
+            return None;
+        }
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        Some(
+            run.json()["captures"][0]["sites"][0]["file"]
+                .as_str()?
+                .to_string(),
+        )
+    };
+    let Some(plain) = top_site(&[]) else {
+        return;
+    };
+    assert!(plain.ends_with("/flexgen/pytorch_backend.py"), "{plain}");
+    let moved = top_site(&["--exclude-frames", "pytorch_backend.py"]).unwrap();
+    assert!(
+        moved.contains("/flexgen/") && !moved.ends_with("pytorch_backend.py"),
+        "{moved}"
+    );
+}

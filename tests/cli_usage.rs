@@ -78,3 +78,59 @@ fn help_and_version_go_to_stdout() {
         format!("memlsp {}\n", env!("CARGO_PKG_VERSION"))
     );
 }
+
+/// `memlsp` and `memlsp lsp` speak LSP on stdio: an `initialize` gets the server's capabilities.
+#[test]
+fn no_arguments_and_lsp_start_the_language_server() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::process::{Command, Stdio};
+    let frame = |body: &str| format!("Content-Length: {}\r\n\r\n{body}", body.len());
+    let dir = tempfile::tempdir().unwrap();
+    for args in [&[][..], &["lsp"][..]] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_memlsp"))
+            .args(args)
+            .current_dir(dir.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        stdin
+            .write_all(
+                frame(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"capabilities":{}}}"#)
+                    .as_bytes(),
+            )
+            .unwrap();
+        // One response: headers, a blank line, then Content-Length bytes of JSON.
+        let mut length = 0;
+        loop {
+            let mut header = String::new();
+            stdout.read_line(&mut header).unwrap();
+            if header.trim().is_empty() {
+                break;
+            }
+            if let Some(n) = header.strip_prefix("Content-Length: ") {
+                length = n.trim().parse().unwrap();
+            }
+        }
+        let mut body = vec![0; length];
+        stdout.read_exact(&mut body).unwrap();
+        let reply: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(reply["id"], 1, "{args:?}: {reply}");
+        assert!(
+            reply["result"]["capabilities"].is_object(),
+            "{args:?}: {reply}"
+        );
+        for msg in [
+            r#"{"jsonrpc":"2.0","method":"initialized","params":{}}"#,
+            r#"{"jsonrpc":"2.0","id":2,"method":"shutdown"}"#,
+            r#"{"jsonrpc":"2.0","method":"exit"}"#,
+        ] {
+            stdin.write_all(frame(msg).as_bytes()).unwrap();
+        }
+        drop(stdin);
+        assert_eq!(child.wait().unwrap().code(), Some(0), "{args:?}");
+    }
+}

@@ -90,6 +90,19 @@ fn no_donation_is_pinned_to_the_jit_line_with_a_working_fix() {
         "{md}"
     );
 
+    // Hints: the 40 MiB of activations on line 27, nothing for the 4-byte scalars of
+    // lines 45 and 46 (a share of XLA:CPU's near-empty heap says nothing).
+    let hints = lsp.hints(&py, 100);
+    let on = |l: u64| hints.iter().find(|h| h["position"]["line"] == l).cloned();
+    let h27 = on(26).unwrap_or_else(|| panic!("{hints:#?}"));
+    assert!(
+        h27["tooltip"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("40.02 MiB in 6 blocks")),
+        "{h27}"
+    );
+    assert!(on(44).is_none() && on(45).is_none(), "{hints:#?}");
+
     // The preferred quick fix, applied to the buffer, donates the parameters.
     let actions = code_actions(&mut lsp, &py, 56);
     let fix = actions
@@ -227,15 +240,16 @@ fn a_capture_written_in_pieces_is_reported_once_complete() {
 
     // Like a slow writer: 6 pieces, 250 ms apart.
     let target = ws.join("jax/run.xplane.pb");
-    {
+    let mut f = std::fs::File::create(&target).unwrap();
+    for (i, chunk) in bytes.chunks(bytes.len().div_ceil(6)).enumerate() {
         use std::io::Write;
-        let mut f = std::fs::File::create(&target).unwrap();
-        for chunk in bytes.chunks(bytes.len().div_ceil(6)) {
-            f.write_all(chunk).unwrap();
-            f.flush().unwrap();
+        if i > 0 {
             lsp.idle(Duration::from_millis(250));
         }
+        f.write_all(chunk).unwrap();
+        f.flush().unwrap();
     }
+    drop(f);
     let last_byte = Instant::now();
     let diags = lsp.diagnostics(&py, Duration::from_secs(10), has("JX005"));
     let took = last_byte.elapsed();
@@ -266,7 +280,8 @@ fn two_captures_of_one_line_merge_and_ignored_dirs_are_skipped() {
         return;
     };
     let first = ws.join("jax/b_mlp_nodonate.xplane.pb");
-    let second = ws.join("runs/later.xplane.pb");
+    // Beside the program, like the first: the engine reads the program to find the jit line.
+    let second = ws.join("jax/later.xplane.pb");
     // The newer capture has a later mtime.
     std::thread::sleep(Duration::from_millis(20));
     copy(&first, &second);
@@ -292,6 +307,77 @@ fn two_captures_of_one_line_merge_and_ignored_dirs_are_skipped() {
         msg.contains("capture later.xplane.pb") && msg.contains("also in b_mlp_nodonate.xplane.pb"),
         "{msg}"
     );
-    assert!(!msg.contains("other.xplane.pb"), "{msg}");
+    lsp.idle(Duration::from_millis(500));
+    let from_ignored = lsp
+        .seen
+        .iter()
+        .any(|m| m.to_string().contains("other.xplane.pb"));
+    assert!(!from_ignored, "a capture in an ignored folder was read");
+    lsp.shutdown();
+}
+
+#[test]
+fn remat_and_device_get_fixes_edit_the_buffer() {
+    let (_tmp, ws) = tempdir();
+    let Some(attn) = workspace_with("e_attention_big", &ws) else {
+        return;
+    };
+    let Some(grads) = workspace_with("d_grads_kept", &ws) else {
+        return;
+    };
+    let mut lsp = Lsp::start(&ws, json!({}));
+
+    // JX002 on the softmax line: `@jax.checkpoint` on the function that owns it.
+    let text = lsp.open(&attn);
+    let d = lsp
+        .diagnostics(&attn, WAIT, has("JX002"))
+        .unwrap_or_else(|| panic!("no JX002: {:?}", lsp.messages()));
+    let jx2 = d.iter().find(|x| x["code"] == "JX002").unwrap();
+    assert_eq!(jx2["range"]["start"]["line"], 30);
+    let actions = code_actions(&mut lsp, &attn, 30);
+    let remat = actions
+        .iter()
+        .find(|a| {
+            a["title"]
+                .as_str()
+                .is_some_and(|t| t.contains("jax.checkpoint"))
+        })
+        .unwrap_or_else(|| panic!("{actions:#?}"));
+    let edits = remat["edit"]["changes"][uri(&attn)]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let fixed = apply_edits(&text, &edits);
+    let lines: Vec<&str> = fixed.lines().collect();
+    let def = lines
+        .iter()
+        .position(|l| l.starts_with("def attention("))
+        .unwrap();
+    assert_eq!(lines[def - 1], "@jax.checkpoint", "{fixed}");
+    assert_eq!(lines.len(), text.lines().count() + 1);
+
+    // JX004 on the append: keep a host copy instead of the device arrays.
+    let text = lsp.open(&grads);
+    lsp.diagnostics(&grads, WAIT, has("JX004"))
+        .unwrap_or_else(|| panic!("no JX004: {:?}", lsp.messages()));
+    let actions = code_actions(&mut lsp, &grads, 50);
+    let get = actions
+        .iter()
+        .find(|a| a.get("edit").is_some())
+        .unwrap_or_else(|| panic!("{actions:#?}"));
+    let edits = get["edit"]["changes"][uri(&grads)]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let fixed = apply_edits(&text, &edits);
+    assert!(
+        fixed
+            .lines()
+            .nth(50)
+            .unwrap()
+            .starts_with("        grad_history.append(jax.device_get(grads))"),
+        "{}",
+        fixed.lines().nth(50).unwrap()
+    );
     lsp.shutdown();
 }

@@ -91,3 +91,164 @@ fn garbage_and_a_1gb_file_neither_block_hover_nor_crash() {
     assert!(res.is_null());
     lsp.shutdown();
 }
+
+#[test]
+fn max_file_bytes_refuses_then_a_raised_limit_reanalyses() {
+    let Some(src) = memlsp::testdata::shared("jax_cpu_captures/b_mlp_nodonate") else {
+        return;
+    };
+    let (_tmp, ws) = tempdir();
+    let py = ws.join("b_mlp_nodonate.py");
+    lsp_support::copy(&src.join("b_mlp_nodonate.py"), &py);
+    lsp_support::copy(
+        &src.join("b_mlp_nodonate.xplane.pb"),
+        &ws.join("b_mlp_nodonate.xplane.pb"),
+    );
+    std::thread::sleep(Duration::from_millis(1100));
+    let mut lsp = Lsp::start(&ws, json!({"maxFileBytes": 1000}));
+    lsp.open(&py);
+    let refused = lsp.wait_for(0, Duration::from_secs(10), |m| {
+        m["method"] == "window/showMessage"
+            && m["params"]["message"].as_str().is_some_and(|s| {
+                s.contains("b_mlp_nodonate.xplane.pb") && s.contains("maxFileBytes")
+            })
+    });
+    assert!(refused.is_some(), "{:?}", lsp.messages());
+    assert!(
+        lsp.diagnostics(&py, Duration::from_millis(300), |d| !d.is_empty())
+            .is_none(),
+        "diagnostics from a refused capture"
+    );
+    // A new limit changes what an analysis may do: the cached refusal is dropped.
+    lsp.settings = json!({"maxFileBytes": 1_000_000_000u64});
+    lsp.notify(
+        "workspace/didChangeConfiguration",
+        json!({"settings": null}),
+    );
+    let d = lsp.diagnostics(&py, Duration::from_secs(10), |d| {
+        d.iter().any(|x| x["code"] == "JX005")
+    });
+    assert!(d.is_some(), "{:?}", lsp.messages());
+    lsp.shutdown();
+}
+
+#[test]
+fn clients_that_can_watch_files_get_a_registration_and_their_events_count() {
+    let Some(src) = memlsp::testdata::shared("jax_cpu_captures/b_mlp_nodonate") else {
+        return;
+    };
+    let (_tmp, ws) = tempdir();
+    let py = ws.join("b_mlp_nodonate.py");
+    lsp_support::copy(&src.join("b_mlp_nodonate.py"), &py);
+    let capture = ws.join("b_mlp_nodonate.xplane.pb");
+    lsp_support::copy(&src.join("b_mlp_nodonate.xplane.pb"), &capture);
+    let mut caps = lsp_support::client_caps();
+    caps["workspace"]["didChangeWatchedFiles"]["dynamicRegistration"] = json!(true);
+    let mut lsp = Lsp::start_with(&ws, json!({"captureGlobs": ["**/*.xplane.pb"]}), caps);
+    let reg = lsp
+        .wait_for(0, Duration::from_secs(5), |m| {
+            m["method"] == "client/registerCapability"
+        })
+        .expect("no registration");
+    let r = &reg["params"]["registrations"][0];
+    assert_eq!(r["method"], "workspace/didChangeWatchedFiles");
+    assert_eq!(
+        r["registerOptions"]["watchers"],
+        json!([{"globPattern": "**/*.xplane.pb"}])
+    );
+    lsp.open(&py);
+    assert!(
+        lsp.diagnostics(&py, Duration::from_secs(10), |d| !d.is_empty())
+            .is_some()
+    );
+    // New globs replace the registration.
+    let from = lsp.seen.len();
+    lsp.settings = json!({"captureGlobs": ["**/*.xplane.pb", "runs/**/*.pickle"]});
+    lsp.notify(
+        "workspace/didChangeConfiguration",
+        json!({"settings": null}),
+    );
+    let unreg = lsp.wait_for(from, Duration::from_secs(5), |m| {
+        m["method"] == "client/unregisterCapability"
+    });
+    assert!(unreg.is_some(), "old registration kept");
+    let reg = lsp
+        .wait_for(from, Duration::from_secs(5), |m| {
+            m["method"] == "client/registerCapability"
+        })
+        .expect("no new registration");
+    assert_eq!(
+        reg["params"]["registrations"][0]["registerOptions"]["watchers"][1],
+        json!({"globPattern": "runs/**/*.pickle"})
+    );
+    // A client event about the deleted capture withdraws its diagnostics (created, changed and
+    // deleted are all checked against the disk).
+    std::fs::remove_file(&capture).unwrap();
+    lsp.notify(
+        "workspace/didChangeWatchedFiles",
+        json!({"changes": [{"uri": uri(&capture), "type": 2}]}),
+    );
+    assert!(
+        lsp.diagnostics(&py, Duration::from_secs(2), |d| d.is_empty())
+            .is_some()
+    );
+    lsp.shutdown();
+}
+
+/// A JSON snapshot of about `mb` MB: one device, `alloc` entries from one user frame.
+fn big_json_snapshot(path: &std::path::Path, mb: usize) {
+    use std::io::Write;
+    let mut w = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    write!(w, "{{\"segments\": [], \"device_traces\": [[").unwrap();
+    let mut written = 0;
+    let mut i = 0u64;
+    while written < mb << 20 {
+        let e = format!(
+            "{}{{\"action\": \"alloc\", \"addr\": {}, \"size\": 512, \"stream\": 0, \"time_us\": {}, \"frames\": [{{\"filename\": \"/home/u/train.py\", \"line\": 12, \"name\": \"main\"}}]}}",
+            if i == 0 { "" } else { ", " },
+            0x7f00_0000_0000u64 + i * 512,
+            1_700_000_000_000_000u64 + i
+        );
+        w.write_all(e.as_bytes()).unwrap();
+        written += e.len();
+        i += 1;
+    }
+    write!(w, "]]}}").unwrap();
+}
+
+#[test]
+fn a_capture_rewritten_in_place_while_being_read_does_not_kill_the_server() {
+    let (_tmp, ws) = tempdir();
+    let py = ws.join("train.py");
+    std::fs::write(&py, "x = 1\n").unwrap();
+    let mut lsp = Lsp::start(&ws, json!({}));
+    lsp.idle(Duration::from_millis(300));
+    let cap = ws.join("memory_snapshot.json");
+    big_json_snapshot(&cap, 150);
+    let from = lsp.seen.len();
+    let began = lsp.wait_for(from, Duration::from_secs(10), |m| {
+        m["method"] == "$/progress" && m["params"]["value"]["kind"] == "begin"
+    });
+    assert!(began.is_some(), "the analysis never started");
+    // `_dump_snapshot()` to the same path: open(path, "wb") truncates the file being read.
+    std::fs::write(&cap, b"{\"segments\": [").unwrap();
+    let noticed = lsp.wait_for(from, Duration::from_secs(20), |m| {
+        m["method"] == "window/logMessage"
+            && m["params"]["message"]
+                .as_str()
+                .is_some_and(|s| s.contains("rewritten while being read"))
+    });
+    // Either the decoder finished before the truncation hit an unread page, or the fault was
+    // absorbed; in both cases the server must still answer.
+    let (res, took) = lsp.request_timed(
+        "textDocument/hover",
+        json!({"textDocument": {"uri": uri(&py)}, "position": {"line": 0, "character": 0}}),
+    );
+    assert!(res.is_null());
+    assert!(took < Duration::from_secs(1));
+    eprintln!("fault absorbed: {}", noticed.is_some());
+    // The half-written replacement is not reported as broken.
+    lsp.idle(Duration::from_millis(1500));
+    assert!(lsp.errors().is_empty(), "{:?}", lsp.errors());
+    lsp.shutdown();
+}

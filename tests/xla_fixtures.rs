@@ -25,7 +25,7 @@ fn analyze(name: &str) -> CaptureReport {
 
 #[test]
 fn fixtures_stay_small() {
-    for name in ["decorator_nodonate", "scan_layers"] {
+    for name in ["decorator_nodonate", "scan_layers", "grads_kept"] {
         let len = std::fs::metadata(fixture(name)).unwrap().len();
         assert!(len < 1 << 20, "{name} is {len} bytes");
     }
@@ -85,6 +85,42 @@ fn scan_stacked_activations_point_at_the_scan_line() {
 }
 
 #[test]
+fn gradients_appended_every_step_point_at_the_append_line() {
+    let r = analyze("grads_kept");
+    let f = r
+        .findings
+        .iter()
+        .find(|f| f.code == "JX004")
+        .expect("JX004");
+    assert_eq!(f.severity, Severity::Warning);
+    let loc = f.location.as_ref().unwrap();
+    assert_eq!(loc.file, "/tmp/memlsp-jaxgen/grads_kept.py");
+    assert_eq!(loc.line, culprit_line("grads_kept", "CULPRIT(growth)"));
+    assert_eq!(loc.function, "train_loop");
+    assert_eq!(f.fixes[0].kind, FixKind::DeviceGetAppend);
+    // Four traced steps, one append after each; the new memory per step is the plan's
+    // non-aliased outputs: the gradient f32[512,512] (plus a few bytes of XLA:CPU bookkeeping).
+    assert!(
+        f.evidence[0].text.ends_with("[1, 1, 1, 1]"),
+        "{}",
+        f.evidence[0].text
+    );
+    let EngineData::Xla(x) = &r.engine else {
+        panic!()
+    };
+    let new = x["plan"]["non_aliased_output_bytes"].as_u64().unwrap();
+    assert_eq!(f.bytes, Some(new));
+    assert!(
+        (512 * 512 * 4..512 * 512 * 4 + 1024).contains(&new),
+        "{new}"
+    );
+    assert!(
+        r.findings.iter().all(|f| f.code != "JX005"),
+        "the step donates w"
+    );
+}
+
+#[test]
 fn a_profile_directory_yields_one_report_per_host_file() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("plugins/profile/2026_11_30_17_00_00");
@@ -97,4 +133,54 @@ fn a_profile_directory_yields_one_report_per_host_file() {
         "{}",
         reports[0].headline
     );
+}
+
+/// Damaged bytes anywhere give a report or an error, never a panic (debug builds also trap
+/// arithmetic overflow, so sizes and times from a corrupt file are exercised too).
+#[test]
+fn corrupted_bytes_never_panic() {
+    let bytes = std::fs::read(fixture("decorator_nodonate")).unwrap();
+    // Half the mutations land in the /host:metadata plane (HLO protos: sizes, ids, frames).
+    let cap = memlsp::xla::Capture::open(&fixture("decorator_nodonate")).unwrap();
+    let meta = cap
+        .file
+        .planes
+        .iter()
+        .find(|p| p.name == "/host:metadata")
+        .unwrap();
+    let (meta_start, meta_len) = (meta.start as usize, meta.len as usize);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mutated.xplane.pb");
+    // A fixed linear-congruential sequence: deterministic, spread over the file.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let (mut refused, mut reported) = (0, 0);
+    for round in 0..300 {
+        let mut m = bytes.clone();
+        for _ in 0..3 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let at = if round % 2 == 0 {
+                meta_start + (x >> 33) as usize % meta_len
+            } else {
+                (x >> 33) as usize % m.len()
+            };
+            m[at] = (x >> 13) as u8;
+        }
+        std::fs::write(&path, &m).unwrap();
+        match memlsp::xla::analyze_file(&path, &Options::default()) {
+            Ok(r) => {
+                assert!(!r.headline.is_empty());
+                reported += 1;
+            }
+            Err(e) => {
+                assert!(
+                    e.to_string().starts_with(&path.display().to_string()),
+                    "{e}"
+                );
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!(refused + reported, 300);
 }

@@ -159,6 +159,14 @@ fn hlo() -> Vec<u8> {
                     md("jit(step)/transpose(jvp())/mul", 3),
                 ),
                 instr(4, "tuple.1", "tuple", tuple, md("", 0)),
+                // A clone made by XLA's rematerialization pass (its buffer is not at the peak).
+                instr(
+                    5,
+                    "fusion.1.remat",
+                    "fusion",
+                    shape(vec![2048, 1024]),
+                    md("jit(step)/jvp()/mul", 1),
+                ),
             ],
             ..Default::default()
         }],
@@ -376,7 +384,7 @@ impl Run {
     }
 }
 
-fn analyze(path: &PathBuf) -> CaptureReport {
+fn analyze(path: &std::path::Path) -> CaptureReport {
     memlsp::xla::analyze_file(path, &Options::default()).unwrap_or_else(|e| panic!("{e}"))
 }
 
@@ -435,6 +443,19 @@ fn growth_per_execution_equals_the_non_aliased_outputs() {
         ("/w/train.py", 28, "train_loop")
     );
     assert_eq!(f.fixes[0].kind, FixKind::DeviceGetAppend);
+    let remat = r
+        .findings
+        .iter()
+        .find(|f| f.code == "JX008")
+        .expect("JX008");
+    assert_eq!(remat.severity, Severity::Information);
+    assert!(
+        remat
+            .message
+            .starts_with("XLA already rematerialized 1 instructions"),
+        "{}",
+        remat.message
+    );
     // Nothing else is wrong: it fits, so no JX001 and no pool-size advice.
     assert!(
         r.findings
@@ -545,4 +566,26 @@ fn other_live_arrays_are_named_by_the_event_that_made_them() {
     // The plan alone fits (16 MiB ≤ 40 MiB): the OOM is not the step's fault.
     assert!(r.findings.iter().all(|f| f.code != "JX001"));
     assert_eq!(r.findings[0].code, "JX007");
+}
+
+#[test]
+fn a_damaged_hlo_proto_is_an_error_at_its_metadata_entry() {
+    let mut meta = PlaneB::new("/host:metadata");
+    let id = meta.meta("jit_step(5)");
+    let broken = V::B(vec![0x0a, 0xff, 0xff, 0x03, 0x01]);
+    let s = meta.stat("Hlo Proto", broken);
+    meta.plane.event_metadata.get_mut(&id).unwrap().stats = vec![s];
+    let bytes = XSpace {
+        planes: vec![meta.plane],
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("broken.xplane.pb");
+    std::fs::write(&path, &bytes).unwrap();
+    let e = memlsp::xla::analyze_file(&path, &Options::default()).unwrap_err();
+    assert_eq!(e.kind, memlsp::error::ErrorKind::Invalid);
+    let off = e.offset.expect("an offset") as usize;
+    assert!(off > 0 && off < bytes.len(), "{e}");
+    assert!(e.to_string().contains("jit_step(5)"), "{e}");
 }

@@ -40,7 +40,9 @@ pub(super) fn run(args: CheckArgs) -> i32 {
     };
     let mut errors: Vec<CaptureError> = Vec::new();
     let files = collect(&paths, &mut errors);
-    let opts = args.common.options();
+    let mut opts = args.common.options();
+    opts.workspace = vec![workspace.clone()];
+    opts.path_mappings = args.common.mappings();
     let resolver = Resolver::new(vec![workspace], args.common.mappings());
     let progress = Progress::new(files.len());
     let mut reports: Vec<CaptureReport> = Vec::new();

@@ -30,7 +30,7 @@ pub(super) fn check(reports: &[CaptureReport], resolver: &Resolver) -> String {
                 let _ = write!(message, "\n{}: {}", e.label.as_str(), e.text);
             }
             for x in &f.fixes {
-                let _ = write!(message, "\nfix: {}", x.title);
+                let _ = write!(message, "\nfix: {}{}", x.title, super::text::fix_notes(x));
             }
             let _ = writeln!(
                 out,

@@ -257,6 +257,15 @@ fn text_reads_like_a_compiler() {
     );
     assert_eq!(lines[6], "  = fix: Look for retain_graph=True");
     assert_eq!(lines[7], "  = capture: runs/step5.pickle");
+    // A title that states the saving already is not repeated, but keeps its label.
+    report.findings[1].fixes[0].title = "Accumulate `loss.detach()`: saves 1.00 GiB".into();
+    let again = text::check(std::slice::from_ref(&report), &resolver, 0);
+    assert_eq!(
+        again.lines().nth(5),
+        Some(
+            "  = fix: Accumulate `loss.detach()`: saves 1.00 GiB (saving inferred) [edit available]"
+        )
+    );
     assert_eq!(
         lines.last(),
         Some(&"2 findings (1 error, 1 warning) in 1 capture")
@@ -292,6 +301,14 @@ fn github_annotations() {
         lines[1]
     );
     assert!(lines[1].contains("(40.0%25) of live memory%0Ameasured: "));
+    // Savings keep their label in annotations too.
+    assert!(
+        lines[1].ends_with(
+            "%0Afix: Accumulate `loss.detach()` (saves ~1.00 GiB, inferred)%0Afix: Look for retain_graph=True"
+        ),
+        "{}",
+        lines[1]
+    );
 }
 
 #[test]

@@ -13,6 +13,9 @@ pub(super) fn run(args: ReportArgs) -> i32 {
     }
     opts.max_trace_events = args.max_trace_events;
     opts.module = args.module.clone();
+    // The workspace of `report` is the current directory.
+    opts.workspace = std::env::current_dir().into_iter().collect();
+    opts.path_mappings = args.common.mappings();
     let result = match &args.diff {
         Some(later) => analyze_diff(&args.file, later, &opts).map(|r| vec![r]),
         None => analyze_path(&args.file, &opts),

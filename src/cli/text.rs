@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use crate::findings::{Finding, Severity, fmt_bytes};
+use crate::findings::{Finding, Fix, Severity, fmt_bytes};
 use crate::report::CaptureReport;
 use crate::source::paths::Resolver;
 
@@ -67,17 +67,7 @@ fn finding(out: &mut String, r: &CaptureReport, f: &Finding, resolver: Option<&R
         let _ = writeln!(out, "  = {}: {}", e.label.as_str(), e.text);
     }
     for x in &f.fixes {
-        let mut line = format!("  = fix: {}", x.title);
-        let mut notes = Vec::new();
-        if let Some(s) = x.saving_bytes {
-            notes.push(format!("saves ~{}, inferred", fmt_bytes(s)));
-        }
-        if let Some(c) = &x.cost {
-            notes.push(format!("cost: {c}"));
-        }
-        if !notes.is_empty() {
-            let _ = write!(line, " ({})", notes.join("; "));
-        }
+        let mut line = format!("  = fix: {}{}", x.title, fix_notes(x));
         if x.edit.is_some() {
             line.push_str(" [edit available]");
         }
@@ -92,6 +82,27 @@ fn finding(out: &mut String, r: &CaptureReport, f: &Finding, resolver: Option<&R
         let _ = writeln!(out, "  = capture: {capture}{scope}");
     } else if !scope.is_empty() {
         let _ = writeln!(out, "  = scope:{scope}");
+    }
+}
+
+/// ` (saves ~1.00 GiB, inferred; cost: …)` after a fix title, or nothing.
+pub(super) fn fix_notes(x: &Fix) -> String {
+    let mut notes = Vec::new();
+    if let Some(s) = x.saving_bytes {
+        // Titles often state the saving already; the label is what must not go missing.
+        if x.title.contains(&fmt_bytes(s)) {
+            notes.push("saving inferred".to_string());
+        } else {
+            notes.push(format!("saves ~{}, inferred", fmt_bytes(s)));
+        }
+    }
+    if let Some(c) = &x.cost {
+        notes.push(format!("cost: {c}"));
+    }
+    if notes.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", notes.join("; "))
     }
 }
 

@@ -28,6 +28,8 @@ pub struct Settings {
     pub inlay_hints: bool,
     /// Sites below this share (percent) get no inlay hint: a `0% live memory` hint is noise.
     pub inlay_min_percent: f64,
+    /// Sites smaller than this get no inlay hint (a share of a tiny heap says little).
+    pub inlay_min_bytes: u64,
     pub max_file_bytes: u64,
     pub top_sites: usize,
 }
@@ -41,6 +43,7 @@ impl Default for Settings {
             user_frame_excludes: Vec::new(),
             inlay_hints: true,
             inlay_min_percent: 1.0,
+            inlay_min_bytes: 1 << 20,
             max_file_bytes: opts.max_file_bytes,
             top_sites: opts.top,
         }
@@ -108,6 +111,12 @@ impl Settings {
                 _ => problems.push("inlayHints.minPercent must be a number >= 0".into()),
             }
         }
+        if let Some(b) = obj.get("inlayHints").and_then(|h| h.get("minBytes")) {
+            match b.as_u64() {
+                Some(b) => s.inlay_min_bytes = b,
+                None => problems.push("inlayHints.minBytes must be a non-negative integer".into()),
+            }
+        }
         if let Some(n) = obj.get("maxFileBytes") {
             match n.as_u64() {
                 Some(n) => s.max_file_bytes = n,
@@ -133,12 +142,14 @@ impl Settings {
         }
     }
 
-    /// The settings that change analysis results (a change invalidates the cache).
-    pub fn options_key(&self) -> (usize, u64, &[String]) {
+    /// The settings that change analysis results (a change invalidates the cache). Path
+    /// mappings count: the JAX engine reads the program through them to place JX005.
+    pub fn options_key(&self) -> (usize, u64, &[String], &[(String, String)]) {
         (
             self.top_sites,
             self.max_file_bytes,
             &self.user_frame_excludes,
+            &self.path_mappings,
         )
     }
 

@@ -43,7 +43,11 @@ pub enum Event {
     Initialized,
     /// `didChangeConfiguration`: the pushed settings, or `None` to pull them again.
     ConfigChanged(Option<Value>),
-    Settings(Value),
+    /// Settings pulled from the client (`first`: the pull made at start).
+    Settings {
+        value: Value,
+        first: bool,
+    },
     Open(PathBuf, Doc),
     Change(PathBuf, Doc),
     Close(PathBuf),
@@ -68,6 +72,8 @@ pub enum Event {
 pub enum Outcome {
     /// The file changed between two polls before the analysis started.
     Unstable,
+    /// The file was truncated while it was being read (see `sigbus`).
+    Rewritten,
     Reports(Vec<CaptureReport>),
     Error(CaptureError),
     Panic(String),
@@ -188,19 +194,31 @@ impl Owner {
                 self.init_options = init_options;
             }
             Event::Initialized => {
-                if let Some(opts) = self.init_options.clone() {
-                    self.apply_settings(&opts).await;
+                if self.caps().configuration {
+                    // Scan only once the client's settings are known, so a capture is never
+                    // analysed (and published) under defaults the user has overridden.
+                    self.pull_settings(true);
                 } else {
-                    self.apply_settings(&Value::Null).await;
+                    let opts = self.init_options.clone().unwrap_or(Value::Null);
+                    self.apply_settings(&opts).await;
+                    self.start_watching().await;
                 }
-                self.pull_settings();
-                self.start_watching().await;
             }
             Event::ConfigChanged(Some(v)) if v.get("memlsp").is_some() => {
                 self.apply_settings(&v).await
             }
-            Event::ConfigChanged(_) => self.pull_settings(),
-            Event::Settings(v) => self.apply_settings(&v).await,
+            Event::ConfigChanged(_) => self.pull_settings(false),
+            Event::Settings { value, first } => {
+                // `null` from the client: no `memlsp` section there, use initializationOptions.
+                let value = match value {
+                    Value::Null => self.init_options.clone().unwrap_or(Value::Null),
+                    v => v,
+                };
+                self.apply_settings(&value).await;
+                if first {
+                    self.start_watching().await;
+                }
+            }
             Event::Open(path, doc) | Event::Change(path, doc) => {
                 if let Ok(mut docs) = self.shared.docs.write() {
                     let newer = docs.get(&path).is_none_or(|d| d.version <= doc.version);
@@ -219,21 +237,30 @@ impl Owner {
             Event::Paths(paths) => {
                 let mut changed = false;
                 let mut py_changed = false;
-                let mut new_dirs = Vec::new();
                 for p in paths {
                     if self.matcher.is_capture(&p) {
                         changed |= self.consider(&p);
-                    } else if p.is_dir() {
-                        new_dirs.push(p);
                     } else if p.extension().is_some_and(|e| e == "py") {
                         let exists = p.is_file();
                         if exists != self.py_files.contains(&p) {
                             py_changed = true;
                         }
+                    } else if p.is_dir() && self.matcher.is_scanned_dir(&p) {
+                        // A folder moved or copied in: the watcher may report only the folder.
+                        self.scan_dir(p);
+                    } else if !p.exists() {
+                        // A removed or renamed directory takes its captures with it (the watcher
+                        // may report only the directory).
+                        let inside: Vec<PathBuf> = self
+                            .captures
+                            .keys()
+                            .filter(|k| k.starts_with(&p))
+                            .cloned()
+                            .collect();
+                        for c in inside {
+                            changed |= self.consider(&c);
+                        }
                     }
-                }
-                if !new_dirs.is_empty() {
-                    self.scan_dirs(new_dirs);
                 }
                 if py_changed {
                     self.rebuild_resolver();
@@ -286,7 +313,8 @@ impl Owner {
     }
 
     /// Ask the client for the `memlsp` section (in a task: the owner never waits on the client).
-    fn pull_settings(&self) {
+    /// The first pull always answers, with `null` when the client does not.
+    fn pull_settings(&self, first: bool) {
         if !self.caps().configuration {
             return;
         }
@@ -299,12 +327,12 @@ impl Owner {
             };
             let res =
                 tokio::time::timeout(Duration::from_secs(5), client.configuration(vec![item]));
-            if let Ok(Ok(mut values)) = res.await {
-                if let Some(v) = values.pop() {
-                    if !v.is_null() {
-                        let _ = tx.send(Event::Settings(v));
-                    }
-                }
+            let value = match res.await {
+                Ok(Ok(mut values)) => values.pop().unwrap_or(Value::Null),
+                _ => Value::Null,
+            };
+            if first || !value.is_null() {
+                let _ = tx.send(Event::Settings { value, first });
             }
         });
     }
@@ -320,7 +348,11 @@ impl Owner {
             return;
         }
         let options_changed = settings.options_key() != self.settings.options_key();
+        let globs_changed = settings.capture_globs != self.settings.capture_globs;
         self.settings = settings;
+        if globs_changed && self.registered {
+            self.register_watchers(true);
+        }
         let (matcher, bad) = CaptureMatcher::new(&self.roots, &self.settings.capture_globs);
         for b in bad {
             self.log(lsp::MessageType::WARNING, format!("captureGlobs: {b}"))
@@ -364,27 +396,34 @@ impl Owner {
     }
 
     /// Find every capture under the roots (off the async executor).
-    /// Captures in directories that just appeared (created or moved in): files written right
-    /// after the directory was made land before the watcher watches it, so look inside.
-    fn scan_dirs(&self, dirs: Vec<PathBuf>) {
-        let matcher = self.matcher.clone();
-        let tx = self.tx.clone();
-        tokio::spawn(async move {
-            if let Ok(found) = tokio::task::spawn_blocking(move || matcher.scan_under(&dirs)).await
-            {
-                if !found.is_empty() {
-                    let _ = tx.send(Event::Paths(found));
-                }
-            }
-        });
-    }
-
     fn rescan(&self) {
         let matcher = self.matcher.clone();
         let tx = self.tx.clone();
         tokio::spawn(async move {
             if let Ok(found) = tokio::task::spawn_blocking(move || matcher.scan()).await {
                 let _ = tx.send(Event::Paths(found));
+            }
+        });
+    }
+
+    /// Look for captures under one directory of the workspace (off the async executor).
+    fn scan_dir(&self, dir: PathBuf) {
+        let matcher = self.matcher.clone();
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let found = tokio::task::spawn_blocking(move || {
+                crate::source::workspace::walk(&dir)
+                    .flatten()
+                    .filter(|e| e.file_type().is_some_and(|t| t.is_file()))
+                    .map(|e| e.into_path())
+                    .filter(|p| matcher.is_capture(p))
+                    .collect::<Vec<_>>()
+            })
+            .await;
+            if let Ok(found) = found {
+                if !found.is_empty() {
+                    let _ = tx.send(Event::Paths(found));
+                }
             }
         });
     }
@@ -415,27 +454,42 @@ impl Owner {
         }
         if !self.registered && self.caps().watched_files_dynamic {
             self.registered = true;
-            let watchers = self
-                .settings
-                .capture_globs
-                .iter()
-                .map(|g| lsp::FileSystemWatcher {
-                    glob_pattern: lsp::GlobPattern::String(g.clone()),
-                    kind: None,
-                })
-                .collect();
-            let opts = lsp::DidChangeWatchedFilesRegistrationOptions { watchers };
-            let client = self.client.clone();
-            if let Ok(options) = serde_json::to_value(opts) {
-                tokio::spawn(async move {
-                    let reg = lsp::Registration {
-                        id: "memlsp-captures".into(),
-                        method: "workspace/didChangeWatchedFiles".into(),
-                        register_options: Some(options),
+            self.register_watchers(false);
+        }
+    }
+
+    /// Ask the client to watch `captureGlobs` (again, when they changed: the old registration
+    /// is withdrawn first).
+    fn register_watchers(&self, replace: bool) {
+        const ID: &str = "memlsp-captures";
+        const METHOD: &str = "workspace/didChangeWatchedFiles";
+        let watchers = self
+            .settings
+            .capture_globs
+            .iter()
+            .map(|g| lsp::FileSystemWatcher {
+                glob_pattern: lsp::GlobPattern::String(g.clone()),
+                kind: None,
+            })
+            .collect();
+        let opts = lsp::DidChangeWatchedFilesRegistrationOptions { watchers };
+        let client = self.client.clone();
+        if let Ok(options) = serde_json::to_value(opts) {
+            tokio::spawn(async move {
+                if replace {
+                    let old = lsp::Unregistration {
+                        id: ID.into(),
+                        method: METHOD.into(),
                     };
-                    let _ = client.register_capability(vec![reg]).await;
-                });
-            }
+                    let _ = client.unregister_capability(vec![old]).await;
+                }
+                let reg = lsp::Registration {
+                    id: ID.into(),
+                    method: METHOD.into(),
+                    register_options: Some(options),
+                };
+                let _ = client.register_capability(vec![reg]).await;
+            });
         }
     }
 
@@ -470,7 +524,9 @@ impl Owner {
     }
 
     fn spawn_analysis(&mut self, path: PathBuf, key: FileKey) {
-        let opts: Options = self.settings.options();
+        let mut opts: Options = self.settings.options();
+        opts.workspace = self.roots.clone();
+        opts.path_mappings = self.settings.mappings(&self.roots);
         let tx = self.tx.clone();
         let workers = self.workers.clone();
         let client = self.client.clone();
@@ -494,12 +550,16 @@ impl Owner {
             }
             let p = path.clone();
             let mut job = tokio::task::spawn_blocking(move || {
-                let outcome = match std::panic::catch_unwind(AssertUnwindSafe(|| {
+                let faults = crate::lsp::sigbus::rescued();
+                let outcome = contained(|| {
+                    test_panic_hook(&p);
                     analyze::analyze_file(&p, &opts)
-                })) {
-                    Ok(Ok(report)) => Outcome::Reports(vec![report]),
-                    Ok(Err(e)) => Outcome::Error(e),
-                    Err(panic) => Outcome::Panic(panic_message(panic.as_ref())),
+                });
+                // The mapping lost its file under the reader: whatever was decoded is void.
+                let outcome = if crate::lsp::sigbus::rescued() != faults {
+                    Outcome::Rewritten
+                } else {
+                    outcome
                 };
                 (outcome, FileKey::of(&p))
             });
@@ -552,9 +612,35 @@ impl Owner {
                 entry.result = Some(Arc::new(CaptureResult {
                     path: path.clone(),
                     mtime: key.mtime,
-                    reports,
+                    // The server shows findings and sites only: drop the report text and the
+                    // engine JSON instead of keeping them for every capture.
+                    reports: reports
+                        .into_iter()
+                        .map(|mut r| {
+                            r.text = String::new();
+                            r.engine = crate::report::EngineData::None;
+                            r
+                        })
+                        .collect(),
                 }));
                 changed = true;
+            }
+            Outcome::Rewritten => {
+                entry.status = Status::Incomplete;
+                entry.dirty = true;
+                eprintln!(
+                    "memlsp: {} was rewritten while being read; reading it again",
+                    path.display()
+                );
+                self.client
+                    .log_message(
+                        lsp::MessageType::INFO,
+                        format!(
+                            "{} was rewritten while being read; reading it again",
+                            path.display()
+                        ),
+                    )
+                    .await;
             }
             Outcome::Reports(_) | Outcome::Unstable => {
                 // Changed while being read: look again now (the new content has a new key).
@@ -655,6 +741,8 @@ impl Owner {
                 diagnostics: self.published.clone(),
                 inlay_hints: self.settings.inlay_hints,
                 inlay_min_percent: self.settings.inlay_min_percent,
+                inlay_min_bytes: self.settings.inlay_min_bytes,
+                roots: self.roots.clone(),
                 frames: self.settings.options().frames,
                 encoding: caps.encoding,
             });
@@ -794,6 +882,15 @@ fn fix_applied(f: &crate::findings::Finding, file: &str, text: &str, line: u32) 
     })
 }
 
+/// Run one analysis; a panic inside it becomes an `Outcome` instead of unwinding further.
+fn contained(analyse: impl FnOnce() -> Result<CaptureReport, CaptureError>) -> Outcome {
+    match std::panic::catch_unwind(AssertUnwindSafe(analyse)) {
+        Ok(Ok(report)) => Outcome::Reports(vec![report]),
+        Ok(Err(e)) => Outcome::Error(e),
+        Err(panic) => Outcome::Panic(panic_message(panic.as_ref())),
+    }
+}
+
 fn schedule_recheck(tx: &mpsc::UnboundedSender<Event>, path: &Path) {
     let tx = tx.clone();
     let p = path.to_path_buf();
@@ -803,6 +900,18 @@ fn schedule_recheck(tx: &mpsc::UnboundedSender<Event>, path: &Path) {
     });
 }
 
+/// Test hook: `MEMLSP_TEST_PANIC_ON=<substring>` makes the analysis of any capture whose path
+/// contains it panic, so tests can check a panic stays inside one analysis
+/// (`tests/lsp_resilience.rs`). Unset in normal use.
+fn test_panic_hook(path: &Path) {
+    if let Some(needle) = std::env::var_os("MEMLSP_TEST_PANIC_ON") {
+        let needle = needle.to_string_lossy();
+        if !needle.is_empty() && path.to_string_lossy().contains(needle.as_ref()) {
+            panic!("MEMLSP_TEST_PANIC_ON matched {}", path.display());
+        }
+    }
+}
+
 fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = p.downcast_ref::<&str>() {
         s.to_string()
@@ -810,5 +919,32 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
         s.clone()
     } else {
         "unknown panic".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panicking_analysis_becomes_an_outcome_with_its_message() {
+        let out = contained(|| panic!("index out of bounds: the len is 3"));
+        match out {
+            Outcome::Panic(msg) => assert_eq!(msg, "index out of bounds: the len is 3"),
+            _ => panic!("the panic escaped as a result"),
+        }
+        let out = contained(|| {
+            let n: Vec<u8> = Vec::new();
+            Ok(crate::report::CaptureReport {
+                path: PathBuf::from(format!("{}", n.len())),
+                kind: crate::report::CaptureKind::XlaCapture,
+                headline: String::new(),
+                engine: Default::default(),
+                sites: Vec::new(),
+                findings: Vec::new(),
+                text: String::new(),
+            })
+        });
+        assert!(matches!(out, Outcome::Reports(r) if r.len() == 1));
     }
 }

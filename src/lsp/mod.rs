@@ -26,13 +26,15 @@
 //! - Commands: `memlsp.reanalyze` (forget the cache, rescan), `memlsp.explain` (advice fixes).
 //! - Settings: `captureGlobs`, `pathMappings` (`{"recorded prefix": "local path"}`,
 //!   `${workspaceFolder}` expanded), `userFrameExcludes`, `inlayHints.enable`,
-//!   `inlayHints.minPercent` (default 1), `maxFileBytes`,
+//!   `inlayHints.minPercent` (default 1), `inlayHints.minBytes` (default 1 MiB), `maxFileBytes`,
 //!   `topSites`.
 
 pub mod config;
 pub mod index;
 pub mod main_loop;
 pub mod server;
+pub mod sigbus;
+mod stdin_filter;
 pub mod to_proto;
 pub mod workspace;
 
@@ -83,6 +85,8 @@ pub struct View {
     pub diagnostics: HashMap<PathBuf, Vec<tower_lsp_server::ls_types::Diagnostic>>,
     pub inlay_hints: bool,
     pub inlay_min_percent: f64,
+    pub inlay_min_bytes: u64,
+    pub roots: Vec<PathBuf>,
     pub frames: FrameFilter,
     pub encoding: to_proto::Encoding,
 }
@@ -106,6 +110,7 @@ impl Shared {
 
 /// Run the language server on stdin/stdout until the client says `exit`.
 pub fn run_stdio() -> anyhow::Result<()> {
+    sigbus::install();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .max_blocking_threads(4)
@@ -113,7 +118,8 @@ pub fn run_stdio() -> anyhow::Result<()> {
         .build()?;
     rt.block_on(async {
         let (service, socket) = tower_lsp_server::LspService::new(server::Backend::new);
-        tower_lsp_server::Server::new(tokio::io::stdin(), tokio::io::stdout(), socket)
+        let stdin = stdin_filter::stdin();
+        tower_lsp_server::Server::new(stdin, tokio::io::stdout(), socket)
             .serve(service)
             .await;
     });

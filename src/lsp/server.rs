@@ -14,10 +14,12 @@ use tower_lsp_server::ls_types::*;
 use tower_lsp_server::{Client, LanguageServer};
 
 use crate::findings::{self, FixKind};
+use crate::lsp::index::Frame;
 use crate::lsp::main_loop::{Event, Owner};
 use crate::lsp::to_proto::{self, Encoding};
 use crate::lsp::{Caps, Doc, Shared};
 use crate::source::edits;
+use crate::source::frames::FrameFilter;
 
 pub const CMD_REANALYZE: &str = "memlsp.reanalyze";
 pub const CMD_EXPLAIN: &str = "memlsp.explain";
@@ -62,6 +64,15 @@ impl Backend {
     fn caps(&self) -> Caps {
         self.shared.caps.get().cloned().unwrap_or_default()
     }
+}
+
+/// The outermost user frame of a stack (innermost first) that is a workspace file.
+fn entry_script(frames: &[Frame], filter: &FrameFilter) -> Option<(PathBuf, u32)> {
+    frames
+        .iter()
+        .rev()
+        .filter(|f| filter.is_user(&f.recorded.file))
+        .find_map(|f| Some((f.local.clone()?, f.recorded.line)))
 }
 
 /// A document's path in the form the index uses (canonical when it exists).
@@ -250,7 +261,7 @@ impl LanguageServer for Backend {
         Ok(Some(Hover {
             contents: HoverContents::Markup(MarkupContent {
                 kind: MarkupKind::Markdown,
-                value: to_proto::hover_markdown(entry, &view.frames),
+                value: to_proto::hover_markdown(entry, &view.frames, &view.roots),
             }),
             range: None,
         }))
@@ -275,9 +286,9 @@ impl LanguageServer for Backend {
             .lines
             .range(first..=last)
             .filter_map(|(line, entry)| {
-                let site = entry
-                    .top_site()
-                    .filter(|s| s.site.percent >= view.inlay_min_percent)?;
+                let site = entry.top_site().filter(|s| {
+                    s.site.percent >= view.inlay_min_percent && s.site.bytes >= view.inlay_min_bytes
+                })?;
                 let line0 = line - 1;
                 let lt = to_proto::line_of(&text, line0)?;
                 Some(to_proto::inlay_hint(site, line0, lt, view.encoding))
@@ -317,7 +328,6 @@ impl LanguageServer for Backend {
             return Ok(None);
         };
         let caps = self.caps();
-        let file_str = path.to_string_lossy().into_owned();
         let published = view.diagnostics.get(&path);
         let mut out = Vec::new();
         let first = p.range.start.line.saturating_add(1);
@@ -351,17 +361,33 @@ impl LanguageServer for Backend {
                         out.push(CodeActionOrCommand::CodeAction(action));
                         continue;
                     }
+                    // An allocator setting belongs in the entry script (the outermost user
+                    // frame), before anything imports torch; every other fix edits this line.
+                    let (target, target_line) = match fix.kind {
+                        FixKind::AllocConf { .. } => entry_script(&lf.frames, &view.frames)
+                            .unwrap_or_else(|| (path.clone(), *line)),
+                        _ => (path.clone(), *line),
+                    };
+                    let target_text = if target == path {
+                        Some(text.clone())
+                    } else {
+                        self.text_of(&target)
+                    };
+                    let target_str = target.to_string_lossy().into_owned();
                     // A bug in edit computation must not take the server down.
-                    let edits = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        edits::edits_for(&fix.kind, &file_str, &text, *line)
-                    }))
-                    .unwrap_or_else(|_| Err(edits::NoEdit("computing the edit failed".into())));
+                    let edits = match &target_text {
+                        Some(t) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            edits::edits_for(&fix.kind, &target_str, t, target_line)
+                        }))
+                        .unwrap_or_else(|_| Err(edits::NoEdit("computing the edit failed".into()))),
+                        None => Err(edits::NoEdit(format!("cannot read {target_str}"))),
+                    };
                     let ws_edit = match &edits {
                         Ok(e) if !e.is_empty() => to_proto::workspace_edit(
                             e,
                             &|f: &str| {
-                                if f == file_str {
-                                    Some(text.clone())
+                                if f == target_str {
+                                    target_text.clone()
                                 } else {
                                     self.text_of(Path::new(f))
                                 }

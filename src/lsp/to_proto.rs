@@ -160,7 +160,10 @@ pub fn diagnostic(lf: &LineFinding, line_text: Option<&str>, enc: Encoding) -> l
                 u,
                 lsp::Range::new(lsp::Position::new(l0, 0), lsp::Position::new(l0, 0)),
             ),
-            message: format!("called from {}", frame_label(&fr.recorded)),
+            message: format!(
+                "called from `{}` (recorded as {}:{})",
+                fr.recorded.function, fr.recorded.file, fr.recorded.line
+            ),
         });
     }
 
@@ -235,7 +238,7 @@ pub fn inlay_hint(ls: &LineSite, line0: u32, line_text: &str, enc: Encoding) -> 
 }
 
 /// The allocation stack as hover text: user frames first, framework and native frames folded.
-fn stack_block(frames: &[Frame], filter: &FrameFilter) -> String {
+fn stack_block(frames: &[Frame], filter: &FrameFilter, roots: &[PathBuf]) -> String {
     let mut out = String::new();
     let mut folded = 0usize;
     let mut folded_native = 0usize;
@@ -245,7 +248,7 @@ fn stack_block(frames: &[Frame], filter: &FrameFilter) -> String {
                 let shown = match &fr.local {
                     Some(p) => format!(
                         "{}:{} {}",
-                        p.display(),
+                        relative(p, roots),
                         fr.recorded.line,
                         fr.recorded.function
                     ),
@@ -268,7 +271,17 @@ fn stack_block(frames: &[Frame], filter: &FrameFilter) -> String {
 }
 
 /// Markdown hover for a line: each finding, then the sites, each with its stack and evidence.
-pub fn hover_markdown(entry: &LineEntry, filter: &FrameFilter) -> String {
+/// `path` relative to the workspace root that holds it, else as is.
+fn relative(path: &Path, roots: &[PathBuf]) -> String {
+    roots
+        .iter()
+        .find_map(|r| path.strip_prefix(r).ok())
+        .unwrap_or(path)
+        .to_string_lossy()
+        .into_owned()
+}
+
+pub fn hover_markdown(entry: &LineEntry, filter: &FrameFilter, roots: &[PathBuf]) -> String {
     let mut md = String::new();
     for lf in &entry.findings {
         let f = &lf.finding;
@@ -300,14 +313,16 @@ pub fn hover_markdown(entry: &LineEntry, filter: &FrameFilter) -> String {
         }
         for fix in &f.fixes {
             md.push_str(&format!("- fix: {}", fix.title));
-            if let Some(s) = fix.saving_bytes {
-                md.push_str(&format!(" (saves about {}, *inferred*)", fmt_bytes(s)));
+            if let Some(s) = fix.saving_bytes.map(fmt_bytes) {
+                if !fix.title.contains(&s) {
+                    md.push_str(&format!(" (saves about {s}, *inferred*)"));
+                }
             }
             md.push('\n');
         }
         if !lf.frames.is_empty() {
             md.push_str("\nAllocation stack (innermost first):\n```text\n");
-            md.push_str(&stack_block(&lf.frames, filter));
+            md.push_str(&stack_block(&lf.frames, filter, roots));
             md.push_str("```\n");
         }
         md.push_str(&format!(
@@ -336,7 +351,7 @@ pub fn hover_markdown(entry: &LineEntry, filter: &FrameFilter) -> String {
         md.push('\n');
         if !ls.frames.is_empty() {
             md.push_str("\nAllocation stack (innermost first):\n```text\n");
-            md.push_str(&stack_block(&ls.frames, filter));
+            md.push_str(&stack_block(&ls.frames, filter, roots));
             md.push_str("```\n");
         }
         md.push_str("\n---\n\n");
@@ -473,7 +488,7 @@ mod conversion_tests {
             lsp::InlayHintLabel::String(s) => assert_eq!(s, "38% live memory"),
             other => panic!("label {other:?}"),
         }
-        let md = hover_markdown(line, &FrameFilter::default());
+        let md = hover_markdown(line, &FrameFilter::default(), &[PathBuf::from("/ws")]);
         assert!(
             md.contains(
                 "**PT002 retained autograd graph** (warning), capture `step_100.pickle`, rank 0"
@@ -488,10 +503,7 @@ mod conversion_tests {
             md.contains("- *inferred*: accumulated without .detach()"),
             "{md}"
         );
-        assert!(
-            md.contains("/ws/train.py:8 step\n/ws/main.py:20 main\n"),
-            "{md}"
-        );
+        assert!(md.contains("\ntrain.py:8 step\nmain.py:20 main\n"), "{md}");
         assert!(md.contains("… 1 framework frames folded"), "{md}");
         assert!(
             md.contains("1.20 GiB** live in 12 blocks (38.2% of live memory"),

@@ -8,17 +8,18 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use globset::{Glob, GlobSet, GlobSetBuilder};
+use globset::GlobSet;
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
 
-/// Directories never scanned or watched for captures.
+/// Directories whose events are ignored (the same places `source::workspace::walk` never
+/// enters; hidden directories are skipped as well).
 const SKIP_DIRS: [&str; 6] = [
-    ".git",
     ".venv",
     "venv",
     "node_modules",
     "__pycache__",
-    ".mypy_cache",
+    "site-packages",
+    "dist-packages",
 ];
 
 /// Decides whether a path is a capture of this workspace.
@@ -32,17 +33,17 @@ pub struct CaptureMatcher {
 impl CaptureMatcher {
     /// Returns the matcher and the globs that did not parse.
     pub fn new(roots: &[PathBuf], globs: &[String]) -> (CaptureMatcher, Vec<String>) {
-        let mut b = GlobSetBuilder::new();
+        // Compiled like `--check` compiles them, so the editor and CI see the same captures.
+        let mut good = Vec::new();
         let mut bad = Vec::new();
         for g in globs {
-            match Glob::new(g) {
-                Ok(g) => {
-                    b.add(g);
-                }
+            match crate::source::workspace::capture_globset(std::slice::from_ref(g)) {
+                Ok(_) => good.push(g.as_str()),
                 Err(e) => bad.push(format!("{g}: {e}")),
             }
         }
-        let globs = b.build().unwrap_or_else(|_| GlobSet::empty());
+        let globs =
+            crate::source::workspace::capture_globset(&good).unwrap_or_else(|_| GlobSet::empty());
         let ignores = roots
             .iter()
             .map(|r| {
@@ -61,15 +62,29 @@ impl CaptureMatcher {
         )
     }
 
+    /// True for a directory strictly inside a root that the scan would enter.
+    pub fn is_scanned_dir(&self, path: &Path) -> bool {
+        self.roots.iter().any(|root| {
+            path.strip_prefix(root).is_ok_and(|rel| {
+                rel.components().next().is_some()
+                    && !rel.components().any(|c| {
+                        let s = c.as_os_str().to_string_lossy();
+                        s.starts_with('.') || SKIP_DIRS.contains(&s.as_ref())
+                    })
+            })
+        })
+    }
+
     /// True when `path` (which may no longer exist) is a capture the server should read.
     pub fn is_capture(&self, path: &Path) -> bool {
         for (root, gi) in self.roots.iter().zip(&self.ignores) {
             let Ok(rel) = path.strip_prefix(root) else {
                 continue;
             };
-            if rel.components().any(|c| {
+            let mut dirs = rel.components().rev().skip(1);
+            if dirs.any(|c| {
                 let s = c.as_os_str().to_string_lossy();
-                SKIP_DIRS.contains(&s.as_ref())
+                s.starts_with('.') || SKIP_DIRS.contains(&s.as_ref())
             }) {
                 return false;
             }
@@ -81,30 +96,11 @@ impl CaptureMatcher {
         false
     }
 
-    /// Every capture under the roots (respects `.gitignore`, skips `.venv`, `node_modules`, …).
+    /// Every capture under the roots, found exactly as `--check` finds them.
     pub fn scan(&self) -> Vec<PathBuf> {
-        self.scan_under(&self.roots)
-    }
-
-    /// Every capture under `dirs` (each inside a root), with the same rules as `scan`.
-    pub fn scan_under(&self, dirs: &[PathBuf]) -> Vec<PathBuf> {
         let mut out = Vec::new();
-        for root in dirs {
-            let walker = ignore::WalkBuilder::new(root)
-                .hidden(false)
-                .git_global(false)
-                .require_git(false)
-                .filter_entry(|e| {
-                    let name = e.file_name().to_string_lossy();
-                    !(e.file_type().is_some_and(|t| t.is_dir())
-                        && SKIP_DIRS.contains(&name.as_ref()))
-                })
-                .build();
-            for entry in walker.flatten() {
-                if entry.file_type().is_some_and(|t| t.is_file()) && self.is_capture(entry.path()) {
-                    out.push(entry.into_path());
-                }
-            }
+        for root in &self.roots {
+            out.extend(crate::source::workspace::find_captures(root, &self.globs));
         }
         out.sort();
         out.dedup();
@@ -191,6 +187,10 @@ mod tests {
         assert!(!m.is_capture(Path::new("/ws/config.json")));
         assert!(!m.is_capture(Path::new("/ws/.venv/lib/x.pickle")));
         assert!(!m.is_capture(Path::new("/ws/node_modules/x.pkl")));
+        assert!(!m.is_capture(Path::new("/ws/.cache/x.pkl")));
         assert!(!m.is_capture(Path::new("/elsewhere/a.pickle")));
+        assert!(m.is_scanned_dir(Path::new("/ws/runs")));
+        assert!(!m.is_scanned_dir(Path::new("/ws")));
+        assert!(!m.is_scanned_dir(Path::new("/ws/.venv/lib")));
     }
 }

@@ -90,4 +90,49 @@ mod tests {
         assert_eq!(t.int(t.get(t.root, "a").unwrap()), Some(2));
         assert_eq!(t.int(t.get(t.root, "b").unwrap()), Some(3));
     }
+
+    #[test]
+    fn a_dict_grown_by_100k_setitems_stays_linear() {
+        // {} then 100,000 × (BININT i, BININT1 1, SETITEM), then key 7 again: quadratic before the
+        // key index (minutes), milliseconds now.
+        let mut data = vec![0x80, 4, b'}'];
+        for i in 0..100_000u32 {
+            data.push(b'J');
+            data.extend_from_slice(&i.to_le_bytes());
+            data.extend_from_slice(b"K\x01s");
+        }
+        data.extend_from_slice(b"J\x07\x00\x00\x00K\x09s.");
+        let start = std::time::Instant::now();
+        let t = decode(&data).unwrap();
+        assert_eq!(t.len(t.root), 100_000);
+        let seven = t.pairs(t.root).find(|(k, _)| t.int(*k) == Some(7)).unwrap();
+        assert_eq!(t.int(seven.1), Some(9), "an equal key replaces the value");
+        assert!(start.elapsed().as_secs() < 5, "{:?}", start.elapsed());
+    }
+
+    #[test]
+    fn many_streamed_lists_stay_linear() {
+        struct Count(usize);
+        impl Sink for Count {
+            fn key(&self) -> &str {
+                "device_traces"
+            }
+            fn entry(&mut self, _: &Tree<'_>, _: u32, _: &[Val], _: &[Val]) -> Result<(), String> {
+                self.0 += 1;
+                Ok(())
+            }
+        }
+        // {'device_traces': [[{'a': 1}], [{'a': 1}], … 50,000 lists]}
+        let mut data = b"\x80\x04}\x8c\x0ddevice_traces](".to_vec();
+        for _ in 0..50_000 {
+            data.extend_from_slice(b"](}(\x8c\x01aK\x01ue");
+        }
+        data.extend_from_slice(b"es.");
+        let mut sink = Count(0);
+        let start = std::time::Instant::now();
+        let t = decode_streaming(&data, &Limits::default(), Some(&mut sink)).unwrap();
+        assert_eq!(sink.0, 50_000);
+        assert_eq!(t.len(t.get(t.root, "device_traces").unwrap()), 50_000);
+        assert!(start.elapsed().as_secs() < 5, "{:?}", start.elapsed());
+    }
 }

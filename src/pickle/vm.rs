@@ -124,6 +124,7 @@ pub fn decode_streaming<'a>(
         memo: Vec::with_capacity(data.len() / 32),
         depth: Vec::new(),
         shape_ids: FxHashMap::default(),
+        dict_index: FxHashMap::default(),
         limits: limits.clone(),
     };
     vm.run()?;
@@ -155,8 +156,14 @@ struct Vm<'a, 's> {
     /// Nesting depth per node id (containers only matter; others are 0).
     depth: Vec<u16>,
     shape_ids: FxHashMap<Box<[Val]>, u32>,
+    /// Key hash → positions, for owned dicts past [`INDEX_FROM`] entries (node id → index), so
+    /// `SETITEM` stays O(1) on a dict a hostile file grows to millions of keys.
+    dict_index: FxHashMap<u32, FxHashMap<u64, Vec<u32>>>,
     limits: Limits,
 }
+
+/// Owned dicts with at least this many entries get a hash index; smaller ones are scanned.
+const INDEX_FROM: usize = 32;
 
 type R<T> = Result<T, PickleError>;
 
@@ -250,6 +257,20 @@ impl<'a> Vm<'a, '_> {
             }
             None => Err(self.truncated("a text argument")),
         }
+    }
+
+    /// The decimal memo index argument of the text opcodes `PUT` / `GET`.
+    fn text_index(&mut self, opcode: &str) -> R<usize> {
+        let line = self.line()?;
+        std::str::from_utf8(line)
+            .ok()
+            .and_then(|s| s.trim().parse::<usize>().ok())
+            .ok_or_else(|| {
+                self.err(
+                    PickleErrorKind::Invalid,
+                    format!("{opcode} with a malformed index"),
+                )
+            })
     }
 
     #[inline]
@@ -479,11 +500,8 @@ impl<'a> Vm<'a, '_> {
         if self.streamed.is_empty() {
             return None;
         }
-        let lookup = |v: Val| {
-            v.node_id()
-                .and_then(|id| self.streamed.iter().position(|&s| s == id))
-                .map(|i| i as u32)
-        };
+        // The node carries its list number: O(1), however many lists a hostile file streams.
+        let lookup = |v: Val| self.tree.streamed_ordinal(v);
         let top_mark = self.marks.last().copied();
         if let Some(m) = top_mark {
             if m >= 1 && m <= di {
@@ -525,10 +543,7 @@ impl<'a> Vm<'a, '_> {
     }
 
     fn append_streamed(&mut self, list: Val, items_from: usize) -> R<()> {
-        let ordinal = list
-            .node_id()
-            .and_then(|id| self.streamed.iter().position(|&s| s == id))
-            .unwrap_or(0) as u32;
+        let ordinal = self.tree.streamed_ordinal(list).unwrap_or(0);
         let n = self.stack.len() - items_from;
         for i in items_from..self.stack.len() {
             let item = self.stack[i];
@@ -661,16 +676,42 @@ impl<'a> Vm<'a, '_> {
                 *node = Node::OwnedDict(Box::new(pairs));
             }
         }
-        let pos = match self
-            .tree
-            .nodes
-            .get(dict.node_id().unwrap_or(u32::MAX) as usize)
-        {
-            Some(Node::OwnedDict(p)) => p
-                .iter()
-                .position(|(old, _)| keys_equal(&self.tree, *old, k)),
-            _ => return,
+        let Some(id) = dict.node_id() else { return };
+        let Some(Node::OwnedDict(pairs)) = self.tree.nodes.get(id as usize) else {
+            return;
         };
+        let n = pairs.len();
+        let h = key_hash(&self.tree, k);
+        let pos = if n < INDEX_FROM {
+            pairs
+                .iter()
+                .position(|(old, _)| keys_equal(&self.tree, *old, k))
+        } else {
+            if !self.dict_index.contains_key(&id) {
+                let mut index: FxHashMap<u64, Vec<u32>> = FxHashMap::default();
+                for (i, (old, _)) in pairs.iter().enumerate() {
+                    index
+                        .entry(key_hash(&self.tree, *old))
+                        .or_default()
+                        .push(i as u32);
+                }
+                self.dict_index.insert(id, index);
+            }
+            self.dict_index
+                .get(&id)
+                .and_then(|ix| ix.get(&h))
+                .and_then(|c| {
+                    c.iter()
+                        .copied()
+                        .find(|&i| keys_equal(&self.tree, pairs[i as usize].0, k))
+                })
+                .map(|i| i as usize)
+        };
+        if pos.is_none() {
+            if let Some(ix) = self.dict_index.get_mut(&id) {
+                ix.entry(h).or_default().push(n as u32);
+            }
+        }
         if let Some(Node::OwnedDict(p)) = self.tree.node_mut(dict) {
             match pos {
                 Some(i) => p[i].1 = v,
@@ -1091,13 +1132,7 @@ impl<'a> Vm<'a, '_> {
                     self.memo_put(i)?;
                 }
                 b'p' => {
-                    let line = self.line()?;
-                    let Some(i) = std::str::from_utf8(line)
-                        .ok()
-                        .and_then(|s| s.trim().parse::<usize>().ok())
-                    else {
-                        return Err(self.err(Invalid, "PUT with a malformed index"));
-                    };
+                    let i = self.text_index("PUT")?;
                     self.memo_put(i)?;
                 }
                 b'h' => {
@@ -1109,13 +1144,7 @@ impl<'a> Vm<'a, '_> {
                     self.memo_get(i)?;
                 }
                 b'g' => {
-                    let line = self.line()?;
-                    let Some(i) = std::str::from_utf8(line)
-                        .ok()
-                        .and_then(|s| s.trim().parse::<usize>().ok())
-                    else {
-                        return Err(self.err(Invalid, "GET with a malformed index"));
-                    };
+                    let i = self.text_index("GET")?;
                     self.memo_get(i)?;
                 }
                 // ---- code: recorded, never executed ----
@@ -1262,6 +1291,20 @@ fn keys_equal(t: &Tree<'_>, a: Val, b: Val) -> bool {
         return x == y;
     }
     false
+}
+
+/// A hash consistent with [`keys_equal`]: equal strs and equal ints hash alike.
+fn key_hash(t: &Tree<'_>, k: Val) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = rustc_hash::FxHasher::default();
+    if let Some(s) = t.str(k) {
+        (0u8, s).hash(&mut h);
+    } else if let Some(i) = t.int128(k) {
+        (1u8, i).hash(&mut h);
+    } else {
+        (2u8, k).hash(&mut h);
+    }
+    h.finish()
 }
 
 /// Python `repr()` string literal (protocol 0 `STRING`) → bytes.

@@ -1161,6 +1161,63 @@ mod tests {
         );
     }
 
+    /// Every kind on every line of odd text: no panic, and every edit lies inside its line on
+    /// character boundaries.
+    #[test]
+    fn never_panics_and_edits_stay_in_bounds() {
+        let mut texts = vec![
+            "x = '''unterminated\n(((\n]]]\ntotal += \\\n  loss\n".to_string(),
+            "\t\tlosses.append(\n@jax.jit\ndef\n@\n@partial(\nimport torch\r\n".to_string(),
+            "é = \"ü\" ; total += λ  # ç\nx.append(é, ü)\njax.jit(f,, )\njit()\n".to_string(),
+            "def f(:\n  @jax.checkpoint\n    total = total +\n= + =\n+=\n'\n\"\"\"\n".to_string(),
+            "total += loss\\".to_string(),
+            String::new(),
+            "\n\n\n".to_string(),
+        ];
+        if let Some(dir) = crate::testdata::shared("jax_cpu_captures") {
+            for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if let Ok(t) = std::fs::read_to_string(e.path().join(format!("{name}.py"))) {
+                    texts.push(t);
+                }
+            }
+        }
+        assert!(texts.len() >= 7);
+        let kinds = [
+            DETACH,
+            ITEM,
+            FixKind::DetachCpuAppend,
+            FixKind::DeviceGetAppend,
+            donate(&[0, 1]),
+            donate(&[]),
+            FixKind::JaxCheckpoint,
+            FixKind::AllocConf {
+                value: "a\"b".into(),
+            },
+            FixKind::Advice,
+        ];
+        let mut made = 0;
+        for text in &texts {
+            let lines: Vec<&str> = text.split('\n').collect();
+            for kind in &kinds {
+                for line in 0..=lines.len() as u32 + 1 {
+                    let Ok(edits) = edits_for(kind, "f.py", text, line) else {
+                        continue;
+                    };
+                    assert!(!edits.is_empty());
+                    made += 1;
+                    for e in &edits {
+                        let l = lines[e.line as usize - 1];
+                        assert!(e.start_col <= e.end_col && e.end_col as usize <= l.len());
+                        assert!(l.is_char_boundary(e.start_col as usize));
+                        assert!(l.is_char_boundary(e.end_col as usize));
+                    }
+                }
+            }
+        }
+        assert!(made > 0);
+    }
+
     #[test]
     fn scanner_skips_strings_and_marks_continuations() {
         let src = Source::new(

@@ -8,7 +8,7 @@ pub mod workspace;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use crate::findings::{FixKind, Location};
+use crate::findings::{Finding, FixKind, Location};
 use crate::report::CaptureReport;
 use frames::FrameFilter;
 use paths::Resolver;
@@ -17,35 +17,47 @@ use paths::Resolver;
 const MAX_SOURCE_BYTES: u64 = 8 << 20;
 
 /// Fill `Fix.edit` for every fix of `report` that is a local edit, against the current text of
-/// the file its finding points at (resolved through `resolver`). Fixes whose file is not found,
-/// or whose line no longer matches, keep `edit: None`. An allocator setting goes into the entry
-/// script (the outermost user frame), where it runs before anything imports torch.
+/// the file [`fix_target`] names. Fixes whose file is not found, or whose line no longer matches,
+/// keep `edit: None`.
 pub fn resolve_fixes(report: &mut CaptureReport, resolver: &Resolver) {
     let mut texts: HashMap<PathBuf, Option<String>> = HashMap::new();
     for finding in &mut report.findings {
-        let Some(loc) = &finding.location else {
-            continue;
-        };
-        let culprit = resolver.resolve(&loc.file).map(|p| (p, loc.line));
-        let entry = entry_script(&finding.stack, resolver).or_else(|| culprit.clone());
-        for fix in &mut finding.fixes {
-            if fix.edit.is_some() || fix.kind == FixKind::Advice {
-                continue;
-            }
-            let target = match fix.kind {
-                FixKind::AllocConf { .. } => &entry,
-                _ => &culprit,
-            };
+        let targets: Vec<Option<(PathBuf, u32)>> = finding
+            .fixes
+            .iter()
+            .map(|fix| match fix.edit {
+                None => fix_target(finding, &fix.kind, resolver),
+                Some(_) => None,
+            })
+            .collect();
+        for (fix, target) in finding.fixes.iter_mut().zip(targets) {
             let Some((local, line)) = target else {
                 continue;
             };
             let text = texts
                 .entry(local.clone())
-                .or_insert_with(|| read_source(local));
+                .or_insert_with(|| read_source(&local));
             if let Some(text) = text {
-                fix.edit = edits::edits_for(&fix.kind, &local.to_string_lossy(), text, *line).ok();
+                fix.edit = edits::edits_for(&fix.kind, &local.to_string_lossy(), text, line).ok();
             }
         }
+    }
+}
+
+/// The local file and 1-based line a fix of `finding` edits, if it is a local edit and the file
+/// resolves: the culprit line, except for an allocator setting, which goes into the entry script
+/// (the outermost user frame) where it runs before anything imports torch.
+pub fn fix_target(
+    finding: &Finding,
+    kind: &FixKind,
+    resolver: &Resolver,
+) -> Option<(PathBuf, u32)> {
+    let loc = finding.location.as_ref()?;
+    let culprit = || Some((resolver.resolve(&loc.file)?, loc.line));
+    match kind {
+        FixKind::Advice => None,
+        FixKind::AllocConf { .. } => entry_script(&finding.stack, resolver).or_else(culprit),
+        _ => culprit(),
     }
 }
 
@@ -71,7 +83,7 @@ fn read_source(path: &Path) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::findings::{Finding, Fix, Severity};
+    use crate::findings::{Fix, Severity};
     use crate::report::{CaptureKind, EngineData};
 
     fn loc(file: &str, line: u32) -> Location {

@@ -23,6 +23,10 @@ pub struct LoadOptions {
     pub max_trace_events: Option<usize>,
 }
 
+/// Snapshots up to this size are read into memory; larger ones are memory-mapped (and their pages
+/// released as the decoder passes them).
+const READ_INTO_MEMORY_UP_TO: u64 = 256 << 20;
+
 /// Read and decode a snapshot file (`.pickle`/`.pkl` or the JSON form).
 pub fn load_snapshot(path: &Path, opts: &LoadOptions) -> Result<Snapshot, CaptureError> {
     let file = std::fs::File::open(path).map_err(|e| CaptureError::io(path, &e))?;
@@ -39,8 +43,20 @@ pub fn load_snapshot(path: &Path, opts: &LoadOptions) -> Result<Snapshot, Captur
             "a snapshot being written is retried when it changes; otherwise re-run _dump_snapshot()",
         ));
     }
-    // SAFETY: the map is read-only and private to this call; a file truncated underneath it by
-    // another process could fault, which is why the server only reads files whose size is stable.
+    if len <= READ_INTO_MEMORY_UP_TO {
+        // Read, not mapped: a mapped file that another process truncates while it is decoded
+        // raises SIGBUS and kills the whole process (the language server included), and torch
+        // re-dumps a snapshot in place (truncate, then write). A file that shrinks while read here
+        // is just short, and decodes as truncated.
+        use std::io::Read;
+        let mut bytes = Vec::with_capacity(len as usize);
+        let mut file = file;
+        file.read_to_end(&mut bytes)
+            .map_err(|e| CaptureError::io(path, &e))?;
+        return decode_inner(path, &bytes, opts, None);
+    }
+    // SAFETY: the map is read-only and private to this call. A file this large that is truncated
+    // underneath it by another process can still fault (SIGBUS); see docs/LIMITS.md.
     let map = unsafe { memmap2::Mmap::map(&file) };
     match map {
         Ok(map) => {
@@ -147,6 +163,20 @@ fn tree_from_json(path: &Path, bytes: &[u8]) -> Result<Tree<'static>, CaptureErr
     let mut work = vec![Work::Visit(&value)];
     let mut out: Vec<Val> = Vec::new();
     let mut depth = 0usize;
+    // serde_json already stops at 128 levels; this keeps the conversion bounded on its own.
+    let enter = |depth: usize| {
+        if depth >= 1000 {
+            Err(CaptureError::new(
+                path,
+                ErrorKind::Limit,
+                None,
+                "JSON nested more than 1000 levels",
+                "",
+            ))
+        } else {
+            Ok(depth + 1)
+        }
+    };
     while let Some(w) = work.pop() {
         match w {
             Work::Visit(v) => match v {
@@ -167,32 +197,14 @@ fn tree_from_json(path: &Path, bytes: &[u8]) -> Result<Tree<'static>, CaptureErr
                     out.push(v);
                 }
                 serde_json::Value::Array(items) => {
-                    depth += 1;
-                    if depth > 1000 {
-                        return Err(CaptureError::new(
-                            path,
-                            ErrorKind::Limit,
-                            None,
-                            "JSON nested more than 1000 levels",
-                            "",
-                        ));
-                    }
+                    depth = enter(depth)?;
                     work.push(Work::List(items.len()));
                     for it in items.iter().rev() {
                         work.push(Work::Visit(it));
                     }
                 }
                 serde_json::Value::Object(map) => {
-                    depth += 1;
-                    if depth > 1000 {
-                        return Err(CaptureError::new(
-                            path,
-                            ErrorKind::Limit,
-                            None,
-                            "JSON nested more than 1000 levels",
-                            "",
-                        ));
-                    }
+                    depth = enter(depth)?;
                     work.push(Work::Dict(map.keys().cloned().collect()));
                     for it in map.values().rev() {
                         work.push(Work::Visit(it));

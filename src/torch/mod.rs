@@ -176,10 +176,25 @@ pub fn site_role(a: &Analysis, s: &sites::SiteStat) -> &'static str {
         .iter()
         .any(|f| f.code == "PT003" && f.location.is_some() && same_site(f.location.as_ref(), s));
     if grows {
-        "user container"
-    } else {
-        s.role().as_str()
+        return "user container";
     }
+    let role = s.role();
+    if role == stacks::Role::Unknown {
+        // A line whose allocations the trace shows freed again almost every time.
+        let (allocs, freed) = a
+            .timeline
+            .devices
+            .iter()
+            .flat_map(|t| t.sites.iter())
+            .filter(|t| t.key == s.key && s.key.is_some())
+            .fold((0u64, 0u64), |(x, y), t| {
+                (x.saturating_add(t.allocs), y.saturating_add(t.freed))
+            });
+        if allocs >= 4 && freed.saturating_mul(10) >= allocs.saturating_mul(9) {
+            return "temporary";
+        }
+    }
+    role.as_str()
 }
 
 fn same_site(l: Option<&Location>, s: &sites::SiteStat) -> bool {
@@ -206,5 +221,81 @@ pub fn build_report(path: &Path, snap: &Snapshot, a: &Analysis, opts: &Options) 
         sites: report_sites(snap, a, opts.top),
         findings: a.findings.clone(),
         text: text::render(snap, a, opts, None, None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::torch::model::{Action, Block, BlockState, Frame, Segment, TraceEntry};
+
+    /// Values a corrupt or hostile file can carry: sizes at u64::MAX, stack ids past the table,
+    /// negative devices, frees of unknown addresses, an OOM on an empty device.
+    #[test]
+    fn hostile_values_do_not_panic() {
+        let big = Block {
+            address: u64::MAX - 1,
+            size: u64::MAX,
+            requested_size: u64::MAX,
+            state: BlockState::ActiveAllocated,
+            stack: Some(9999),
+            history_len: 0,
+        };
+        let mut other = big.clone();
+        other.state = BlockState::Other("weird".into());
+        let mut inactive = big.clone();
+        inactive.state = BlockState::Inactive;
+        let seg = |device| Segment {
+            device,
+            address: 0,
+            total_size: u64::MAX,
+            allocated_size: 0,
+            active_size: 0,
+            requested_size: 0,
+            stream: u64::MAX,
+            segment_type: None,
+            is_expandable: true,
+            pool_id: Some((-1, -1)),
+            stack: Some(u32::MAX),
+            blocks: vec![big.clone(), other.clone(), inactive.clone()],
+        };
+        let e = |action: Action, addr: u64, size: u64| TraceEntry {
+            action,
+            addr,
+            size,
+            stream: 0,
+            time_us: Some(i64::MIN),
+            device_free: Some(u64::MAX),
+            stack: Some(12345),
+        };
+        let snap = Snapshot {
+            segments: vec![seg(-3), seg(0), seg(0)],
+            device_traces: Some(vec![
+                vec![
+                    e(Action::FreeCompleted, 1, u64::MAX),
+                    e(Action::Alloc, 1, u64::MAX),
+                    e(Action::Alloc, 1, u64::MAX),
+                    e(Action::Oom, 0, u64::MAX),
+                    e(Action::FreeRequested, 7, 0),
+                    e(Action::Other("later".into()), 0, 1),
+                    e(Action::SegmentUnmap, 0, u64::MAX),
+                ],
+                vec![e(Action::Oom, 0, 1)],
+            ]),
+            frames: vec![Frame {
+                name: String::new(),
+                filename: "<frozen x>".into(),
+                line: u64::MAX,
+            }],
+            stacks: vec![vec![0, 77]],
+            ..Snapshot::default()
+        };
+        let opts = Options::default();
+        let a = analyze_snapshot(&snap, &opts);
+        let r = build_report(Path::new("x.pickle"), &snap, &a, &opts);
+        assert!(!r.headline.is_empty());
+        assert!(r.findings.iter().any(|f| f.code == "PT009"));
+        let d = diff::diff(&snap, &a, &snap, &a);
+        assert!(d.grown.is_empty(), "a snapshot never grows against itself");
     }
 }

@@ -60,7 +60,9 @@ fn any_oom(a: &Analysis) -> bool {
 
 /// PT009 for every OOM event, PT008 when the allocator state shows fragmentation.
 fn oom_findings(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
-    for oom in a.totals.oom_events() {
+    // A retry loop can record hundreds of OOMs: the first few are reported, the count is said.
+    let total = a.totals.oom_events().count();
+    for (n, oom) in a.totals.oom_events().take(4).enumerate() {
         let Some(diag) = a
             .fragmentation
             .iter()
@@ -97,6 +99,11 @@ fn oom_findings(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
                 .unwrap_or_else(|| "not recorded".into()),
         )));
         f.scope = Some(format!("device {}", oom.device));
+        if n == 0 && total > 4 {
+            f = f.evidence(Evidence::measured(format!(
+                "{total} OOM events in the trace; the first 4 are reported"
+            )));
+        }
         let live = a
             .timeline
             .device(oom.device)
@@ -132,7 +139,7 @@ fn oom_findings(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
                 Severity::Error,
                 format!(
                     "Fragmentation caused the OOM on device {}: {} requested, but the largest \
-                     inactive block is {} while {} sit inactive across {} segments.",
+                     inactive block is {} while {} sit inactive across {} segment(s).",
                     diag.device,
                     fmt_bytes(diag.request),
                     fmt_bytes(diag.largest_inactive),
@@ -214,13 +221,35 @@ fn retained_per_step(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mu
         _ => None,
     };
     let activations: Vec<&&SiteTrace> = rep.iter().filter(|s| s.role == Role::Activation).collect();
-    let scalars: Vec<&&SiteTrace> = rep
+    // Loss-sized tensors made once per step by the user's code: kept (`losses.append(loss)`) or
+    // replaced by the next one (`total = total + loss`). These mark separate steps, which a loop
+    // over layers inside one forward does not have.
+    let scalars: Vec<&SiteTrace> = t
+        .sites
         .iter()
-        .filter(|s| s.role != Role::Activation && s.retained_max_size <= SCALAR_BYTES)
+        .filter(|s| {
+            s.key.is_some()
+                && s.role != Role::Activation
+                && s.allocs >= 3
+                && s.alloc_max_size <= SCALAR_BYTES
+                && s.alloc_windows.count_ones() >= 3
+        })
         .collect();
-    // A loop over layers also repeats activation sites within one forward; what marks separate
-    // steps is a loss-sized tensor kept from each of them alongside.
-    if !activations.is_empty() && !scalars.is_empty() {
+    // When backward runs, most activation bytes are freed each step; a kept graph keeps the saved
+    // ones (a third or more of what forward allocates). A cache filled inside some `forward`
+    // while the rest is freed normally is a container, not a graph.
+    let (act_alloc, act_kept) =
+        t.sites
+            .iter()
+            .filter(|s| s.role == Role::Activation)
+            .fold((0u64, 0u64), |(x, y), s| {
+                (
+                    x.saturating_add(s.alloc_bytes),
+                    y.saturating_add(s.retained_bytes),
+                )
+            });
+    let graph_kept = act_kept.saturating_mul(10) >= act_alloc.saturating_mul(3);
+    if !activations.is_empty() && !scalars.is_empty() && graph_kept {
         let act_bytes = activations
             .iter()
             .fold(0u64, |x, s| x.saturating_add(s.retained_bytes));
@@ -230,13 +259,17 @@ fn retained_per_step(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mu
             .map(|s| s.retained_parts())
             .max()
             .unwrap_or(0);
-        let Some(lead) = scalars.iter().max_by_key(|s| s.retained).copied().copied() else {
+        // The kept scalars if some are kept, else the one made last in each step (the total
+        // that consumes the loss).
+        let Some(lead) = scalars
+            .iter()
+            .max_by_key(|s| (s.retained.min(3), s.last_alloc))
+            .copied()
+        else {
             return;
         };
         let (loc, stack) = culprit(snap, lead.key, lead.stack);
-        let total = scalars
-            .iter()
-            .fold(act_bytes, |x, s| x.saturating_add(s.retained_bytes));
+        let total = act_bytes.saturating_add(lead.retained_bytes);
         let mut f = Finding::new(
             "PT002",
             "retained autograd graph",
@@ -254,6 +287,11 @@ fn retained_per_step(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mu
         .at(loc, stack)
         .bytes(total, percent(total, allocated))
         .evidence(Evidence::measured(format!(
+            "{} of the {} that forward allocated in the trace were never freed",
+            fmt_bytes(act_kept),
+            fmt_bytes(act_alloc)
+        )))
+        .evidence(Evidence::measured(format!(
             "{} activation allocations from {} forward site(s) spread over {} of {} parts of the \
              trace were never freed ({} still live)",
             act_blocks,
@@ -262,17 +300,15 @@ fn retained_per_step(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mu
             WINDOWS,
             fmt_bytes(act_bytes)
         )));
-        for s in scalars.iter().take(2) {
-            f = f.evidence(Evidence::measured(format!(
-                "a loss-sized tensor (≤ {} B requested) allocated at {} {} times is still live every \
-                 time ({} allocations, {} freed)",
-                s.retained_max_size,
-                site_string(snap, s.key),
-                s.retained,
-                s.allocs,
-                s.freed
-            )));
-        }
+        f = f.evidence(Evidence::measured(format!(
+            "a loss-sized tensor (≤ {} B requested) is made at {} once per step: {} allocations over \
+             {} of {WINDOWS} parts of the trace, {} still live",
+            lead.alloc_max_size,
+            site_string(snap, lead.key),
+            lead.allocs,
+            lead.alloc_windows.count_ones(),
+            lead.retained
+        )));
         if let Some((lo, hi)) = floor {
             f = f.evidence(Evidence::measured(format!(
                 "the floor of live memory rose from {} to {} across the trace",
@@ -504,6 +540,23 @@ fn pending_frees(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
             trace_pending.len(),
             trace_pending_bytes
         )));
+    }
+    // Where the held blocks were allocated (the free stack above says where they were released).
+    let held = snap
+        .segments
+        .iter()
+        .flat_map(|s| s.blocks.iter().map(move |b| (s.stream, b)))
+        .filter(|(_, b)| b.state == BlockState::ActivePendingFree)
+        .max_by_key(|(_, b)| b.size);
+    if let Some((stream, b)) = held {
+        let (k, _) = a.stacks.site(b.stack);
+        if k.is_some() && k != key {
+            f = f.evidence(Evidence::measured(format!(
+                "the largest held block ({} B, stream {stream}) was allocated at {}",
+                b.size,
+                site_string(snap, k)
+            )));
+        }
     }
     if delayed > 0 {
         let worst = a
@@ -835,7 +888,7 @@ fn top_site(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
     let (loc, stack) = culprit(snap, s.key, s.stack);
     let p = s.percent_of(allocated);
     let role = crate::torch::site_role(a, s);
-    let f = Finding::new(
+    let mut f = Finding::new(
         "PT001",
         "top live-memory site",
         Severity::Hint,
@@ -856,8 +909,10 @@ fn top_site(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
     .evidence(Evidence::measured(format!(
         "{} active_allocated blocks, {} B ({} B requested)",
         s.blocks, s.bytes, s.requested_bytes
-    )))
-    .evidence(Evidence::inferred(format!("role from the stack: {role}")));
+    )));
+    if role != "unknown" {
+        f = f.evidence(Evidence::inferred(format!("role from the stack: {role}")));
+    }
     out.push(f);
 }
 
@@ -929,6 +984,120 @@ mod tests {
             "{:?}",
             codes(&a.findings)
         );
+    }
+
+    /// `x`-sized activation allocations that are never freed, `layers` per step.
+    fn forward_without_backward(
+        snap: &mut Snapshot,
+        steps: u64,
+        layers: u64,
+        mut per_step: impl FnMut(&mut Snapshot, u64, &mut Vec<TraceEntry>),
+    ) -> Vec<TraceEntry> {
+        let act = intern(
+            snap,
+            &[
+                (
+                    "/v/site-packages/torch/nn/modules/linear.py",
+                    125,
+                    "forward",
+                ),
+                (
+                    "/v/site-packages/torch/nn/modules/module.py",
+                    1747,
+                    "_call_impl",
+                ),
+                ("/u/model.py", 30, "forward"),
+            ],
+        );
+        let mut list = Vec::new();
+        for step in 0..steps {
+            for k in 0..layers {
+                let mut e = entry(Action::Alloc, 0x10_0000 + step * 0x1000 + k, 1 << 20);
+                e.stack = Some(act);
+                list.push(e);
+            }
+            per_step(snap, step, &mut list);
+        }
+        list
+    }
+
+    #[test]
+    fn a_layer_loop_inside_one_forward_is_not_a_retained_graph() {
+        // One forward over 32 layers, dumped before backward (e.g. at an OOM): the activation
+        // site repeats across the whole window, but nothing marks separate steps.
+        let mut snap = Snapshot::default();
+        let list = forward_without_backward(&mut snap, 1, 32, |_, _, _| {});
+        snap.device_traces = Some(vec![list]);
+        let a = analyze_snapshot(&snap, &Options::default());
+        assert!(
+            !codes(&a.findings).contains(&"PT002"),
+            "{:?}",
+            codes(&a.findings)
+        );
+    }
+
+    #[test]
+    fn a_cache_filled_in_forward_while_backward_frees_the_rest_is_not_a_retained_graph() {
+        // Each step: 4 activations freed by backward, one cached mask kept, and a loss scalar.
+        let mut snap = Snapshot::default();
+        let mask = intern(
+            &mut snap,
+            &[
+                (
+                    "/v/site-packages/torch/nn/modules/module.py",
+                    1747,
+                    "_call_impl",
+                ),
+                ("/u/model.py", 88, "forward"),
+            ],
+        );
+        let loss = intern(&mut snap, &[("/u/train.py", 50, "main")]);
+        let list = training(&mut snap, 8, |_, step, list| {
+            let mut m = entry(Action::Alloc, 0x70_0000 + step, 1 << 20);
+            m.stack = Some(mask);
+            list.push(m);
+            let mut l = entry(Action::Alloc, 0x50_0000 + step, 4);
+            l.stack = Some(loss);
+            list.push(l);
+            list.push(entry(Action::FreeRequested, 0x50_0000 + step, 4));
+            list.push(entry(Action::FreeCompleted, 0x50_0000 + step, 4));
+        });
+        snap.device_traces = Some(vec![list]);
+        let a = analyze_snapshot(&snap, &Options::default());
+        assert!(
+            !codes(&a.findings).contains(&"PT002"),
+            "{:?}",
+            codes(&a.findings)
+        );
+    }
+
+    #[test]
+    fn a_running_total_replaced_each_step_pins_pt002_to_the_total() {
+        // `total = total + loss`: the new total is made after the loss, the old one freed; the
+        // graph behind it keeps every step's activations.
+        let mut snap = Snapshot::default();
+        let loss = intern(&mut snap, &[("/u/train.py", 50, "main")]);
+        let total = intern(&mut snap, &[("/u/train.py", 51, "main")]);
+        let list = forward_without_backward(&mut snap, 8, 4, |_, step, list| {
+            let mut l = entry(Action::Alloc, 0x50_0000 + step, 4);
+            l.stack = Some(loss);
+            list.push(l);
+            let mut t = entry(Action::Alloc, 0x60_0000 + step, 4);
+            t.stack = Some(total);
+            list.push(t);
+            if step > 0 {
+                for addr in [0x50_0000 + step - 1, 0x60_0000 + step - 1] {
+                    list.push(entry(Action::FreeRequested, addr, 4));
+                    list.push(entry(Action::FreeCompleted, addr, 4));
+                }
+            }
+        });
+        snap.device_traces = Some(vec![list]);
+        let a = analyze_snapshot(&snap, &Options::default());
+        let f = a.findings.iter().find(|f| f.code == "PT002");
+        let f = f.unwrap_or_else(|| panic!("no PT002 in {:?}", codes(&a.findings)));
+        assert_eq!(f.location.as_ref().map(|l| l.line), Some(51));
+        assert!(!codes(&a.findings).contains(&"PT003"));
     }
 
     #[test]

@@ -91,7 +91,7 @@ impl RankComparison {
                 fmt_bytes(r.reserved),
                 fmt_bytes(r.inactive),
                 r.peak
-                    .map(|p| format!("≈{}", fmt_bytes(p)))
+                    .map(|p| format!("≈{} [inferred]", fmt_bytes(p)))
                     .unwrap_or_else(|| "–".into()),
                 r.ooms,
                 r.top_site,
@@ -181,4 +181,45 @@ pub fn analyze(paths: &[&Path], opts: &Options) -> Result<Vec<CaptureReport>, Ca
         out.push(r);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(allocated: u64) -> RankRow {
+        RankRow {
+            path: PathBuf::from("r.pickle"),
+            allocated,
+            reserved: allocated,
+            inactive: 0,
+            peak: None,
+            ooms: 0,
+            top_site: "<no stack>".into(),
+            top_percent: None,
+        }
+    }
+
+    #[test]
+    fn imbalance_is_reported_and_uniform_ranks_are_recognised() {
+        let even = RankComparison {
+            rows: vec![row(100), row(103)],
+        };
+        assert!(even.uniform());
+        let mut s = String::new();
+        even.render(&mut s);
+        assert!(s.contains("balanced"), "{s}");
+        let skewed = RankComparison {
+            rows: vec![row(100), row(150)],
+        };
+        assert!(!skewed.uniform());
+        assert_eq!(skewed.imbalance(), Some(1.5));
+        let mut s = String::new();
+        skewed.render(&mut s);
+        assert!(s.contains("1.50×"), "{s}");
+        let empty = RankComparison {
+            rows: vec![row(0), row(10)],
+        };
+        assert_eq!(empty.imbalance(), None, "no ratio against an empty rank");
+    }
 }

@@ -107,7 +107,8 @@ pub fn compute(snap: &Snapshot, stacks: &StackIndex, device: Option<i64>) -> Sit
             slot.0 += 1;
             slot.1 = slot.1.saturating_add(b.size);
             let role = stacks.role(b.stack);
-            *out.role_bytes.entry(role).or_default() += b.size;
+            let r = out.role_bytes.entry(role).or_default();
+            *r = r.saturating_add(b.size);
             let s = map.entry(key).or_insert_with(|| SiteStat {
                 key,
                 site: String::new(),

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use crate::analyze::Options;
-use crate::findings::{FixKind, fmt_bytes};
+use crate::findings::fmt_bytes;
 use crate::torch::Analysis;
 use crate::torch::diff::Diff;
 use crate::torch::model::Snapshot;
@@ -26,7 +26,11 @@ fn b(v: u64) -> String {
 }
 
 fn pct(p: Option<f64>) -> String {
-    p.map(|p| format!("{p:.1}%")).unwrap_or_else(|| "–".into())
+    match p {
+        Some(p) if p > 0.0 && p < 0.05 => "<0.1%".into(),
+        Some(p) => format!("{p:.1}%"),
+        None => "–".into(),
+    }
 }
 
 /// Headline when no finding leads: what is live and where.
@@ -82,7 +86,7 @@ pub fn render(
     ranks: Option<&RankComparison>,
 ) -> String {
     let mut s = String::new();
-    totals(&mut s, snap, a);
+    totals(&mut s, a);
     if let Some(r) = ranks {
         r.render(&mut s);
     }
@@ -92,12 +96,12 @@ pub fn render(
         diff_section(&mut s, d, earlier);
     }
     diagnosis(&mut s, a);
-    next_steps(&mut s, snap, a, diff.is_some());
-    uncertainty(&mut s, snap, a);
+    next_steps(&mut s, a, diff.is_some());
+    uncertainty(&mut s, a);
     s
 }
 
-fn totals(s: &mut String, _snap: &Snapshot, a: &Analysis) {
+fn totals(s: &mut String, a: &Analysis) {
     let o = &a.totals.overall;
     let _ = writeln!(s, "Totals");
     let _ = writeln!(
@@ -128,6 +132,15 @@ fn totals(s: &mut String, _snap: &Snapshot, a: &Analysis) {
         "  segments                          {} {M} ({} expandable, {} holding inactive blocks)",
         o.segment_count, o.expandable_segments, o.segments_with_inactive
     );
+    if o.inactive > 0 {
+        let _ = writeln!(
+            s,
+            "  empty_cache() would return        {} in {} wholly inactive segments {M}; the rest of the \
+             inactive cache is reused by PyTorch but stays reserved (nvidia-smi counts it)",
+            fmt_bytes(o.releasable.1),
+            o.releasable.0
+        );
+    }
     if a.totals.trace_present {
         let _ = writeln!(
             s,
@@ -225,11 +238,12 @@ fn sites(
             );
         }
         let frames = stack_locations(snap, site.stack, site.key);
-        let python = frames
+        // The callers in the user's own code say which loop or model part owns the memory.
+        let callers = frames
             .iter()
             .skip(1)
-            .filter(|l| opts_frames.classify(&l.file) != crate::source::frames::FrameKind::Native);
-        for l in python.take(2) {
+            .filter(|l| opts_frames.classify(&l.file) == crate::source::frames::FrameKind::User);
+        for l in callers.take(2) {
             let _ = writeln!(
                 s,
                 "        called from {}:{} {}",
@@ -324,7 +338,11 @@ fn timeline(s: &mut String, snap: &Snapshot, a: &Analysis) {
             );
         }
     }
-    for o in a.totals.oom_events() {
+    let ooms = a.totals.oom_events().count();
+    if ooms > 4 {
+        let _ = writeln!(s, "  {ooms} OOM events; the first 4: {M}");
+    }
+    for o in a.totals.oom_events().take(4) {
         let _ = writeln!(
             s,
             "  OOM on device {} at entry #{}: request {} {R}, device_free {} {R}, at {}",
@@ -406,7 +424,7 @@ fn diagnosis(s: &mut String, a: &Analysis) {
     for f in &a.findings {
         let _ = writeln!(
             s,
-            "  {} {} ({}): {}",
+            "  {} {} ({}): {} {I}",
             f.code,
             f.pattern,
             f.severity.as_str(),
@@ -419,7 +437,7 @@ fn diagnosis(s: &mut String, a: &Analysis) {
     s.push('\n');
 }
 
-fn next_steps(s: &mut String, snap: &Snapshot, a: &Analysis, have_diff: bool) {
+fn next_steps(s: &mut String, a: &Analysis, have_diff: bool) {
     let _ = writeln!(s, "Next steps");
     let mut n = 0;
     for f in a.findings.iter().filter(|f| f.code != "PT001") {
@@ -430,13 +448,10 @@ fn next_steps(s: &mut String, snap: &Snapshot, a: &Analysis, have_diff: bool) {
             .unwrap_or_else(|| "(no user frame)".into());
         for fix in &f.fixes {
             n += 1;
-            let env = match &fix.kind {
-                FixKind::AllocConf { value } => format!(" — `PYTORCH_ALLOC_CONF={value}`"),
-                _ => String::new(),
-            };
+
             let _ = writeln!(
                 s,
-                "  {n}. {} [{}] {at}: {}{env}{}{}",
+                "  {n}. {} [{}] {at}: {}{}{}",
                 f.code,
                 f.severity.as_str(),
                 fix.title,
@@ -483,11 +498,10 @@ fn next_steps(s: &mut String, snap: &Snapshot, a: &Analysis, have_diff: bool) {
              `torch._C._cuda_attach_out_of_memory_observer(lambda d, a, t, f: torch.cuda.memory._dump_snapshot(\"oom.pickle\"))`"
         );
     }
-    let _ = snap;
     s.push('\n');
 }
 
-fn uncertainty(s: &mut String, snap: &Snapshot, a: &Analysis) {
+fn uncertainty(s: &mut String, a: &Analysis) {
     let _ = writeln!(s, "Uncertainty");
     let o = &a.totals.overall;
     if !a.totals.trace_present {
@@ -539,12 +553,90 @@ fn uncertainty(s: &mut String, snap: &Snapshot, a: &Analysis) {
     let _ = writeln!(
         s,
         "  - only PyTorch's caching allocator is visible: NCCL, cuDNN/cuBLAS workspaces and direct cudaMalloc \
-         are not; compare `torch.cuda.device_memory_used()` or nvidia-smi with the {} reserved here",
+         are not; compare `torch.cuda.device_memory_used()` or nvidia-smi with the {} reserved here {M}",
         fmt_bytes(o.reserved)
     );
     let _ = writeln!(
         s,
         "  - roles (parameter, activation, optimizer state, …) are guessed from stack frames {I}"
     );
-    let _ = snap;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::torch::analyze_snapshot;
+    use crate::torch::model::BlockState;
+    use crate::torch::stacks::tests::intern;
+    use crate::torch::totals::tests::{block, segment};
+
+    #[test]
+    fn sections_come_in_the_seed_order_and_name_what_a_trace_less_file_cannot_answer() {
+        let mut snap = Snapshot::default();
+        let st = intern(
+            &mut snap,
+            &[
+                (
+                    "/v/site-packages/torch/nn/modules/linear.py",
+                    125,
+                    "forward",
+                ),
+                ("/u/model.py", 12, "forward"),
+                (
+                    "/v/site-packages/torch/nn/modules/module.py",
+                    1747,
+                    "_call_impl",
+                ),
+                ("/u/train.py", 40, "main"),
+            ],
+        );
+        let mut b = block(3 << 20, (3 << 20) - 100, BlockState::ActiveAllocated);
+        b.stack = Some(st);
+        snap.segments = vec![segment(
+            0,
+            1 << 30,
+            vec![b, block(1 << 20, 0, BlockState::Inactive)],
+        )];
+        let opts = Options::default();
+        let a = analyze_snapshot(&snap, &opts);
+        let text = render(&snap, &a, &opts, None, None);
+        let order = [
+            "Totals",
+            "Top sites",
+            "Free timeline",
+            "Diagnosis",
+            "Next steps",
+            "Uncertainty",
+        ];
+        let pos: Vec<usize> = order.iter().filter_map(|s| text.find(s)).collect();
+        assert_eq!(pos.len(), order.len(), "{text}");
+        assert!(pos.windows(2).all(|w| w[0] < w[1]), "{text}");
+        assert!(
+            text.contains("100.0%    3.00 MiB"),
+            "one site holds all live memory: {text}"
+        );
+        assert!(text.contains("called from /u/train.py:40 main"), "{text}");
+        assert!(
+            !text.contains("_call_impl"),
+            "framework callers are skipped: {text}"
+        );
+        assert!(text.contains("no trace (memory history was not recorded)"));
+        assert!(text.contains("_record_memory_history(max_entries=100000)"));
+        // Every line with a byte count carries a label.
+        for line in text
+            .lines()
+            .filter(|l| l.contains(" B)") || l.contains("MiB"))
+        {
+            assert!(
+                line.contains("[measured]")
+                    || line.contains("[read]")
+                    || line.contains("[inferred]"),
+                "unlabelled number: {line}"
+            );
+        }
+        assert_eq!(
+            summary_sentence(&snap, &a),
+            "3.00 MiB live in 4.00 MiB reserved on 1 device(s); the largest site is /u/model.py:12 with 100.0% of it, no problem pattern found."
+        );
+    }
 }

@@ -56,6 +56,12 @@ pub struct SiteTrace {
     pub retained_last: u64,
     /// Largest requested size among retained allocations.
     pub retained_max_size: u64,
+    /// Largest requested size among all allocations of the site in the window.
+    pub alloc_max_size: u64,
+    /// Bit w set when any allocation of the site falls in window part w.
+    pub alloc_windows: u16,
+    /// Index of the site's last allocation.
+    pub last_alloc: u64,
     pub role: Role,
     pub stack: Option<StackId>,
 }
@@ -249,6 +255,9 @@ fn device_timeline(
                     ..Default::default()
                 });
                 s.allocs += 1;
+                s.alloc_max_size = s.alloc_max_size.max(e.size);
+                s.alloc_windows |= 1 << part(i, n);
+                s.last_alloc = i as u64;
                 s.alloc_bytes = s.alloc_bytes.saturating_add(e.size);
                 running = running.saturating_add(signed(e.size));
                 let opt = s.role == Role::OptimizerState;
@@ -547,7 +556,8 @@ pub fn live_at(
     for (size, stack) in set.values() {
         out.bytes = out.bytes.saturating_add(*size);
         out.blocks += 1;
-        *out.role_bytes.entry(stacks.role(*stack)).or_default() += *size;
+        let r = out.role_bytes.entry(stacks.role(*stack)).or_default();
+        *r = r.saturating_add(*size);
         let (key, _) = stacks.site(*stack);
         let s = by.entry(key).or_insert((0, 0, *stack, 0));
         s.0 = s.0.saturating_add(*size);
@@ -600,6 +610,8 @@ impl Timeline {
                         "live_bytes_reconstructed": {"start": t.live_start, "peak": t.live_peak,
                             "peak_index": t.live_peak_index, "end": t.live_end,
                             "floors": t.floors},
+                        "steps_estimate": {"sawtooth_cycles": t.cycles,
+                            "optimizer_runs": t.optimizer_runs},
                         "repeating_unfreed_sites": t.sites.iter()
                             .filter(|s| s.retained_parts() >= 3 && s.retained >= 3)
                             .map(|s| json!({"site": site_string(snap, s.key),

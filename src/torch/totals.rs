@@ -29,6 +29,8 @@ pub struct Memory {
     pub expandable_segments: u64,
     /// Segments that hold at least one inactive block (fragmentation evidence).
     pub segments_with_inactive: u64,
+    /// Segments with no live block: what `torch.cuda.empty_cache()` would return (count, bytes).
+    pub releasable: (u64, u64),
 }
 
 /// A running-sum peak over one device's trace (ORACLE.md §4). All `None` for an empty list.
@@ -164,6 +166,10 @@ fn memory_of<'a>(segments: impl Iterator<Item = &'a crate::torch::model::Segment
         }
         if has_inactive {
             m.segments_with_inactive += 1;
+        }
+        if seg.blocks.iter().all(|b| b.state == BlockState::Inactive) {
+            m.releasable.0 += 1;
+            m.releasable.1 = m.releasable.1.saturating_add(seg.total_size);
         }
     }
     streams.sort_unstable();
@@ -333,6 +339,10 @@ fn memory_json(m: &Memory) -> serde_json::Map<String, Value> {
         "segments_with_inactive_blocks".into(),
         json!(m.segments_with_inactive),
     );
+    o.insert(
+        "releasable_segments".into(),
+        json!({"count": m.releasable.0, "bytes": m.releasable.1}),
+    );
     o
 }
 
@@ -366,7 +376,8 @@ pub fn overall_json(t: &Totals, snap: &Snapshot) -> Value {
     for d in &t.devices {
         if let Some(tr) = &d.trace {
             for (k, v) in &tr.actions {
-                *actions.entry(k.clone()).or_default() += v;
+                let a = actions.entry(k.clone()).or_default();
+                *a = a.saturating_add(*v);
             }
             if let Some(f) = tr.first_time_us {
                 first = Some(first.map_or(f, |x| x.min(f)));
@@ -508,6 +519,11 @@ pub(crate) mod tests {
         assert_eq!(t.overall.pending_free, 1024);
         assert_eq!(t.overall.inactive, 2048 + 8192);
         assert_eq!(t.overall.largest_inactive, Some(8192));
+        assert_eq!(
+            t.overall.releasable,
+            (1, 8192),
+            "only the wholly inactive segment goes back on empty_cache()"
+        );
         assert_eq!(t.devices.len(), 3, "device 2 exists through its trace list");
         assert_eq!(t.devices[0].memory.largest_inactive, Some(2048));
         assert_eq!(t.devices[2].memory.reserved, 0);

@@ -69,7 +69,11 @@ pub fn list_modules(path: &Path) -> Result<Vec<(String, u64)>, CaptureError> {
 
 /// Analyse one `.xplane.pb` file.
 pub fn analyze_file(path: &Path, opts: &Options) -> Result<CaptureReport, CaptureError> {
-    analyze_file_with(path, opts, &super::present::default_source_lookup(path))
+    analyze_file_with(
+        path,
+        opts,
+        &super::present::default_source_lookup(path, opts),
+    )
 }
 
 /// Analyse with a source lookup hook: recorded path → program text, used only to find the

@@ -44,7 +44,8 @@ pub struct Context<'a> {
 const CONFIRM: &str =
     "confirm before/after with jax.jit(f).lower(*args).compile().memory_analysis()";
 
-fn pct(part: u64, whole: u64) -> f64 {
+/// `part` as a percentage of `whole` (0 when `whole` is 0).
+pub fn pct(part: u64, whole: u64) -> f64 {
     if whole == 0 {
         0.0
     } else {
@@ -52,14 +53,22 @@ fn pct(part: u64, whole: u64) -> f64 {
     }
 }
 
-/// Culprit location and stack (innermost first) of a buffer.
-fn located(ctx: &Context, b: &PeakBuffer) -> (Option<Location>, Vec<Location>) {
+/// Culprit location and stack (innermost first) of a buffer: the frame `pick` chooses (the
+/// first user frame), else the line xprof shows.
+pub fn culprit(
+    b: &PeakBuffer,
+    pick: &dyn Fn(&[Location]) -> Option<usize>,
+) -> (Option<Location>, Vec<Location>) {
     let stack: Vec<Location> = b.frames().iter().map(|f| f.location()).collect();
     if stack.is_empty() {
         return (b.line().map(|f| f.location()), stack);
     }
-    let i = (ctx.pick)(&stack).unwrap_or(0);
+    let i = pick(&stack).unwrap_or(0);
     (Some(stack[i].clone()), stack)
+}
+
+fn located(ctx: &Context, b: &PeakBuffer) -> (Option<Location>, Vec<Location>) {
+    culprit(b, ctx.pick)
 }
 
 /// "still needs X > capacity Y" when a fix does not bring the plan under the pool.
@@ -105,7 +114,7 @@ fn by_line<'a>(ctx: &Context, rows: impl Iterator<Item = &'a PeakBuffer>) -> Vec
 fn shapes(rows: &[&PeakBuffer]) -> String {
     let mut counts: Vec<(String, usize)> = Vec::new();
     for b in rows {
-        let s = b.shape.split('{').next().unwrap_or("").to_string();
+        let s = super::hlo::without_layout(&b.shape).to_string();
         match counts.iter_mut().find(|c| c.0 == s) {
             Some(c) => c.1 += 1,
             None => counts.push((s, 1)),
@@ -266,7 +275,7 @@ pub fn diagnose(ctx: &Context) -> Vec<Finding> {
         if let Some(in_use) = last.bytes_in_use_at_start {
             let step_new = p.total_peak_bytes.saturating_sub(p.parameter_bytes);
             let others = in_use.saturating_sub(p.parameter_bytes);
-            if in_use + step_new > cap && others > 0 && !no_fit {
+            if in_use.saturating_add(step_new) > cap && others > 0 && !no_fit {
                 let largest = ctx.live_at_last.first();
                 let mut f = Finding::new(
                     "JX006",
@@ -347,12 +356,17 @@ pub fn diagnose(ctx: &Context) -> Vec<Finding> {
                 "forward activations kept for backward",
                 sev,
                 format!(
-                    "mostly forward, kept for the backward pass: {} ({:.1}% of the heap peak); the largest share, {} in {} buffer(s) ({}), comes from this line",
+                    "mostly forward, kept for the backward pass: {} ({:.1}% of the heap peak); the largest share, {} in {} buffer(s) ({}), comes from this line{}",
                     fmt_bytes(fwd),
                     pct(fwd, heap),
                     fmt_bytes(*bytes),
                     rows.len(),
-                    shapes(rows)
+                    shapes(rows),
+                    if sev == Severity::Information {
+                        " (expected retention within a step, not a leak)"
+                    } else {
+                        ""
+                    }
                 ),
             )
             .at(loc.clone(), stack.clone())
@@ -518,7 +532,7 @@ pub fn diagnose(ctx: &Context) -> Vec<Finding> {
             format!(
                 "{} {} ({}, {}) live at the peak: {:.1}% of the {base}",
                 fmt_bytes(b.size),
-                b.shape.split('{').next().unwrap_or(""),
+                super::hlo::without_layout(&b.shape),
                 b.category.as_str(),
                 b.role.as_str(),
                 share
@@ -555,6 +569,40 @@ pub fn diagnose(ctx: &Context) -> Vec<Finding> {
     out
 }
 
+/// `a → b → c`, shortened to the first four and last two values for long runs.
+fn series(v: &[u64]) -> String {
+    let f = |x: &[u64]| {
+        x.iter()
+            .map(|b| fmt_bytes(*b))
+            .collect::<Vec<_>>()
+            .join(" → ")
+    };
+    if v.len() <= 8 {
+        f(v)
+    } else {
+        format!(
+            "{} → … → {} ({} executions)",
+            f(&v[..4]),
+            f(&v[v.len() - 2..]),
+            v.len()
+        )
+    }
+}
+
+/// Per-gap counts, shortened for long runs.
+fn counts(v: &[u64]) -> String {
+    if v.len() <= 12 {
+        format!("{v:?}")
+    } else {
+        format!(
+            "{:?} … ({} gaps, {} with an append)",
+            &v[..8],
+            v.len(),
+            v.iter().filter(|&&n| n > 0).count()
+        )
+    }
+}
+
 fn growth_finding(ctx: &Context) -> Option<Finding> {
     let p = ctx.plan;
     let g = &ctx.growth;
@@ -564,6 +612,10 @@ fn growth_finding(ctx: &Context) -> Option<Finding> {
         let first = g.starts[0];
         let last = *g.starts.last()?;
         let per = (last - first) / (g.starts.len() as u64 - 1);
+        // Allocator bookkeeping grows by bytes; a leak worth a line grows by arrays.
+        if per < (1 << 20) {
+            return None;
+        }
         let ratio = if p.non_aliased_output_bytes > 0 {
             per as f64 / p.non_aliased_output_bytes as f64
         } else {
@@ -574,7 +626,7 @@ fn growth_finding(ctx: &Context) -> Option<Finding> {
             "growth per execution",
             Severity::Warning,
             format!(
-                "memory in use grows by {} per execution of {} ({:.2}x the non-aliased outputs): the program keeps each step's outputs alive",
+                "memory in use grows by {} per execution of {} ({:.2}x the non-aliased outputs): the program keeps each step's outputs alive, a leak across steps",
                 fmt_bytes(per),
                 p.module,
                 ratio
@@ -584,7 +636,7 @@ fn growth_finding(ctx: &Context) -> Option<Finding> {
         .bytes(per, None)
         .evidence(Evidence::measured(format!(
             "bytes in use at execution starts: {}",
-            g.starts.iter().map(|b| fmt_bytes(*b)).collect::<Vec<_>>().join(" → ")
+            series(&g.starts)
         )))
         .evidence(Evidence::read(format!(
             "non-aliased outputs of the plan: {}",
@@ -592,8 +644,8 @@ fn growth_finding(ctx: &Context) -> Option<Finding> {
         )));
         if g.appends_per_gap.iter().any(|&n| n > 0) {
             f = f.evidence(Evidence::measured(format!(
-                "list.append ($<unknown> append) between executions: {:?}",
-                g.appends_per_gap
+                "list.append ($<unknown> append) between executions: {}",
+                counts(&g.appends_per_gap)
             )));
         }
         f = f.fix(
@@ -630,8 +682,8 @@ fn growth_finding(ctx: &Context) -> Option<Finding> {
         .at(g.append_site.clone(), g.append_site.iter().cloned().collect())
         .bytes(per, None)
         .evidence(Evidence::measured(format!(
-            "$<unknown> append events after each execution: {:?}",
-            g.appends_per_gap
+            "$<unknown> append events after each execution: {}",
+            counts(&g.appends_per_gap)
         )))
         .evidence(Evidence::read(format!(
             "non-aliased outputs of the plan: {} per execution",
@@ -783,4 +835,29 @@ fn donation_finding(ctx: &Context) -> Option<Finding> {
     );
     f.scope = Some(p.module.clone());
     Some(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn argument_roots_and_square_tails() {
+        assert_eq!(arg_root("opt_state['m'][2]['w']"), "opt_state");
+        assert_eq!(arg_root("params[1]['w']"), "params");
+        assert_eq!(arg_root("x"), "x");
+        assert_eq!(is_square_tail("f32[1,4,2048,2048]{3,2,1,0}"), Some(2048));
+        assert_eq!(is_square_tail("f32[8,4,256,256]"), None);
+        assert_eq!(is_square_tail("f32[2048,1024]"), None);
+    }
+
+    #[test]
+    fn long_series_are_shortened() {
+        assert_eq!(series(&[1 << 20, 2 << 20]), "1.00 MiB → 2.00 MiB");
+        let long: Vec<u64> = (1..=10).map(|i| i << 20).collect();
+        assert_eq!(
+            series(&long),
+            "1.00 MiB → 2.00 MiB → 3.00 MiB → 4.00 MiB → … → 9.00 MiB → 10.00 MiB (10 executions)"
+        );
+    }
 }

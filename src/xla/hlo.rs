@@ -20,6 +20,8 @@ pub struct ModuleEntry {
     pub program_id: u64,
     /// Serialized `xla.HloProto`.
     pub proto: Vec<u8>,
+    /// Absolute offset of the metadata entry holding it (errors point there).
+    pub offset: Option<u64>,
 }
 
 /// Modules listed in `/host:metadata` that carry an HLO proto (`"Hlo Proto"` or legacy `"HLO Proto"`).
@@ -54,6 +56,7 @@ pub fn modules(plane: &Plane) -> Vec<ModuleEntry> {
             hlo_name: hlo_name.to_string(),
             program_id,
             proto,
+            offset: plane.event_meta_offset.get(id).copied(),
         });
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -78,8 +81,11 @@ pub fn decode(path: &Path, m: &ModuleEntry) -> Result<hpb::HloProto, CaptureErro
         CaptureError::new(
             path,
             ErrorKind::Invalid,
-            None,
-            format!("HLO proto of module {} does not decode: {e}", m.name),
+            m.offset,
+            format!(
+                "the HLO proto of module {} (in the /host:metadata entry here) does not decode: {e}",
+                m.name
+            ),
             "the capture's /host:metadata plane is damaged; re-capture it",
         )
     })
@@ -240,6 +246,21 @@ pub fn shape_string(s: &hpb::ShapeProto) -> String {
         if !s.dimensions.is_empty() {
             let m: Vec<String> = l.minor_to_major.iter().map(|d| d.to_string()).collect();
             out.push_str(&format!("{{{}}}", m.join(",")));
+        }
+    }
+    out
+}
+
+/// A shape string without its layouts: `(f32[2,3]{1,0}, s8[4]{0})` → `(f32[2,3], s8[4])`.
+pub fn without_layout(shape: &str) -> String {
+    let mut out = String::with_capacity(shape.len());
+    let mut depth = 0;
+    for c in shape.chars() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            _ if depth == 0 => out.push(c),
+            _ => {}
         }
     }
     out

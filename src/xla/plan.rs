@@ -294,31 +294,33 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
     for (_, a) in &allocs {
         let size = a.size.max(0) as u64;
         if a.is_thread_local || a.is_tuple {
-            plan.non_reusable_bytes += size;
+            plan.non_reusable_bytes = plan.non_reusable_bytes.saturating_add(size);
         }
         if a.is_thread_local {
             continue;
         }
-        plan.total_allocation_bytes += size;
+        plan.total_allocation_bytes = plan.total_allocation_bytes.saturating_add(size);
         if a.is_entry_computation_parameter {
-            plan.parameter_bytes += size;
+            plan.parameter_bytes = plan.parameter_bytes.saturating_add(size);
             if donors.contains(&(a.parameter_number, a.parameter_shape_index.clone())) {
-                plan.donated_bytes += size;
+                plan.donated_bytes = plan.donated_bytes.saturating_add(size);
             }
         }
         if a.maybe_live_out {
-            plan.output_bytes += size;
+            plan.output_bytes = plan.output_bytes.saturating_add(size);
             if !a.is_entry_computation_parameter {
-                plan.non_aliased_output_bytes += size;
+                plan.non_aliased_output_bytes = plan.non_aliased_output_bytes.saturating_add(size);
             }
         }
         if is_indefinite(a) {
-            plan.indefinite_bytes += size;
+            plan.indefinite_bytes = plan.indefinite_bytes.saturating_add(size);
         } else {
             plan.temp_allocations.push(size);
         }
     }
-    plan.temp_bytes = plan.total_allocation_bytes - plan.indefinite_bytes;
+    plan.temp_bytes = plan
+        .total_allocation_bytes
+        .saturating_sub(plan.indefinite_bytes);
     plan.alias_count = module
         .input_output_alias
         .as_ref()
@@ -388,7 +390,8 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
                     };
                     if refs == 0 {
                         live.retain(|&x| x != root);
-                        heap -= bufs.get(&root).map(|b| b.proto.size).unwrap_or(0);
+                        heap =
+                            heap.saturating_sub(bufs.get(&root).map(|b| b.proto.size).unwrap_or(0));
                     }
                 }
                 2 => {
@@ -415,7 +418,7 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
             }
             if let Some(id) = grew {
                 live.push(id);
-                heap += bufs.get(&id).map(|b| b.proto.size).unwrap_or(0);
+                heap = heap.saturating_add(bufs.get(&id).map(|b| b.proto.size).unwrap_or(0));
                 if heap > peak {
                     peak = heap;
                     plan.peak_position = pos;
@@ -496,14 +499,15 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
             }
         }
         if let Some(b) = best {
-            plan.indefinite_in_peak += a.size.max(0) as u64;
+            plan.indefinite_in_peak = plan.indefinite_in_peak.saturating_add(a.size.max(0) as u64);
             rows.push(row(b, false));
         }
     }
     for id in &peak_ids {
         if let Some(b) = bufs.get(id) {
             let r = row(b, true);
-            *plan.roles.entry(r.role.key()).or_default() += r.size;
+            let role = plan.roles.entry(r.role.key()).or_default();
+            *role = role.saturating_add(r.size);
             rows.push(r);
         }
     }
@@ -518,7 +522,7 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
             .then(a.logical_buffer_id.cmp(&b.logical_buffer_id))
     });
     plan.at_peak = rows;
-    plan.total_peak_bytes = plan.heap_peak_bytes + plan.indefinite_in_peak;
+    plan.total_peak_bytes = plan.heap_peak_bytes.saturating_add(plan.indefinite_in_peak);
 
     // Parameters and where the module was called from.
     let entry = module
@@ -644,4 +648,40 @@ fn common_callers(
     let mut c = common.unwrap_or_default();
     c.reverse(); // innermost first
     c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roles_follow_the_jax_name_stack() {
+        assert_eq!(role_of("jit(f)/jvp()/div", "fusion", 11), Role::Forward);
+        assert_eq!(
+            role_of("jit(f)/transpose(jvp())/mul", "fusion", 11),
+            Role::Backward
+        );
+        assert_eq!(
+            role_of(
+                "jit(f)/transpose(jvp(jvp()))/checkpoint/rematted_computation/reduce_max",
+                "fusion",
+                11
+            ),
+            Role::Recomputed
+        );
+        assert_eq!(
+            role_of("jit(f)/jvp()/while/body/closed_call/dot", "dot", 11),
+            Role::ScanStack
+        );
+        assert_eq!(
+            role_of("jit(f)/jvp()/dot", "custom-call", 2),
+            Role::Workspace
+        );
+        // Fusions list several names; the first decides.
+        assert_eq!(
+            role_of("jit(f)/transpose(jvp())/mul;jit(f)/jvp()/add", "fusion", 11),
+            Role::Backward
+        );
+        assert_eq!(role_of("", "copy", 11), Role::Other);
+    }
 }

@@ -6,25 +6,42 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 
 use super::capture::Capture;
-use super::diagnose::{self, Context, Growth};
+use super::diagnose::{self, Context, Growth, pct};
 use super::hlo::split_program_id;
-use super::plan::{Plan, Role};
+use super::plan::{Plan, Role, SMALL_BUFFER_BYTES};
 use super::runtime::{Execution, Runtime};
 use crate::analyze::Options;
 use crate::error::{CaptureError, ErrorKind};
 use crate::findings::{Finding, Label, Location, fmt_bytes};
 use crate::report::{CaptureKind, CaptureReport, EngineData, Site};
 
-/// Program text for a recorded path: the path itself when it exists, else a file of the same
-/// name beside the capture or in one of its parent folders (captures recorded on another
-/// machine, e.g. `/srv/jaxdemo/x.py` with the capture in the project). Only `.py` files are read.
-pub fn default_source_lookup(capture: &Path) -> impl Fn(&str) -> Option<String> + use<> {
+/// Program text for a recorded path: the workspace file it resolves to (`opts.workspace` and
+/// `opts.path_mappings`, through `crate::source::paths::Resolver`, built only when needed), else
+/// the path itself when it exists, else a file of the same name beside the capture or in one of
+/// its parent folders (captures recorded on another machine, e.g. `/srv/jaxdemo/x.py` with the
+/// capture in the project). Only `.py` files are read.
+pub fn default_source_lookup(
+    capture: &Path,
+    opts: &Options,
+) -> impl Fn(&str) -> Option<String> + use<> {
     let dir = capture.parent().map(Path::to_path_buf);
+    let roots = opts.workspace.clone();
+    let mappings = opts.path_mappings.clone();
+    let resolver: std::sync::OnceLock<Option<crate::source::paths::Resolver>> =
+        std::sync::OnceLock::new();
     move |recorded: &str| {
         if !recorded.ends_with(".py") {
             return None;
         }
-        let mut candidates: Vec<PathBuf> = vec![PathBuf::from(recorded)];
+        let in_workspace = resolver
+            .get_or_init(|| {
+                (!roots.is_empty())
+                    .then(|| crate::source::paths::Resolver::new(roots.clone(), mappings.clone()))
+            })
+            .as_ref()
+            .and_then(|r| r.resolve(recorded));
+        let mut candidates: Vec<PathBuf> = in_workspace.into_iter().collect();
+        candidates.push(PathBuf::from(recorded));
         if let (Some(dir), Some(name)) = (&dir, Path::new(recorded).file_name()) {
             let mut d = Some(dir.as_path());
             for _ in 0..5 {
@@ -86,12 +103,12 @@ pub fn select_module<'p>(
         })
         .max_by_key(|p| last_exec(p));
     if let Some(p) = stalled {
-        if !rt.retries.is_empty() {
-            return Ok(Some((
-                p,
-                "its last execution launched no kernel (allocator retries in the capture)".into(),
-            )));
-        }
+        let why = if rt.retries.is_empty() {
+            "its last execution launched no kernel"
+        } else {
+            "its last execution launched no kernel (allocator retries in the capture)"
+        };
+        return Ok(Some((p, why.into())));
     }
     if let Some(p) = plans
         .iter()
@@ -170,27 +187,41 @@ pub fn report(
             // Only appends made by the user's code count: the Python tracer names the function
             // around each event by base name; JAX itself appends to lists between calls too.
             let user_files = user_files(plan, &opts.frames);
-            let user_append = |x: &(String, i64, i64)| {
-                x.0 == "$<unknown> append"
-                    && enclosing_py(&events, x.1, x.2)
-                        .is_some_and(|(base, _, _)| user_files.iter().any(|f| f.0 == base))
-            };
-            let mut first_append: Option<(i64, i64)> = None;
+            // One sweep (events on a line nest): the innermost open `$file.py:N f` event
+            // around each append.
+            let mut open: Vec<usize> = Vec::new();
+            let mut appends: Vec<(i64, usize)> = Vec::new();
+            for (i, e) in events.iter().enumerate() {
+                while open.last().is_some_and(|&o| events[o].2 < e.2) {
+                    open.pop();
+                }
+                if e.0 == "$<unknown> append" {
+                    let user = open.last().is_some_and(|&o| {
+                        py_function(&events[o].0)
+                            .is_some_and(|(b, _, _)| user_files.iter().any(|f| f.0 == b))
+                    });
+                    if user {
+                        appends.push((e.1, *open.last().unwrap_or(&0)));
+                    }
+                } else if py_function(&e.0).is_some() {
+                    open.push(i);
+                }
+            }
+            let mut first_append: Option<usize> = None;
             for (k, e) in execs.iter().enumerate() {
                 let to = execs.get(k + 1).map(|n| n.start_ps).unwrap_or(i64::MAX);
-                let gap: Vec<&(String, i64, i64)> = events
-                    .iter()
-                    .filter(|x| x.1 >= e.end_ps && x.1 < to)
-                    .collect();
-                let appends = gap.iter().filter(|x| user_append(x)).count() as u64;
-                if first_append.is_none() {
-                    first_append = gap.iter().find(|x| user_append(x)).map(|x| (x.1, x.2));
+                let a = appends.partition_point(|x| x.0 < e.end_ps);
+                let b = appends.partition_point(|x| x.0 < to).max(a);
+                if first_append.is_none() && b > a {
+                    first_append = Some(appends[a].1);
                 }
-                if k + 1 < execs.len() || appends > 0 {
-                    growth.appends_per_gap.push(appends);
+                if k + 1 < execs.len() || b > a {
+                    growth.appends_per_gap.push((b - a) as u64);
                 }
                 if k + 2 == execs.len() {
-                    for x in gap {
+                    let a = events.partition_point(|x| x.1 < e.end_ps);
+                    let b = events.partition_point(|x| x.1 < to).max(a);
+                    for x in &events[a..b] {
                         if is_noise(&x.0) {
                             continue;
                         }
@@ -201,8 +232,8 @@ pub fn report(
                     }
                 }
             }
-            if let Some((t, end)) = first_append {
-                growth.append_site = append_site(&events, t, end, &user_files, source);
+            if let Some(o) = first_append {
+                growth.append_site = append_site(&events[o].0, &user_files, source);
             }
         }
     }
@@ -210,13 +241,12 @@ pub fn report(
         .last()
         .map(|e| rt.live_at(e.start_ps))
         .unwrap_or_default();
-    let device_memory = device_memory(cap)?;
     let ctx = Context {
         plan,
         rt: &rt,
         execs: execs.clone(),
         capacity: rt.main().map(|a| a.capacity_bytes),
-        device_memory,
+        device_memory: rt.device_memory,
         jit_site,
         jit_line_found,
         signature,
@@ -278,28 +308,26 @@ fn user_files(plan: &Plan, filter: &crate::source::frames::FrameFilter) -> Vec<(
     out
 }
 
-/// The innermost Python-tracer function event (`$file.py:<def line> <function>`) around an
-/// event: `(base name, def line, function)`.
-fn enclosing_py(events: &[(String, i64, i64)], t: i64, end: i64) -> Option<(&str, u32, &str)> {
-    let e = events
-        .iter()
-        .filter(|e| e.1 <= t && e.2 >= end && e.0.starts_with('$') && e.0.contains(".py:"))
-        .min_by_key(|e| e.2 - e.1)?;
-    let (file_line, function) = e.0.trim_start_matches('$').split_once(' ')?;
+/// A Python-tracer function event `$file.py:<def line> <function>`: (base name, def line,
+/// function).
+fn py_function(name: &str) -> Option<(&str, u32, &str)> {
+    let rest = name.strip_prefix('$')?;
+    let (file_line, function) = rest.split_once(' ')?;
     let (base, def_line) = file_line.rsplit_once(':')?;
+    if !base.ends_with(".py") {
+        return None;
+    }
     Some((base, def_line.parse().ok()?, function))
 }
 
-/// The user's function around a `list.append` event, with the append line when the program
-/// text is found.
+/// The user's function around a `list.append` event (the tracer event `name`), with the append
+/// line when the program text is found.
 fn append_site(
-    events: &[(String, i64, i64)],
-    t: i64,
-    end: i64,
+    name: &str,
     user_files: &[(String, String)],
     source: &dyn Fn(&str) -> Option<String>,
 ) -> Option<Location> {
-    let (base, def_line, function) = enclosing_py(events, t, end)?;
+    let (base, def_line, function) = py_function(name)?;
     let file = user_files.iter().find(|f| f.0 == base)?.1.clone();
     let line = source(&file)
         .and_then(|t| find_in_function(&t, def_line, ".append("))
@@ -372,7 +400,9 @@ pub fn find_jit_line(text: &str, call_line: u32, fn_name: &str) -> Option<u32> {
                 let mut k = i;
                 while k > 0 && lines[k - 1].trim_start().starts_with('@') {
                     k -= 1;
-                    if is_jit(lines[k]) {
+                    // `@jax.jit`, `@jit`, `@partial(jax.jit, …)`, `@functools.partial(jit, …)`
+                    let d = code(lines[k]);
+                    if is_jit(&d) || d.contains("jax.jit") || d.contains("(jit,") {
                         return Some(k as u32 + 1);
                     }
                 }
@@ -445,31 +475,13 @@ pub fn signature(text: &str, fn_name: &str) -> Option<Vec<String>> {
     Some(out)
 }
 
-/// Device memory size from a GPU plane's `memory_size` stat.
-fn device_memory(cap: &Capture) -> Result<Option<u64>, CaptureError> {
-    let Some(idx) = cap.file.find(|n| n.starts_with("/device:GPU:")).next() else {
-        return Ok(None);
-    };
-    // Device planes can be large; the stat sits in the plane header, so load only this one.
-    let plane = cap.file.load(idx)?;
-    Ok(plane
-        .plane_stat_num("memory_size")
-        .filter(|v| *v > 0.0)
-        .map(|v| v as u64))
-}
-
 /// Buffers at the peak grouped by culprit line.
 fn sites(plan: &Plan, pick: &dyn Fn(&[Location]) -> Option<usize>, top: usize) -> Vec<Site> {
     // (site, only heap buffers, bytes per role)
     type Acc = (Site, bool, Vec<(Role, u64)>);
     let mut out: Vec<Acc> = Vec::new();
     for b in &plan.at_peak {
-        let stack: Vec<Location> = b.frames().iter().map(|f| f.location()).collect();
-        let loc = if stack.is_empty() {
-            b.line().map(|f| f.location())
-        } else {
-            Some(stack[pick(&stack).unwrap_or(0)].clone())
-        };
+        let (loc, stack) = diagnose::culprit(b, pick);
         let i = match out.iter().position(|s| s.0.location == loc) {
             Some(i) => i,
             None => {
@@ -521,16 +533,12 @@ fn sites(plan: &Plan, pick: &dyn Fn(&[Location]) -> Option<usize>, top: usize) -
         })
         .collect();
     sites.sort_by_key(|s| std::cmp::Reverse(s.bytes));
+    // Lines holding only scalars are noise next to megabytes (xprof lumps them as `small`).
+    if sites.iter().any(|s| s.bytes >= SMALL_BUFFER_BYTES) {
+        sites.retain(|s| s.bytes >= SMALL_BUFFER_BYTES);
+    }
     sites.truncate(top.max(1));
     sites
-}
-
-fn pct(part: u64, whole: u64) -> f64 {
-    if whole == 0 {
-        0.0
-    } else {
-        part as f64 * 100.0 / whole as f64
-    }
 }
 
 fn headline(plan: &Plan, findings: &[Finding]) -> String {
@@ -678,13 +686,8 @@ fn render(r: &RenderInput) -> String {
     let w = &mut s;
     let _ = writeln!(
         w,
-        "Module {} — {} of {} module(s) with an HLO plan; chosen as {} (--module to pick another).",
+        "Module {} (one of {} modules with an HLO plan [read]); chosen as {} (--module to pick another).",
         p.module,
-        r.plans
-            .iter()
-            .position(|x| x.module == p.module)
-            .map(|i| i + 1)
-            .unwrap_or(0),
         r.plans.len(),
         r.why
     );
@@ -793,7 +796,7 @@ fn render(r: &RenderInput) -> String {
             i + 1,
             fmt_bytes(b.size),
             share,
-            b.shape.split('{').next().unwrap_or(""),
+            super::hlo::without_layout(&b.shape),
             b.instruction,
             b.op_name
         );
@@ -967,11 +970,14 @@ fn render(r: &RenderInput) -> String {
                 .as_ref()
                 .map(|l| format!("{}:{}: ", l.file, l.line))
                 .unwrap_or_default();
-            let saving = fix
-                .saving_bytes
-                .filter(|b| *b > 0)
-                .map(|b| format!(" — saves ~{} {}", fmt_bytes(b), tag(Label::Inferred)))
-                .unwrap_or_default();
+            // Savings are estimates: tag them, and say them once.
+            let saving = match fix.saving_bytes.filter(|b| *b > 0) {
+                Some(b) if fix.title.contains(&fmt_bytes(b)) => {
+                    format!(" {}", tag(Label::Inferred))
+                }
+                Some(b) => format!(" — saves ~{} {}", fmt_bytes(b), tag(Label::Inferred)),
+                None => String::new(),
+            };
             let cost = fix
                 .cost
                 .as_ref()
@@ -1057,5 +1063,67 @@ fn runtime_only(cap: &Capture, plans: &[Plan], rt: &Runtime) -> CaptureReport {
         sites: Vec::new(),
         findings: Vec::new(),
         text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PROGRAM: &str = "import jax
+def train_step(params, opt_state, x, y=None, *rest):
+    return params
+
+step = jax.jit(train_step)  # a comment with jit(
+
+@partial(jax.jit, static_argnums=2)
+def eval_step(params, batch):
+    return params
+
+def loop(params, o, x):
+    hist = []
+    for _ in range(3):
+        params = step(params, o, x)
+        hist.append(params)
+        e = eval_step(params, x)
+    out = train_step_jit(params)
+    return params
+";
+
+    #[test]
+    fn jit_line_is_found_from_the_call_site() {
+        // `step(...)` on line 14 was made by `step = jax.jit(train_step)` on line 5.
+        assert_eq!(find_jit_line(PROGRAM, 14, "train_step"), Some(5));
+        // A decorated function: the decorator line.
+        assert_eq!(find_jit_line(PROGRAM, 16, "eval_step"), Some(7));
+        // `train_step_jit(` is a name ending in `jit`, not a jit call: fall back to the
+        // `jax.jit(train_step` line.
+        assert_eq!(find_jit_line(PROGRAM, 17, "train_step"), Some(5));
+        assert_eq!(find_jit_line(PROGRAM, 99, "train_step"), None);
+    }
+
+    #[test]
+    fn signature_and_append_line() {
+        assert_eq!(
+            signature(PROGRAM, "train_step"),
+            Some(vec![
+                "params".into(),
+                "opt_state".into(),
+                "x".into(),
+                "y".into()
+            ])
+        );
+        assert_eq!(find_in_function(PROGRAM, 11, ".append("), Some(15));
+        assert_eq!(find_in_function(PROGRAM, 2, ".append("), None);
+    }
+
+    #[test]
+    fn python_tracer_function_events() {
+        assert_eq!(
+            py_function("$d_grads_kept.py:48 train_loop"),
+            Some(("d_grads_kept.py", 48, "train_loop"))
+        );
+        assert_eq!(py_function("$<unknown> append"), None);
+        assert_eq!(py_function("$builtins isinstance"), None);
     }
 }

@@ -24,6 +24,38 @@ fn is_device_put(name: &str) -> bool {
         || name.contains("LinearizeHostBufferInto")
 }
 
+/// What a host event is, decided once per event metadata.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum EvKind {
+    Mem,
+    Retry,
+    Thunks,
+    Exec,
+    DevicePut,
+    Pjit,
+    GpuModule,
+    /// Python-tracer and bookkeeping events: never an op.
+    Skip,
+    /// Anything else: an XLA op when it carries program_id and run_id.
+    Op,
+}
+
+impl EvKind {
+    fn of(name: &str) -> EvKind {
+        match name {
+            "MemoryAllocation" | "MemoryDeallocation" => EvKind::Mem,
+            "AllocatorRetry::AllocateRaw" => EvKind::Retry,
+            "GpuExecutable::ExecuteThunks" => EvKind::Thunks,
+            n if EXEC_EVENTS.contains(&n) => EvKind::Exec,
+            n if is_device_put(n) => EvKind::DevicePut,
+            n if n.starts_with("PjitFunction(") => EvKind::Pjit,
+            n if n.ends_with(":XLA GPU module") => EvKind::GpuModule,
+            n if n.starts_with("end: ") || n.starts_with('$') => EvKind::Skip,
+            _ => EvKind::Op,
+        }
+    }
+}
+
 /// One allocator event (after the operation).
 #[derive(Clone, Debug)]
 pub struct MemEvent {
@@ -47,11 +79,13 @@ pub struct Execution {
     pub module: String,
     pub start_ps: i64,
     pub end_ps: i64,
-    /// Kernels (GPU/TPU) or ops (CPU) seen for this execution; `None` when the capture has no
-    /// per-op events at all (then "launched none" cannot be told).
+    /// Kernels (GPU/TPU) or ops (CPU) seen for this execution; `None` when it cannot be told
+    /// (no device events after it, or later device work of the same program may be its own).
     pub kernels: Option<u64>,
     /// Bytes in use in the device allocator just before the execution started (measured).
     pub bytes_in_use_at_start: Option<u64>,
+    /// 1-based ordinal among the executions of the same module.
+    pub nth: usize,
     /// Index of the host line (thread) that ran it.
     line: u32,
 }
@@ -89,8 +123,10 @@ pub struct RetryWait {
 }
 
 /// What the event planes say about the run.
-#[derive(Clone, Debug, Default)]
+#[derive(Default)]
 pub struct Runtime {
+    /// The host planes, kept to walk one line again for the report (no second read).
+    host_planes: Vec<Plane>,
     pub allocators: Vec<AllocatorSummary>,
     /// Index into `allocators` of the device pool memlsp reasons about (`GPU_0_bfc`, …).
     pub main_allocator: Option<usize>,
@@ -100,8 +136,10 @@ pub struct Runtime {
     line_names: Vec<String>,
     /// Host event spans per line that allocate device memory, for attribution.
     spans: Vec<Span>,
-    /// Whether any per-op / kernel event carried a program id or module (execution evidence).
-    pub has_op_events: bool,
+    /// Physical memory of the first GPU (`memory_size` plane stat), read.
+    pub device_memory: Option<u64>,
+    /// Indices into `spans` of executions and device_puts, sorted by (line, start).
+    alloc_spans: Vec<usize>,
 }
 
 #[derive(Clone, Debug)]
@@ -140,15 +178,26 @@ pub fn read(cap: &Capture, plans: &[Plan]) -> Result<Runtime, CaptureError> {
         let plane = cap.file.load(idx)?;
         if plane.name == "/host:CPU" {
             host_plane(cap, &plane, &mut rt, &mut op_runs)?;
+            rt.host_planes.push(plane);
         } else {
+            if plane.name.starts_with("/device:GPU:") && rt.device_memory.is_none() {
+                rt.device_memory = plane
+                    .plane_stat_num("memory_size")
+                    .filter(|v| *v > 0.0)
+                    .map(|v| v as u64);
+            }
             device_plane(cap, &plane, &mut kernels, &mut kernels_by_name)?;
         }
     }
-    rt.has_op_events = !op_runs.is_empty() || !kernels.is_empty() || !kernels_by_name.is_empty();
     for v in kernels.values_mut().chain(kernels_by_name.values_mut()) {
         v.sort_unstable();
     }
     attribute_executions(&mut rt, plans, &op_runs, &kernels, &kernels_by_name);
+    let mut alloc_spans: Vec<usize> = (0..rt.spans.len())
+        .filter(|&i| matches!(rt.spans[i].kind, SpanKind::Exec(_) | SpanKind::DevicePut))
+        .collect();
+    alloc_spans.sort_by_key(|&i| (rt.spans[i].line, rt.spans[i].start));
+    rt.alloc_spans = alloc_spans;
     summarize_allocators(&mut rt);
     Ok(rt)
 }
@@ -176,21 +225,56 @@ fn host_plane(
 
     let mut line_of: FxHashMap<String, u32> = FxHashMap::default();
     let mut exec_raw: Vec<(u32, i64, i64)> = Vec::new();
-    plane.for_each_event(&cap.file.path, |line: &LineInfo, ev: &RawEvent| {
-        let name = plane.event_name(ev.metadata_id);
-        let li = match line_of.get(line.name) {
-            Some(&i) => i,
-            None => {
-                let i = rt.line_names.len() as u32;
-                rt.line_names.push(line.name.to_string());
-                line_of.insert(line.name.to_string(), i);
-                i
+    // Classify each event metadata once; the walk then does one lookup per event.
+    // Metadata ids are small and dense in practice: index a table, hash only the rest.
+    let mut dense: Vec<EvKind> = Vec::new();
+    let mut sparse: FxHashMap<i64, EvKind> = FxHashMap::default();
+    for (k, m) in &plane.event_meta {
+        let kind = EvKind::of(&m.name);
+        match usize::try_from(*k).ok().filter(|&i| i < 1 << 20) {
+            Some(i) => {
+                if dense.len() <= i {
+                    dense.resize(i + 1, EvKind::Op);
+                }
+                dense[i] = kind;
             }
+            None => {
+                sparse.insert(*k, kind);
+            }
+        }
+    }
+    let kind_of = |id: i64| match usize::try_from(id).ok().and_then(|i| dense.get(i)) {
+        Some(k) => *k,
+        None => sparse.get(&id).copied().unwrap_or(EvKind::Op),
+    };
+    // Consecutive ops of one execution share (program id, run id): count them before hashing.
+    let mut run_acc: Option<((i64, i64), i64, u64)> = None;
+    let mut current: (usize, u32) = (0, 0);
+    plane.for_each_event(&cap.file.path, |line: &LineInfo, ev: &RawEvent| {
+        let kind = kind_of(ev.metadata_id);
+        if kind == EvKind::Skip {
+            return;
+        }
+        let name = plane.event_name(ev.metadata_id);
+        let li = if current.0 == line.name.as_ptr() as usize && current.0 != 0 {
+            current.1
+        } else {
+            let i = match line_of.get(line.name) {
+                Some(&i) => i,
+                None => {
+                    let i = rt.line_names.len() as u32;
+                    rt.line_names.push(line.name.to_string());
+                    line_of.insert(line.name.to_string(), i);
+                    i
+                }
+            };
+            current = (line.name.as_ptr() as usize, i);
+            i
         };
         let t = ev.start_ps(line);
-        let end = t + ev.duration_ps.max(0);
-        match name {
-            "MemoryAllocation" | "MemoryDeallocation" => {
+        let end = t.saturating_add(ev.duration_ps.max(0));
+        match kind {
+            EvKind::Mem => {
                 let mut m = MemEvent {
                     t_ps: t,
                     alloc: name == "MemoryAllocation",
@@ -235,7 +319,7 @@ fn host_plane(
                 }
                 rt.mem.push(m);
             }
-            "AllocatorRetry::AllocateRaw" => {
+            EvKind::Retry => {
                 rt.retries.push(RetryWait {
                     t_ps: t,
                     duration_ps: ev.duration_ps,
@@ -248,7 +332,7 @@ fn host_plane(
                     kind: SpanKind::Retry,
                 });
             }
-            "GpuExecutable::ExecuteThunks" => {
+            EvKind::Thunks => {
                 let mut module = String::new();
                 ev.stats(|id, v| {
                     if id == s_mod_name {
@@ -264,15 +348,17 @@ fn host_plane(
                     });
                 }
             }
-            n if EXEC_EVENTS.contains(&n) => exec_raw.push((li, t, end)),
-            n if is_device_put(n) => rt.spans.push(Span {
+            EvKind::Exec => exec_raw.push((li, t, end)),
+            EvKind::DevicePut => rt.spans.push(Span {
                 line: li,
                 start: t,
                 end,
                 kind: SpanKind::DevicePut,
             }),
-            n if n.starts_with("PjitFunction(") => {
-                let f = n.trim_start_matches("PjitFunction(").trim_end_matches(')');
+            EvKind::Pjit => {
+                let f = name
+                    .trim_start_matches("PjitFunction(")
+                    .trim_end_matches(')');
                 rt.spans.push(Span {
                     line: li,
                     start: t,
@@ -280,8 +366,8 @@ fn host_plane(
                     kind: SpanKind::Pjit(format!("jit_{f}")),
                 });
             }
-            n if n.ends_with(":XLA GPU module") => {
-                let m = n.trim_end_matches(":XLA GPU module").to_string();
+            EvKind::GpuModule => {
+                let m = name.trim_end_matches(":XLA GPU module").to_string();
                 rt.spans.push(Span {
                     line: li,
                     start: t,
@@ -289,8 +375,9 @@ fn host_plane(
                     kind: SpanKind::Module(m),
                 });
             }
-            _ => {
-                if name.starts_with("end: ") || ev.duration_ps == 0 {
+            EvKind::Skip => {}
+            EvKind::Op => {
+                if ev.duration_ps == 0 {
                     return;
                 }
                 let (mut pid, mut run) = (None, None);
@@ -302,13 +389,29 @@ fn host_plane(
                     }
                 });
                 if let (Some(p), Some(r)) = (pid, run) {
-                    let e = op_runs.entry((p, r)).or_insert((t, 0));
-                    e.0 = e.0.min(t);
-                    e.1 += 1;
+                    match &mut run_acc {
+                        Some((key, first, n)) if *key == (p, r) => {
+                            *first = (*first).min(t);
+                            *n += 1;
+                        }
+                        acc => {
+                            if let Some((key, first, n)) = acc.take() {
+                                let e = op_runs.entry(key).or_insert((first, 0));
+                                e.0 = e.0.min(first);
+                                e.1 += n;
+                            }
+                            *acc = Some(((p, r), t, 1));
+                        }
+                    }
                 }
             }
         }
     })?;
+    if let Some((key, first, n)) = run_acc {
+        let e = op_runs.entry(key).or_insert((first, 0));
+        e.0 = e.0.min(first);
+        e.1 += n;
+    }
     // Outermost execution events only (some nest the same name).
     exec_raw.sort_by_key(|&(l, s, e)| (l, s, -e));
     let mut last_end: FxHashMap<u32, i64> = FxHashMap::default();
@@ -333,6 +436,7 @@ fn host_plane(
             end_ps: e,
             kernels: None,
             bytes_in_use_at_start: None,
+            nth: 0,
             line: l,
         });
     }
@@ -389,6 +493,19 @@ fn attribute_executions(
     runs.sort_unstable();
     let mut used = vec![false; runs.len()];
     let n = rt.executions.len();
+    // (line, start, end, name) of module-naming events and jit dispatches, sorted.
+    type Named = (u32, i64, i64, String);
+    let mut modules: Vec<Named> = Vec::new();
+    let mut pjits: Vec<Named> = Vec::new();
+    for s in &rt.spans {
+        match &s.kind {
+            SpanKind::Module(m) => modules.push((s.line, s.start, s.end, m.clone())),
+            SpanKind::Pjit(m) => pjits.push((s.line, s.start, s.end, m.clone())),
+            _ => {}
+        }
+    }
+    modules.sort_by_key(|m| (m.0, m.1));
+    pjits.sort_by_key(|m| (m.0, m.1));
     for i in 0..n {
         let (line, start, end) = {
             let e = &rt.executions[i];
@@ -400,18 +517,18 @@ fn attribute_executions(
             .map(|e| e.start_ps)
             .unwrap_or(i64::MAX);
         // Named by an event inside it (GPU), else by the jit dispatch around it.
-        let mut hlo: Option<String> = None;
-        let mut pjit: Option<String> = None;
-        for s in &rt.spans {
-            if s.line != line {
-                continue;
-            }
-            match &s.kind {
-                SpanKind::Module(m) if s.start >= start && s.start <= end => hlo = Some(m.clone()),
-                SpanKind::Pjit(m) if s.start <= start && s.end >= end => pjit = Some(m.clone()),
-                _ => {}
-            }
-        }
+        let k = modules.partition_point(|m| (m.0, m.1) < (line, start));
+        let hlo = modules
+            .get(k)
+            .filter(|m| m.0 == line && m.1 <= end)
+            .map(|m| m.3.clone());
+        let k = pjits.partition_point(|m| (m.0, m.1) <= (line, start));
+        let pjit = pjits[..k]
+            .iter()
+            .rev()
+            .take(4)
+            .find(|m| m.0 == line && m.2 >= end)
+            .map(|m| m.3.clone());
         // CPU: the first op run that starts after this execution and before the next one.
         let mut pid: Option<u64> = None;
         let mut count: Option<u64> = None;
@@ -476,14 +593,18 @@ fn attribute_executions(
             .map(|x| x.start_ps)
             .unwrap_or(i64::MAX);
         let pid = split_program_id(&e.module).1;
-        let mut c = 0;
-        if let Some(p) = pid {
-            c += count_in(kernels.get(&(p as i64)), e.start_ps, next);
-        }
-        c += count_in(kernels_by_name.get(&e.module), e.start_ps, next);
+        let count = |to: i64| {
+            pid.map(|p| count_in(kernels.get(&(p as i64)), e.start_ps, to))
+                .unwrap_or(0)
+                + count_in(kernels_by_name.get(&e.module), e.start_ps, to)
+        };
+        let c = count(next);
         // No kernel is only evidence when device events continue past this execution, or when
-        // the allocator was retrying inside it (an OOM stops the launch).
-        let known = c > 0 || device_last.is_some_and(|d| d > e.start_ps) || retry_in(e);
+        // the allocator was retrying inside it (an OOM stops the launch); device work of this
+        // program that starts later still may belong to it (asynchronous queues).
+        let later = c == 0 && count(i64::MAX) > 0;
+        let known =
+            c > 0 || (!later && (device_last.is_some_and(|d| d > e.start_ps) || retry_in(e)));
         rt.executions[i].kernels = known.then_some(c);
     }
     // TPU-style captures: executions known only from device module events.
@@ -499,11 +620,18 @@ fn attribute_executions(
                     end_ps: t,
                     kernels: Some(1),
                     bytes_in_use_at_start: None,
+                    nth: 0,
                     line: u32::MAX,
                 });
             }
         }
         rt.executions.sort_by_key(|e| e.start_ps);
+    }
+    let mut seen: FxHashMap<String, usize> = FxHashMap::default();
+    for e in &mut rt.executions {
+        let c = seen.entry(e.module.clone()).or_default();
+        *c += 1;
+        e.nth = *c;
     }
     // Allocator retries inside an execution belong to it.
     for r in &mut rt.retries {
@@ -535,12 +663,12 @@ fn summarize_allocators(rt: &mut Runtime) {
             }
         };
         s.events += 1;
-        let in_use = m.bytes_reserved + m.bytes_allocated;
+        let in_use = m.bytes_reserved.saturating_add(m.bytes_allocated);
         if in_use > s.peak_bytes_in_use || s.events == 1 {
             s.peak_bytes_in_use = in_use;
             s.peak_time_ps = m.t_ps;
             s.heap_allocated_at_peak = m.bytes_allocated;
-            s.capacity_bytes = in_use + m.bytes_available;
+            s.capacity_bytes = in_use.saturating_add(m.bytes_available);
         }
         s.lifetime_peak_bytes = s.lifetime_peak_bytes.max(m.peak_bytes_in_use);
     }
@@ -557,16 +685,16 @@ fn summarize_allocators(rt: &mut Runtime) {
         for e in &mut rt.executions {
             let k = events.partition_point(|m| m.t_ps < e.start_ps);
             if k > 0 {
-                e.bytes_in_use_at_start =
-                    Some(events[k - 1].bytes_allocated + events[k - 1].bytes_reserved);
+                // Live buffers only: `bytes_reserved` is the program's own stack on TPU.
+                e.bytes_in_use_at_start = Some(events[k - 1].bytes_allocated);
             } else if let Some(first) = events.first() {
                 // Nothing allocated yet in the capture: what the first event saw before itself.
                 let before = if first.alloc {
                     first.bytes_allocated.saturating_sub(first.allocation_bytes)
                 } else {
-                    first.bytes_allocated + first.allocation_bytes
+                    first.bytes_allocated.saturating_add(first.allocation_bytes)
                 };
-                e.bytes_in_use_at_start = Some(before + first.bytes_reserved);
+                e.bytes_in_use_at_start = Some(before);
             }
         }
     }
@@ -620,7 +748,7 @@ impl Runtime {
         let mut add = |label: String, bytes: u64| match groups.iter_mut().find(|g| g.label == label)
         {
             Some(g) => {
-                g.bytes += bytes;
+                g.bytes = g.bytes.saturating_add(bytes);
                 g.count += 1;
             }
             None => groups.push(LiveGroup {
@@ -633,7 +761,7 @@ impl Runtime {
         let mut live: Vec<&&MemEvent> = live.values().collect();
         live.sort_by_key(|m| m.t_ps);
         for m in live {
-            tracked += m.allocation_bytes;
+            tracked = tracked.saturating_add(m.allocation_bytes);
             add(self.allocated_by(m), m.allocation_bytes);
         }
         let in_use = last.bytes_allocated;
@@ -649,15 +777,18 @@ impl Runtime {
     }
 
     fn allocated_by(&self, m: &MemEvent) -> String {
-        let mut best: Option<&Span> = None;
-        for s in &self.spans {
-            if s.line == m.line && s.start <= m.t_ps && m.t_ps <= s.end {
-                let inner = best.is_none_or(|b| s.end - s.start <= b.end - b.start);
-                if inner && matches!(s.kind, SpanKind::Exec(_) | SpanKind::DevicePut) {
-                    best = Some(s);
-                }
-            }
-        }
+        // Execution and device_put spans, sorted by (line, start), do not nest deeply: look at
+        // the few that start last before the allocation.
+        let k = self
+            .alloc_spans
+            .partition_point(|&i| (self.spans[i].line, self.spans[i].start) <= (m.line, m.t_ps));
+        let best = self.alloc_spans[..k]
+            .iter()
+            .rev()
+            .take(8)
+            .map(|&i| &self.spans[i])
+            .filter(|s| s.line == m.line && m.t_ps <= s.end)
+            .min_by_key(|s| s.end.saturating_sub(s.start));
         match best.map(|s| &s.kind) {
             Some(SpanKind::Exec(i)) => {
                 let e = &self.executions[*i];
@@ -688,19 +819,19 @@ impl Runtime {
         to_ps: i64,
     ) -> Result<Vec<(String, i64, i64)>, CaptureError> {
         let mut out = Vec::new();
-        for idx in cap.file.find(|n| n == "/host:CPU") {
-            let plane = cap.file.load(idx)?;
-            plane.for_each_event(&cap.file.path, |line, ev| {
-                if line.name != line_name {
-                    return;
-                }
-                let t = ev.start_ps(line);
-                let end = t + ev.duration_ps.max(0);
-                if t >= to_ps || end < from_ps {
-                    return;
-                }
-                out.push((plane.event_name(ev.metadata_id).to_string(), t, end));
-            })?;
+        for plane in &self.host_planes {
+            plane.for_each_event_on(
+                &cap.file.path,
+                |l| l == line_name,
+                |line, ev| {
+                    let t = ev.start_ps(line);
+                    let end = t.saturating_add(ev.duration_ps.max(0));
+                    if t >= to_ps || end < from_ps {
+                        return;
+                    }
+                    out.push((plane.event_name(ev.metadata_id).to_string(), t, end));
+                },
+            )?;
         }
         out.sort_by_key(|e| (e.1, -e.2));
         Ok(out)
@@ -710,18 +841,16 @@ impl Runtime {
     /// `requested_bytes` equals a Temporary allocation size of the plan (the join key between
     /// compile-time plan and runtime, XPLANE_FORMAT.md §4).
     pub fn temp_allocation(&self, e: &Execution, temp_sizes: &[u64]) -> Option<&MemEvent> {
-        self.main_events().find(|m| {
-            m.alloc
-                && m.t_ps >= e.start_ps
-                && m.t_ps <= e.end_ps
-                && m.requested_bytes > 0
-                && temp_sizes.contains(&m.requested_bytes)
-        })
-    }
-
-    /// Allocator events of the device pool (for tests and the report).
-    pub fn main_events(&self) -> impl Iterator<Item = &MemEvent> {
-        let name = self.main().map(|a| a.name.clone()).unwrap_or_default();
-        self.mem.iter().filter(move |m| m.allocator == name)
+        let main = &self.main()?.name;
+        let k = self.mem.partition_point(|m| m.t_ps < e.start_ps);
+        self.mem[k..]
+            .iter()
+            .take_while(|m| m.t_ps <= e.end_ps)
+            .find(|m| {
+                m.alloc
+                    && &m.allocator == main
+                    && m.requested_bytes > 0
+                    && temp_sizes.contains(&m.requested_bytes)
+            })
     }
 }

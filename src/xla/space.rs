@@ -91,11 +91,6 @@ impl SpaceFile {
         self.file
             .read_exact_at(&mut buf[..want], pos)
             .map_err(|e| self.io(e))?;
-        let mut r = if top {
-            Reader::file(&buf[..want])
-        } else {
-            Reader::new(&buf[..want], 0)
-        };
         // Parse key + (length) by hand: the reader would insist on the payload being present.
         let (key, n1) = varint(&buf[..want]).ok_or_else(|| {
             wire_error(
@@ -107,7 +102,6 @@ impl SpaceFile {
                 },
             )
         })?;
-        let _ = &mut r;
         let field = (key >> 3) as u32;
         let bad = |what: String, truncated: bool| {
             wire_error(
@@ -272,6 +266,8 @@ pub struct Plane {
     /// Byte ranges of the `XLine` messages within `bytes`.
     lines: Vec<(usize, usize)>,
     pub event_meta: FxHashMap<i64, xpb::XEventMetadata>,
+    /// Absolute offset of each event-metadata entry (for errors inside its stats).
+    pub event_meta_offset: FxHashMap<i64, u64>,
     pub stat_names: FxHashMap<i64, String>,
     pub stats: Vec<xpb::XStat>,
 }
@@ -281,6 +277,7 @@ impl Plane {
         let mut name = String::new();
         let mut lines = Vec::new();
         let mut event_meta = FxHashMap::default();
+        let mut event_meta_offset = FxHashMap::default();
         let mut stat_names = FxHashMap::default();
         let mut stats = Vec::new();
         {
@@ -295,6 +292,7 @@ impl Plane {
                     (4, Value::Len(b, off)) => {
                         let (k, m) = map_entry::<xpb::XEventMetadata>(path, b, off)?;
                         event_meta.insert(k, m);
+                        event_meta_offset.insert(k, off);
                     }
                     (5, Value::Len(b, off)) => {
                         let (k, m) = map_entry::<xpb::XStatMetadata>(path, b, off)?;
@@ -313,6 +311,7 @@ impl Plane {
             base,
             lines,
             event_meta,
+            event_meta_offset,
             stat_names,
             stats,
         })
@@ -336,15 +335,6 @@ impl Plane {
             .iter()
             .find(|(_, n)| n.as_str() == name)
             .map(|(k, _)| *k)
-    }
-
-    /// Event-metadata ids whose name satisfies `pred`.
-    pub fn event_ids(&self, pred: impl Fn(&str) -> bool) -> Vec<i64> {
-        self.event_meta
-            .iter()
-            .filter(|(_, m)| pred(&m.name))
-            .map(|(k, _)| *k)
-            .collect()
     }
 
     /// Plane-level stat by name, as a string (str or ref).
@@ -380,26 +370,50 @@ impl Plane {
     pub fn for_each_event<'p>(
         &'p self,
         path: &Path,
+        f: impl FnMut(&LineInfo<'p>, &RawEvent<'p>),
+    ) -> Result<(), CaptureError> {
+        self.for_each_event_on(path, |_| true, f)
+    }
+
+    /// Walk the events of the lines whose name satisfies `want` (other lines are skipped
+    /// without decoding their events).
+    pub fn for_each_event_on<'p>(
+        &'p self,
+        path: &Path,
+        want: impl Fn(&str) -> bool,
         mut f: impl FnMut(&LineInfo<'p>, &RawEvent<'p>),
     ) -> Result<(), CaptureError> {
         for &(s, e) in &self.lines {
             let body = &self.bytes[s..e];
+            let base = self.base + s as u64;
+            // Header first (it may follow the events on the wire), then the events, without
+            // collecting them.
             let mut line = LineInfo::default();
-            let mut events: Vec<(&'p [u8], u64)> = Vec::new();
-            let mut r = Reader::new(body, self.base + s as u64);
+            let mut r = Reader::new(body, base);
+            let mut seen_name = false;
             while let Some((fno, v)) = r.next().map_err(|e| wire_error(path, e))? {
-                match (fno, v) {
-                    (1, v) => line.id = v.as_i64(),
-                    (2, v) => line.name = v.str(),
-                    (3, v) => line.timestamp_ns = v.as_i64(),
-                    (4, Value::Len(b, off)) => events.push((b, off)),
-                    (11, v) => line.display_name = v.str(),
+                match fno {
+                    1 => line.id = v.as_i64(),
+                    2 => {
+                        line.name = v.str();
+                        seen_name = true;
+                    }
+                    3 => line.timestamp_ns = v.as_i64(),
+                    // Writers emit fields in number order: name (2) and timestamp (3) precede
+                    // the events (4), so a line we skip need not be scanned to its end.
+                    4 if seen_name && !want(line.name) => break,
                     _ => {}
                 }
             }
-            for (b, off) in events {
-                let ev = RawEvent::parse(b, off).map_err(|e| wire_error(path, e))?;
-                f(&line, &ev);
+            if !want(line.name) {
+                continue;
+            }
+            let mut r = Reader::new(body, base);
+            while let Some((fno, v)) = r.next().map_err(|e| wire_error(path, e))? {
+                if let (4, Value::Len(b, off)) = (fno, v) {
+                    let ev = RawEvent::parse(b, off).map_err(|e| wire_error(path, e))?;
+                    f(&line, &ev);
+                }
             }
         }
         Ok(())
@@ -420,7 +434,6 @@ impl Plane {
 pub struct LineInfo<'a> {
     pub id: i64,
     pub name: &'a str,
-    pub display_name: &'a str,
     pub timestamp_ns: i64,
 }
 
@@ -474,7 +487,7 @@ impl<'a> RawEvent<'a> {
             body,
             off,
         };
-        let mut r = Reader::sub(body, off);
+        let mut r = Reader::new(body, off);
         while let Some((f, v)) = r.next()? {
             match f {
                 1 => ev.metadata_id = v.as_i64(),
@@ -496,13 +509,13 @@ impl<'a> RawEvent<'a> {
     /// Visit `(stat metadata id, value)` pairs. Malformed stats end the walk silently: the event
     /// framing was already checked when the event was parsed.
     pub fn stats(&self, mut f: impl FnMut(i64, RawValue<'a>)) {
-        let mut r = Reader::sub(self.body, self.off);
+        let mut r = Reader::new(self.body, self.off);
         while let Ok(Some((fno, v))) = r.next() {
             if fno != 4 {
                 continue;
             }
             let Value::Len(b, o) = v else { continue };
-            let mut s = Reader::sub(b, o);
+            let mut s = Reader::new(b, o);
             let mut id = 0;
             let mut val = RawValue::None;
             while let Ok(Some((k, x))) = s.next() {
@@ -542,7 +555,7 @@ fn map_entry<M: Message + Default>(
 ) -> Result<(i64, M), CaptureError> {
     let mut key = 0;
     let mut val = None;
-    let mut r = Reader::sub(b, off);
+    let mut r = Reader::new(b, off);
     while let Some((f, v)) = r.next().map_err(|e| wire_error(path, e))? {
         match (f, v) {
             (1, v) => key = v.as_i64(),

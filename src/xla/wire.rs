@@ -74,11 +74,7 @@ impl<'a> Reader<'a> {
         }
     }
 
-    /// Sub-message reader for a `Value::Len` payload.
-    pub fn sub(bytes: &'a [u8], offset: u64) -> Self {
-        Reader::new(bytes, offset)
-    }
-
+    #[cold]
     fn err(&self, at: usize, truncated: bool, what: impl Into<String>) -> WireError {
         WireError {
             offset: self.base + at as u64,
@@ -87,7 +83,20 @@ impl<'a> Reader<'a> {
         }
     }
 
+    #[inline(always)]
     fn varint(&mut self, field_start: usize) -> Result<u64, WireError> {
+        // Fast path: most keys, ids and lengths fit in one byte.
+        if let Some(&b) = self.buf.get(self.pos) {
+            if b < 0x80 {
+                self.pos += 1;
+                return Ok(b as u64);
+            }
+        }
+        self.varint_slow(field_start)
+    }
+
+    #[inline(never)]
+    fn varint_slow(&mut self, field_start: usize) -> Result<u64, WireError> {
         let mut v: u64 = 0;
         for i in 0..10 {
             let Some(&b) = self.buf.get(self.pos) else {
@@ -104,6 +113,7 @@ impl<'a> Reader<'a> {
 
     /// Next `(field number, value)`, or `None` at the end of the message.
     #[allow(clippy::should_implement_trait)]
+    #[inline(always)]
     pub fn next(&mut self) -> Result<Option<(u32, Value<'a>)>, WireError> {
         if self.pos >= self.buf.len() {
             return Ok(None);
@@ -112,10 +122,22 @@ impl<'a> Reader<'a> {
         let key = self.varint(start)?;
         let field = (key >> 3) as u32;
         if field == 0 || key >> 3 > u32::MAX as u64 {
-            return Err(self.err(start, false, format!("invalid field key {key}")));
+            return Err(self.bad_key(start, key));
         }
         let value = match key & 7 {
             0 => Value::Varint(self.varint(start)?),
+            2 => {
+                let len = self.varint(start)?;
+                let remaining = (self.buf.len() - self.pos) as u64;
+                if len > remaining {
+                    return Err(self.overrun(start, field, len, remaining));
+                }
+                let off = self.base + self.pos as u64;
+                let end = self.pos + len as usize;
+                let b = &self.buf[self.pos..end];
+                self.pos = end;
+                Value::Len(b, off)
+            }
             1 => {
                 let end = self.pos + 8;
                 let Some(b) = self.buf.get(self.pos..end) else {
@@ -132,46 +154,23 @@ impl<'a> Reader<'a> {
                 self.pos = end;
                 Value::Fixed32(u32::from_le_bytes(b.try_into().unwrap_or([0; 4])))
             }
-            2 => {
-                let len = self.varint(start)?;
-                let remaining = (self.buf.len() - self.pos) as u64;
-                if len > remaining {
-                    let what =
-                        format!("field {field} claims {len} bytes but only {remaining} remain");
-                    return Err(self.err(start, true, what));
-                }
-                let off = self.base + self.pos as u64;
-                let end = self.pos + len as usize;
-                let b = &self.buf[self.pos..end];
-                self.pos = end;
-                Value::Len(b, off)
-            }
-            w => {
-                return Err(self.err(start, false, format!("unsupported wire type {w}")));
-            }
+            w => return Err(self.err(start, false, format!("unsupported wire type {w}"))),
         };
         Ok(Some((field, value)))
     }
-}
 
-/// Decode a packed-or-unpacked repeated varint field value into `out`.
-pub fn push_varints(v: Value<'_>, out: &mut Vec<i64>) {
-    match v {
-        Value::Varint(x) => out.push(x as i64),
-        Value::Len(b, _) => {
-            let mut r = Reader::new(b, 0);
-            // A packed run is a sequence of bare varints; parse them with a fake key-less loop.
-            let mut pos = 0usize;
-            while pos < b.len() {
-                r.pos = pos;
-                match r.varint(pos) {
-                    Ok(x) => out.push(x as i64),
-                    Err(_) => break,
-                }
-                pos = r.pos;
-            }
-        }
-        _ => {}
+    #[cold]
+    fn bad_key(&self, at: usize, key: u64) -> WireError {
+        self.err(at, false, format!("invalid field key {key}"))
+    }
+
+    #[cold]
+    fn overrun(&self, at: usize, field: u32, len: u64, remaining: u64) -> WireError {
+        self.err(
+            at,
+            true,
+            format!("field {field} claims {len} bytes but only {remaining} remain"),
+        )
     }
 }
 
@@ -201,7 +200,7 @@ mod tests {
     #[test]
     fn overrun_inside_a_message_is_corruption_not_truncation() {
         let msg = [0x12, 0x05, b'h'];
-        let mut r = Reader::sub(&msg, 100);
+        let mut r = Reader::new(&msg, 100);
         let e = r.next().unwrap_err();
         assert_eq!(e.offset, 100);
         assert!(!e.truncated);

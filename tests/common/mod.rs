@@ -46,14 +46,15 @@ impl Run {
             .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", self.stdout))
     }
 
-    /// True (with a SKIP line) while the engine that reads this capture is still a stub on this
-    /// branch; these tests run for real once the engines are merged.
+    /// Fails the test if the engine that reads this capture is a stub (both engines are
+    /// built; this guards against a build that dropped one). Always `false` otherwise.
     pub fn engine_missing(&self) -> bool {
-        let missing = self.code == 2 && self.stderr.contains("not built yet");
-        if missing {
-            eprintln!("SKIP: engine not merged yet: {}", self.stderr.trim());
-        }
-        missing
+        assert!(
+            !(self.code == 2 && self.stderr.contains("not built yet")),
+            "engine missing: {}",
+            self.stderr
+        );
+        false
     }
 }
 

