@@ -72,7 +72,8 @@ cat > "$D/user/User/settings.json" <<'JSON'
   "editor.stickyScroll.enabled": false,
   "workbench.colorTheme": "Default Light Modern",
   "window.commandCenter": false,
-  "chat.commandCenter.enabled": false
+  "chat.commandCenter.enabled": false,
+  "memlsp.trace.server": "verbose"
 }
 JSON
 cs=(node "$ENTRY" --config "$TMP/code-server.yaml" --user-data-dir "$D/user" --extensions-dir "$D/ext")
