@@ -22,7 +22,12 @@ rm -rf "$ARTIFACTS"/vscode*.png "$ARTIFACTS/vscode-logs" "$ARTIFACTS/memlsp-linu
 echo "== VSIX: npm ci, type-check, bundle, package (linux-x64, server binary inside)"
 (
   cd "$REPO/editors/vscode"
-  npm ci "${npm_quiet[@]}"
+  # npm ci only when the lock file changed since the last install here.
+  lock="$(sha256sum package-lock.json | cut -d' ' -f1)"
+  if [ "$(cat node_modules/.memlsp-lock 2>/dev/null)" != "$lock" ]; then
+    npm ci "${npm_quiet[@]}"
+    echo "$lock" > node_modules/.memlsp-lock
+  fi
   npx tsc --noEmit -p .
   npm run -s bundle >/dev/null
   rm -rf bin && mkdir -p bin && cp "$MEMLSP" bin/memlsp && chmod 755 bin/memlsp
@@ -67,7 +72,8 @@ cat > "$D/user/User/settings.json" <<'JSON'
   "editor.stickyScroll.enabled": false,
   "workbench.colorTheme": "Default Light Modern",
   "window.commandCenter": false,
-  "chat.commandCenter.enabled": false
+  "chat.commandCenter.enabled": false,
+  "memlsp.trace.server": "verbose"
 }
 JSON
 cs=(node "$ENTRY" --config "$TMP/code-server.yaml" --user-data-dir "$D/user" --extensions-dir "$D/ext")

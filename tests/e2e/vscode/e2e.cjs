@@ -333,6 +333,34 @@ async function hoverOn(page, n) {
     const gone2 = await until(async () => !(await problems(page)).some((p) => p.includes("PT002")));
     check("PT002 leaves Problems once the fix is in the buffer", gone2, await problems(page));
     await page.screenshot({ path: path.join(SHOT_DIR, "vscode-after-fix.png") });
+
+    // Settings reach the server: unticking memlsp.inlayHints.enable in the Settings editor
+    // takes the hint off line 22. train_leak.py stays visible on the left meanwhile (VS Code
+    // re-asks for hints only for visible editors).
+    await openFile(page, "train_leak.py");
+    await gotoLine(page, 22);
+    await command(page, "View: Split Editor Right");
+    await command(page, "Preferences: Open Settings (UI)");
+    await page.waitForSelector(".settings-editor .suggest-input-container textarea, .settings-editor input", { timeout: 15000 });
+    await sleep(500);
+    await page.keyboard.type("memlsp.inlayHints.enable");
+    const box = ".settings-editor .setting-item-bool .setting-value-checkbox";
+    const ticked = await until(async () => {
+      const el = await page.$(box);
+      return el ? el : null;
+    }, 15000);
+    if (ticked) {
+      await ticked.click();
+      await sleep(500);
+    }
+    await page.keyboard.press("Control+1"); // back to the left group
+    await sleep(300);
+    const off = await until(async () => {
+      const l = await line(page, 22);
+      return l && !l.text.includes("live memory") ? l : null;
+    });
+    check("unticking memlsp.inlayHints.enable takes the hint off line 22", off
+      && off.text === "        h = F.gelu(self.fc1(x))", off && off.text);
   } catch (e) {
     check("the test ran to the end", false, String(e && e.stack || e));
     await page.screenshot({ path: path.join(SHOT_DIR, "vscode-error.png") }).catch(() => {});
