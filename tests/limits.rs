@@ -197,3 +197,24 @@ fn max_file_bytes_refuses_before_reading() {
     let e = memlsp::analyze::analyze_file(Path::new(&p), &opts).unwrap_err();
     assert!(e.to_string().contains("above the limit"), "{e}");
 }
+
+#[test]
+fn protobuf_nesting_is_capped_by_prost() {
+    use prost::Message;
+    // ShapeProto.tuple_shapes (field 4) nested `depth` levels: 50 decodes, 5000 hits prost's
+    // recursion limit (100) as an error, not a stack overflow.
+    let nested = |depth: usize| {
+        let mut msg: Vec<u8> = Vec::new();
+        for _ in 0..depth {
+            let mut outer = vec![0x22];
+            varint(msg.len() as u64, &mut outer);
+            outer.extend_from_slice(&msg);
+            msg = outer;
+        }
+        msg
+    };
+    type Shape = memlsp::xla::pb::xla::ShapeProto;
+    assert!(Shape::decode(nested(50).as_slice()).is_ok());
+    let e = Shape::decode(nested(5000).as_slice()).unwrap_err();
+    assert!(e.to_string().contains("recursion"), "{e}");
+}
