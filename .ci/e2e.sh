@@ -37,9 +37,10 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
 }
 
-if [ ! -d "$SHARED" ]; then
-  echo "e2e: $SHARED (the real captures) is missing" >&2
-  exit 1
+if [ ! -d "$SHARED/jax_cpu_captures" ] || [ ! -d "$SHARED/torch_snapshots" ]; then
+  # Like .ci/run: without the real captures there is nothing true to show an editor.
+  echo "== e2e: SKIP: $SHARED (the real captures) is missing"
+  exit 0
 fi
 
 echo "== build the server (debug)"
