@@ -885,9 +885,7 @@ fn fix_applied(f: &crate::findings::Finding, file: &str, text: &str, line: u32) 
             && std::panic::catch_unwind(AssertUnwindSafe(|| {
                 crate::source::edits::edits_for(&fix.kind, file, text, line)
             }))
-            .is_ok_and(
-                |r| matches!(r, Err(crate::source::edits::NoEdit(why)) if why.contains("already")),
-            )
+            .is_ok_and(|r| r.is_err_and(|why| why.already_applied()))
     })
 }
 
