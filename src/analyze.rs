@@ -120,6 +120,16 @@ pub fn analyze_diff(
 
 fn check_size(path: &Path, opts: &Options) -> Result<(), CaptureError> {
     let meta = std::fs::metadata(path).map_err(|e| CaptureError::io(path, &e))?;
+    if !meta.is_file() {
+        // Opening a FIFO would block until some writer appears: refuse it instead of hanging.
+        return Err(CaptureError::new(
+            path,
+            ErrorKind::Unsupported,
+            None,
+            "not a regular file (a pipe, socket or device)",
+            "pass the capture file itself",
+        ));
+    }
     if meta.len() > opts.max_file_bytes {
         return Err(CaptureError::new(
             path,

@@ -218,3 +218,39 @@ fn protobuf_nesting_is_capped_by_prost() {
     let e = Shape::decode(nested(5000).as_slice()).unwrap_err();
     assert!(e.to_string().contains("recursion"), "{e}");
 }
+
+#[test]
+fn a_fifo_named_like_a_capture_is_refused_not_waited_on() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["stuck_snapshot.pickle", "stuck.xplane.pb"] {
+        let p = dir.path().join(name);
+        let made = std::process::Command::new("mkfifo").arg(&p).status();
+        if !made.is_ok_and(|s| s.success()) {
+            eprintln!("SKIP: mkfifo is not available");
+            return;
+        }
+        let start = Instant::now();
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_memlsp"))
+            .args(["report", name])
+            .current_dir(dir.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        while child.try_wait().unwrap().is_none() && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if child.try_wait().unwrap().is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("`memlsp report {name}` blocked on a FIFO");
+        }
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(name) && err.contains("not a regular file"),
+            "{err}"
+        );
+    }
+}
