@@ -192,6 +192,8 @@ fn absolute(path: &std::path::Path) -> PathBuf {
 
 /// Parse the command line, run, and return the process exit code.
 pub fn main() -> i32 {
+    // Captures are memory-mapped; survive one being truncated under the reader.
+    crate::sigbus::install();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return clap_error(e),

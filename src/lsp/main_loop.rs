@@ -550,13 +550,13 @@ impl Owner {
             }
             let p = path.clone();
             let mut job = tokio::task::spawn_blocking(move || {
-                let faults = crate::lsp::sigbus::rescued();
+                let faults = crate::sigbus::rescued();
                 let outcome = contained(|| {
                     test_panic_hook(&p);
                     analyze::analyze_file(&p, &opts)
                 });
                 // The mapping lost its file under the reader: whatever was decoded is void.
-                let outcome = if crate::lsp::sigbus::rescued() != faults {
+                let outcome = if crate::sigbus::rescued() != faults {
                     Outcome::Rewritten
                 } else {
                     outcome

@@ -33,7 +33,6 @@ pub mod config;
 pub mod index;
 pub mod main_loop;
 pub mod server;
-pub mod sigbus;
 mod stdin_filter;
 pub mod to_proto;
 pub mod workspace;
@@ -110,7 +109,7 @@ impl Shared {
 
 /// Run the language server on stdin/stdout until the client says `exit`.
 pub fn run_stdio() -> anyhow::Result<()> {
-    sigbus::install();
+    crate::sigbus::install();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .max_blocking_threads(4)

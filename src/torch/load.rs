@@ -23,8 +23,10 @@ pub struct LoadOptions {
     pub max_trace_events: Option<usize>,
 }
 
-/// Snapshots up to this size are read into memory; larger ones are memory-mapped (and their pages
-/// released as the decoder passes them).
+/// Without the SIGBUS guard (`crate::sigbus`, installed by the CLI and the server on Linux),
+/// snapshots up to this size are read into memory; larger ones, and every snapshot when the guard
+/// is installed, are memory-mapped (and their pages released as the decoder passes them, which
+/// keeps peak memory near the model's own size).
 const READ_INTO_MEMORY_UP_TO: u64 = 256 << 20;
 
 /// Read and decode a snapshot file (`.pickle`/`.pkl` or the JSON form).
@@ -43,7 +45,7 @@ pub fn load_snapshot(path: &Path, opts: &LoadOptions) -> Result<Snapshot, Captur
             "a snapshot being written is retried when it changes; otherwise re-run _dump_snapshot()",
         ));
     }
-    if len <= READ_INTO_MEMORY_UP_TO {
+    if len <= READ_INTO_MEMORY_UP_TO && !crate::sigbus::installed() {
         // Read, not mapped: a mapped file that another process truncates while it is decoded
         // raises SIGBUS and kills the whole process (the language server included), and torch
         // re-dumps a snapshot in place (truncate, then write). A file that shrinks while read here
@@ -62,7 +64,19 @@ pub fn load_snapshot(path: &Path, opts: &LoadOptions) -> Result<Snapshot, Captur
         Ok(map) => {
             #[cfg(unix)]
             let _ = map.advise(memmap2::Advice::Sequential);
-            decode_inner(path, &map, opts, Some(&map))
+            let faults = crate::sigbus::rescued();
+            let decoded = decode_inner(path, &map, opts, Some(&map));
+            if crate::sigbus::rescued() != faults {
+                // Pages past the new end of the file read as zeros: whatever was decoded is void.
+                return Err(CaptureError::new(
+                    path,
+                    ErrorKind::Truncated,
+                    None,
+                    "the file was truncated while it was being read",
+                    "it is being rewritten (a new _dump_snapshot?); read it again once the write is done",
+                ));
+            }
+            decoded
         }
         Err(_) => {
             let bytes = std::fs::read(path).map_err(|e| CaptureError::io(path, &e))?;
