@@ -76,6 +76,8 @@ fn phase_in_child(exe: &Path, phase: &str, file: &Path) -> (f64, u64) {
 }
 
 fn run_phase(phase: &str, file: &Path) {
+    // As `memlsp report` and the server do: with the SIGBUS guard, snapshots are mapped.
+    memlsp::sigbus::install();
     let t = Instant::now();
     match phase {
         "decode" => {

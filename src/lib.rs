@@ -10,6 +10,7 @@ pub mod findings;
 pub mod lsp;
 pub mod pickle;
 pub mod report;
+pub mod sigbus;
 pub mod source;
 #[doc(hidden)]
 pub mod testdata;

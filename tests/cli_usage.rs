@@ -86,7 +86,7 @@ fn no_arguments_and_lsp_start_the_language_server() {
     use std::process::{Command, Stdio};
     let frame = |body: &str| format!("Content-Length: {}\r\n\r\n{body}", body.len());
     let dir = tempfile::tempdir().unwrap();
-    for args in [&[][..], &["lsp"][..]] {
+    for args in [&[][..], &["lsp"][..], &["lsp", "--stdio"][..]] {
         let mut child = Command::new(env!("CARGO_BIN_EXE_memlsp"))
             .args(args)
             .current_dir(dir.path())

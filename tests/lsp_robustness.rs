@@ -161,6 +161,26 @@ fn clients_that_can_watch_files_get_a_registration_and_their_events_count() {
         lsp.diagnostics(&py, Duration::from_secs(10), |d| !d.is_empty())
             .is_some()
     );
+    // New globs replace the registration.
+    let from = lsp.seen.len();
+    lsp.settings = json!({"captureGlobs": ["**/*.xplane.pb", "runs/**/*.pickle"]});
+    lsp.notify(
+        "workspace/didChangeConfiguration",
+        json!({"settings": null}),
+    );
+    let unreg = lsp.wait_for(from, Duration::from_secs(5), |m| {
+        m["method"] == "client/unregisterCapability"
+    });
+    assert!(unreg.is_some(), "old registration kept");
+    let reg = lsp
+        .wait_for(from, Duration::from_secs(5), |m| {
+            m["method"] == "client/registerCapability"
+        })
+        .expect("no new registration");
+    assert_eq!(
+        reg["params"]["registrations"][0]["registerOptions"]["watchers"][1],
+        json!({"globPattern": "runs/**/*.pickle"})
+    );
     // A client event about the deleted capture withdraws its diagnostics (created, changed and
     // deleted are all checked against the disk).
     std::fs::remove_file(&capture).unwrap();

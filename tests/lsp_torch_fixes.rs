@@ -205,3 +205,44 @@ fn fixes_follow_the_buffer_not_the_disk() {
     );
     lsp.shutdown();
 }
+
+#[test]
+fn moving_the_folder_of_captures_away_withdraws_their_diagnostics() {
+    let (tmp, ws) = tempdir();
+    let train = workspace(&ws);
+    let mut lsp = Lsp::start(&ws, json!({}));
+    lsp.open(&train);
+    lsp.diagnostics(&train, Duration::from_secs(20), |d| {
+        d.iter().any(|x| x["code"] == "PT003")
+    })
+    .unwrap_or_else(|| panic!("no PT003: {:?}", lsp.messages()));
+    // Moved out of the workspace: the watcher reports the folder, not the files in it.
+    std::fs::rename(ws.join("runs"), tmp.path().join("archived-runs")).unwrap();
+    let cleared = lsp.diagnostics(&train, Duration::from_secs(2), |d| d.is_empty());
+    assert!(cleared.is_some(), "diagnostics outlived their captures");
+    let hints = lsp.hints(&train, 30);
+    assert!(hints.is_empty(), "{hints:#?}");
+    lsp.shutdown();
+}
+
+#[test]
+fn a_folder_of_captures_moved_in_is_read() {
+    let (tmp, ws) = tempdir();
+    let train = workspace(&ws);
+    let outside = tmp.path().join("incoming");
+    std::fs::rename(ws.join("runs"), &outside).unwrap();
+    let mut lsp = Lsp::start(&ws, json!({}));
+    lsp.open(&train);
+    lsp.idle(Duration::from_millis(500));
+    assert!(
+        lsp.diagnostics(&train, Duration::from_millis(10), |d| !d.is_empty())
+            .is_none()
+    );
+    // Moved in as a whole: the watcher reports the folder, not the files in it.
+    std::fs::rename(&outside, ws.join("runs")).unwrap();
+    let d = lsp.diagnostics(&train, Duration::from_secs(5), |d| {
+        d.iter().any(|x| x["code"] == "PT003")
+    });
+    assert!(d.is_some(), "{:?}", lsp.messages());
+    lsp.shutdown();
+}

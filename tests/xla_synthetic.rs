@@ -384,7 +384,7 @@ impl Run {
     }
 }
 
-fn analyze(path: &PathBuf) -> CaptureReport {
+fn analyze(path: &std::path::Path) -> CaptureReport {
     memlsp::xla::analyze_file(path, &Options::default()).unwrap_or_else(|e| panic!("{e}"))
 }
 

@@ -60,7 +60,11 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the language server on stdio (the default)
-    Lsp,
+    Lsp {
+        /// Accepted for clients that always pass it (stdio is the only transport)
+        #[arg(long)]
+        stdio: bool,
+    },
     /// Print the full report of one capture (or a directory of per-rank snapshots)
     Report(ReportArgs),
 }
@@ -188,6 +192,8 @@ fn absolute(path: &std::path::Path) -> PathBuf {
 
 /// Parse the command line, run, and return the process exit code.
 pub fn main() -> i32 {
+    // Captures are memory-mapped; survive one being truncated under the reader.
+    crate::sigbus::install();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return clap_error(e),
@@ -195,7 +201,7 @@ pub fn main() -> i32 {
     match cli.command {
         Some(_) if cli.check => usage("--check cannot be combined with a subcommand"),
         Some(Command::Report(args)) => report::run(args),
-        Some(Command::Lsp) => lsp(),
+        Some(Command::Lsp { .. }) => lsp(),
         None if cli.check => check::run(check::CheckArgs {
             paths: cli.paths,
             format: cli.format.unwrap_or(CheckFormat::Text),

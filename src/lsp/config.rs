@@ -142,12 +142,14 @@ impl Settings {
         }
     }
 
-    /// The settings that change analysis results (a change invalidates the cache).
-    pub fn options_key(&self) -> (usize, u64, &[String]) {
+    /// The settings that change analysis results (a change invalidates the cache). Path
+    /// mappings count: the JAX engine reads the program through them to place JX005.
+    pub fn options_key(&self) -> (usize, u64, &[String], &[(String, String)]) {
         (
             self.top_sites,
             self.max_file_bytes,
             &self.user_frame_excludes,
+            &self.path_mappings,
         )
     }
 

@@ -18,7 +18,7 @@ use tower_lsp_server::ls_types as lsp;
 use crate::analyze::{self, Options};
 use crate::error::CaptureError;
 use crate::lsp::config::Settings;
-use crate::lsp::index::{CaptureResult, Index, capture_name};
+use crate::lsp::index::{CaptureResult, FileEntry, Index, capture_name};
 use crate::lsp::to_proto;
 use crate::lsp::workspace::{CaptureMatcher, Watcher};
 use crate::lsp::{Caps, Doc, Shared, View};
@@ -223,14 +223,16 @@ impl Owner {
                 if let Ok(mut docs) = self.shared.docs.write() {
                     let newer = docs.get(&path).is_none_or(|d| d.version <= doc.version);
                     if newer {
-                        docs.insert(path, doc);
+                        docs.insert(path.clone(), doc);
                     }
                 }
+                self.republish_file(&path).await;
             }
             Event::Close(path) => {
                 if let Ok(mut docs) = self.shared.docs.write() {
                     docs.remove(&path);
                 }
+                self.republish_file(&path).await;
             }
             Event::Paths(paths) => {
                 let mut changed = false;
@@ -242,6 +244,21 @@ impl Owner {
                         let exists = p.is_file();
                         if exists != self.py_files.contains(&p) {
                             py_changed = true;
+                        }
+                    } else if p.is_dir() && self.matcher.is_scanned_dir(&p) {
+                        // A folder moved or copied in: the watcher may report only the folder.
+                        self.scan_dir(p);
+                    } else if !p.exists() {
+                        // A removed or renamed directory takes its captures with it (the watcher
+                        // may report only the directory).
+                        let inside: Vec<PathBuf> = self
+                            .captures
+                            .keys()
+                            .filter(|k| k.starts_with(&p))
+                            .cloned()
+                            .collect();
+                        for c in inside {
+                            changed |= self.consider(&c);
                         }
                     }
                 }
@@ -331,7 +348,11 @@ impl Owner {
             return;
         }
         let options_changed = settings.options_key() != self.settings.options_key();
+        let globs_changed = settings.capture_globs != self.settings.capture_globs;
         self.settings = settings;
+        if globs_changed && self.registered {
+            self.register_watchers(true);
+        }
         let (matcher, bad) = CaptureMatcher::new(&self.roots, &self.settings.capture_globs);
         for b in bad {
             self.log(lsp::MessageType::WARNING, format!("captureGlobs: {b}"))
@@ -385,6 +406,28 @@ impl Owner {
         });
     }
 
+    /// Look for captures under one directory of the workspace (off the async executor).
+    fn scan_dir(&self, dir: PathBuf) {
+        let matcher = self.matcher.clone();
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let found = tokio::task::spawn_blocking(move || {
+                crate::source::workspace::walk(&dir)
+                    .flatten()
+                    .filter(|e| e.file_type().is_some_and(|t| t.is_file()))
+                    .map(|e| e.into_path())
+                    .filter(|p| matcher.is_capture(p))
+                    .collect::<Vec<_>>()
+            })
+            .await;
+            if let Ok(found) = found {
+                if !found.is_empty() {
+                    let _ = tx.send(Event::Paths(found));
+                }
+            }
+        });
+    }
+
     async fn start_watching(&mut self) {
         if self.watcher.is_none() && !self.roots.is_empty() {
             let tx = self.tx.clone();
@@ -411,27 +454,42 @@ impl Owner {
         }
         if !self.registered && self.caps().watched_files_dynamic {
             self.registered = true;
-            let watchers = self
-                .settings
-                .capture_globs
-                .iter()
-                .map(|g| lsp::FileSystemWatcher {
-                    glob_pattern: lsp::GlobPattern::String(g.clone()),
-                    kind: None,
-                })
-                .collect();
-            let opts = lsp::DidChangeWatchedFilesRegistrationOptions { watchers };
-            let client = self.client.clone();
-            if let Ok(options) = serde_json::to_value(opts) {
-                tokio::spawn(async move {
-                    let reg = lsp::Registration {
-                        id: "memlsp-captures".into(),
-                        method: "workspace/didChangeWatchedFiles".into(),
-                        register_options: Some(options),
+            self.register_watchers(false);
+        }
+    }
+
+    /// Ask the client to watch `captureGlobs` (again, when they changed: the old registration
+    /// is withdrawn first).
+    fn register_watchers(&self, replace: bool) {
+        const ID: &str = "memlsp-captures";
+        const METHOD: &str = "workspace/didChangeWatchedFiles";
+        let watchers = self
+            .settings
+            .capture_globs
+            .iter()
+            .map(|g| lsp::FileSystemWatcher {
+                glob_pattern: lsp::GlobPattern::String(g.clone()),
+                kind: None,
+            })
+            .collect();
+        let opts = lsp::DidChangeWatchedFilesRegistrationOptions { watchers };
+        let client = self.client.clone();
+        if let Ok(options) = serde_json::to_value(opts) {
+            tokio::spawn(async move {
+                if replace {
+                    let old = lsp::Unregistration {
+                        id: ID.into(),
+                        method: METHOD.into(),
                     };
-                    let _ = client.register_capability(vec![reg]).await;
-                });
-            }
+                    let _ = client.unregister_capability(vec![old]).await;
+                }
+                let reg = lsp::Registration {
+                    id: ID.into(),
+                    method: METHOD.into(),
+                    register_options: Some(options),
+                };
+                let _ = client.register_capability(vec![reg]).await;
+            });
         }
     }
 
@@ -492,13 +550,13 @@ impl Owner {
             }
             let p = path.clone();
             let mut job = tokio::task::spawn_blocking(move || {
-                let faults = crate::lsp::sigbus::rescued();
+                let faults = crate::sigbus::rescued();
                 let outcome = contained(|| {
                     test_panic_hook(&p);
                     analyze::analyze_file(&p, &opts)
                 });
                 // The mapping lost its file under the reader: whatever was decoded is void.
-                let outcome = if crate::lsp::sigbus::rescued() != faults {
+                let outcome = if crate::sigbus::rescued() != faults {
                     Outcome::Rewritten
                 } else {
                     outcome
@@ -554,7 +612,16 @@ impl Owner {
                 entry.result = Some(Arc::new(CaptureResult {
                     path: path.clone(),
                     mtime: key.mtime,
-                    reports,
+                    // The server shows findings and sites only: drop the report text and the
+                    // engine JSON instead of keeping them for every capture.
+                    reports: reports
+                        .into_iter()
+                        .map(|mut r| {
+                            r.text = String::new();
+                            r.engine = crate::report::EngineData::None;
+                            r
+                        })
+                        .collect(),
                 }));
                 changed = true;
             }
@@ -712,19 +779,9 @@ impl Owner {
         }
         self.logged_unresolved = index.unresolved.clone();
 
-        let enc = self.caps().encoding;
         let mut next: HashMap<PathBuf, Vec<lsp::Diagnostic>> = HashMap::new();
         for (file, fe) in &index.files {
-            let text = self.text_of(file);
-            let mut diags = Vec::new();
-            for (line, le) in &fe.lines {
-                let lt = text
-                    .as_deref()
-                    .and_then(|t| to_proto::line_of(t, line.saturating_sub(1)));
-                for lf in &le.findings {
-                    diags.push(to_proto::diagnostic(lf, lt, enc));
-                }
-            }
+            let diags = self.file_diagnostics(file, fe);
             if !diags.is_empty() {
                 next.insert(file.clone(), diags);
             }
@@ -755,6 +812,52 @@ impl Owner {
         }
     }
 
+    /// The diagnostics of one workspace file against its current text (buffer or disk). A
+    /// finding whose fix is already in the text (the user applied the quick fix) is left out:
+    /// the capture predates the edit.
+    fn file_diagnostics(&self, file: &Path, fe: &FileEntry) -> Vec<lsp::Diagnostic> {
+        let enc = self.caps().encoding;
+        let text = self.text_of(file);
+        let file_str = file.to_string_lossy();
+        let mut diags = Vec::new();
+        for (line, le) in &fe.lines {
+            let lt = text
+                .as_deref()
+                .and_then(|t| to_proto::line_of(t, line.saturating_sub(1)));
+            for lf in &le.findings {
+                let fixed = text
+                    .as_deref()
+                    .is_some_and(|t| fix_applied(&lf.finding, &file_str, t, *line));
+                if !fixed {
+                    diags.push(to_proto::diagnostic(lf, lt, enc));
+                }
+            }
+        }
+        diags
+    }
+
+    /// After an edit (or open/close) of `file`: publish its diagnostics again if they changed.
+    async fn republish_file(&mut self, file: &Path) {
+        let view = self.shared.view();
+        let Some(fe) = view.index.files.get(file) else {
+            return;
+        };
+        let diags = self.file_diagnostics(file, fe);
+        let old = self.published.get(file).cloned().unwrap_or_default();
+        if diags == old {
+            return;
+        }
+        if diags.is_empty() {
+            self.published.remove(file);
+        } else {
+            self.published.insert(file.to_path_buf(), diags.clone());
+        }
+        self.store_view(None);
+        if let Some(uri) = to_proto::uri(file) {
+            self.client.publish_diagnostics(uri, diags, None).await;
+        }
+    }
+
     fn text_of(&self, path: &Path) -> Option<String> {
         if let Ok(docs) = self.shared.docs.read() {
             if let Some(d) = docs.get(path) {
@@ -772,6 +875,18 @@ fn contained(analyse: impl FnOnce() -> Result<CaptureReport, CaptureError>) -> O
         Ok(Err(e)) => Outcome::Error(e),
         Err(panic) => Outcome::Panic(panic_message(panic.as_ref())),
     }
+}
+
+/// True when one of the finding's edit fixes reports that the line already has it (`loss` is
+/// already `loss.detach()`, `jax.jit` already donates, …).
+fn fix_applied(f: &crate::findings::Finding, file: &str, text: &str, line: u32) -> bool {
+    f.fixes.iter().any(|fix| {
+        !matches!(fix.kind, crate::findings::FixKind::Advice)
+            && std::panic::catch_unwind(AssertUnwindSafe(|| {
+                crate::source::edits::edits_for(&fix.kind, file, text, line)
+            }))
+            .is_ok_and(|r| r.is_err_and(|why| why.already_applied()))
+    })
 }
 
 fn schedule_recheck(tx: &mpsc::UnboundedSender<Event>, path: &Path) {

@@ -14,8 +14,9 @@
 //!   changed during the analysis) stays quiet until it changes again; a failure on a file written
 //!   less than a second ago is looked at once more before it is reported. A truly unreadable
 //!   capture gets one log line and one `window/showMessage`, and no diagnostics.
-//! - Diagnostics are pushed for every workspace file a finding resolves to (and answered to pull
-//!   requests when the client advertises them); a deleted capture withdraws its own. When several
+//! - Diagnostics are pushed for every workspace file a finding resolves to (pull is not offered:
+//!   clients would show each finding twice, but a pull request is answered); a deleted capture
+//!   withdraws its own. A finding whose fix is already in the buffer is withdrawn. When several
 //!   captures report the same code on one line for the same scope, the newest wins and the
 //!   message names the others.
 //! - Inlay hints (`38% live memory`, `41% of heap peak`), hovers (stack, sizes, labelled
@@ -32,7 +33,6 @@ pub mod config;
 pub mod index;
 pub mod main_loop;
 pub mod server;
-pub mod sigbus;
 mod stdin_filter;
 pub mod to_proto;
 pub mod workspace;
@@ -109,7 +109,7 @@ impl Shared {
 
 /// Run the language server on stdin/stdout until the client says `exit`.
 pub fn run_stdio() -> anyhow::Result<()> {
-    sigbus::install();
+    crate::sigbus::install();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .max_blocking_threads(4)

@@ -152,7 +152,6 @@ impl LanguageServer for Backend {
             exit_with_parent(pid);
         }
         let encoding = caps.encoding;
-        let pull = caps.pull_diagnostics;
         let _ = self.shared.caps.set(caps);
         self.send(Event::Init {
             roots,
@@ -180,14 +179,9 @@ impl LanguageServer for Backend {
                     commands: vec![CMD_REANALYZE.into(), CMD_EXPLAIN.into()],
                     ..Default::default()
                 }),
-                diagnostic_provider: pull.then(|| {
-                    DiagnosticServerCapabilities::Options(DiagnosticOptions {
-                        identifier: Some("memlsp".into()),
-                        inter_file_dependencies: true,
-                        workspace_diagnostics: false,
-                        ..Default::default()
-                    })
-                }),
+                // Push only. Offering pull as well makes Neovim 0.11 and VS Code show every
+                // finding twice (one pushed, one pulled); a pull request is still answered.
+                diagnostic_provider: None,
                 ..Default::default()
             },
             ..Default::default()

@@ -160,17 +160,19 @@ mod tests {
         for bad in [
             &b"{ not json"[..],
             b"[1,2]",
-            b"{\"id\": 3}",
             b"{\"jsonrpc\":\"2.0\",\"id\":{},\"method\":\"x\"}",
         ] {
             let out = String::from_utf8(sanitize(bad.to_vec())).unwrap();
             assert!(out.contains("memlsp/"), "{out}");
         }
-        let out = String::from_utf8(sanitize(br#"{"id": 7, "method": 5}"#.to_vec())).unwrap();
-        assert!(
-            out.contains("\"id\":7") && out.contains("invalidRequest"),
-            "{out}"
-        );
+        // Anything that carries an id gets an error answer for that id.
+        for (bad, id) in [(&br#"{"id": 7, "method": 5}"#[..], 7), (br#"{"id": 3}"#, 3)] {
+            let out = String::from_utf8(sanitize(bad.to_vec())).unwrap();
+            assert!(
+                out.contains(&format!("\"id\":{id}")) && out.contains("invalidRequest"),
+                "{out}"
+            );
+        }
     }
 
     #[test]

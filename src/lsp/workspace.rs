@@ -62,6 +62,19 @@ impl CaptureMatcher {
         )
     }
 
+    /// True for a directory strictly inside a root that the scan would enter.
+    pub fn is_scanned_dir(&self, path: &Path) -> bool {
+        self.roots.iter().any(|root| {
+            path.strip_prefix(root).is_ok_and(|rel| {
+                rel.components().next().is_some()
+                    && !rel.components().any(|c| {
+                        let s = c.as_os_str().to_string_lossy();
+                        s.starts_with('.') || SKIP_DIRS.contains(&s.as_ref())
+                    })
+            })
+        })
+    }
+
     /// True when `path` (which may no longer exist) is a capture the server should read.
     pub fn is_capture(&self, path: &Path) -> bool {
         for (root, gi) in self.roots.iter().zip(&self.ignores) {
@@ -176,5 +189,8 @@ mod tests {
         assert!(!m.is_capture(Path::new("/ws/node_modules/x.pkl")));
         assert!(!m.is_capture(Path::new("/ws/.cache/x.pkl")));
         assert!(!m.is_capture(Path::new("/elsewhere/a.pickle")));
+        assert!(m.is_scanned_dir(Path::new("/ws/runs")));
+        assert!(!m.is_scanned_dir(Path::new("/ws")));
+        assert!(!m.is_scanned_dir(Path::new("/ws/.venv/lib")));
     }
 }

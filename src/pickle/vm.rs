@@ -191,58 +191,73 @@ impl<'a> Vm<'a, '_> {
                 self.p += 1;
                 Ok(b)
             }
-            None => Err(self.truncated("an opcode argument")),
+            None => Err(self.truncated_arg()),
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn truncated_arg(&self) -> PickleError {
+        self.truncated("an opcode argument")
     }
 
     #[inline]
     fn take(&mut self, n: usize) -> R<&'a [u8]> {
-        let left = self.d.len() - self.p;
-        if n > left {
-            return Err(PickleError {
-                offset: self.op_at as u64,
-                kind: PickleErrorKind::Truncated,
-                message: format!(
-                    "a length of {n} bytes runs past the end of the file ({left} bytes left)"
-                ),
-            });
+        match self.d.get(self.p..self.p.wrapping_add(n)) {
+            Some(s) if self.p.checked_add(n).is_some() => {
+                self.p += n;
+                Ok(s)
+            }
+            _ => Err(self.past_end(n as u64)),
         }
-        let s = &self.d[self.p..self.p + n];
-        self.p += n;
-        Ok(s)
+    }
+
+    /// A length that runs past the end of the input (kept out of line: the hot path is tiny).
+    #[cold]
+    #[inline(never)]
+    fn past_end(&self, n: u64) -> PickleError {
+        let left = (self.d.len() - self.p) as u64;
+        PickleError {
+            offset: self.op_at as u64,
+            kind: PickleErrorKind::Truncated,
+            message: format!(
+                "a length of {n} bytes runs past the end of the file ({left} bytes left)"
+            ),
+        }
+    }
+
+    #[inline]
+    fn array<const N: usize>(&mut self) -> R<[u8; N]> {
+        match self.d.get(self.p..self.p + N) {
+            Some(s) => {
+                self.p += N;
+                let mut a = [0u8; N];
+                a.copy_from_slice(s);
+                Ok(a)
+            }
+            None => Err(self.past_end(N as u64)),
+        }
     }
 
     #[inline]
     fn u16(&mut self) -> R<u16> {
-        let b = self.take(2)?;
-        Ok(u16::from_le_bytes([b[0], b[1]]))
+        self.array().map(u16::from_le_bytes)
     }
 
     #[inline]
     fn u32(&mut self) -> R<u32> {
-        let b = self.take(4)?;
-        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        self.array().map(u32::from_le_bytes)
     }
 
     #[inline]
     fn u64(&mut self) -> R<u64> {
-        let b = self.take(8)?;
-        let mut a = [0u8; 8];
-        a.copy_from_slice(b);
-        Ok(u64::from_le_bytes(a))
+        self.array().map(u64::from_le_bytes)
     }
 
     /// A length field checked against the remaining input (a 2^62 length allocates nothing).
     fn len_of(&self, n: u64) -> R<usize> {
-        let left = (self.d.len() - self.p) as u64;
-        if n > left {
-            return Err(PickleError {
-                offset: self.op_at as u64,
-                kind: PickleErrorKind::Truncated,
-                message: format!(
-                    "a length of {n} bytes runs past the end of the file ({left} bytes left)"
-                ),
-            });
+        if n > (self.d.len() - self.p) as u64 {
+            return Err(self.past_end(n));
         }
         Ok(n as usize)
     }
@@ -257,6 +272,20 @@ impl<'a> Vm<'a, '_> {
             }
             None => Err(self.truncated("a text argument")),
         }
+    }
+
+    /// The decimal memo index argument of the text opcodes `PUT` / `GET`.
+    fn text_index(&mut self, opcode: &str) -> R<usize> {
+        let line = self.line()?;
+        std::str::from_utf8(line)
+            .ok()
+            .and_then(|s| s.trim().parse::<usize>().ok())
+            .ok_or_else(|| {
+                self.err(
+                    PickleErrorKind::Invalid,
+                    format!("{opcode} with a malformed index"),
+                )
+            })
     }
 
     #[inline]
@@ -1118,13 +1147,7 @@ impl<'a> Vm<'a, '_> {
                     self.memo_put(i)?;
                 }
                 b'p' => {
-                    let line = self.line()?;
-                    let Some(i) = std::str::from_utf8(line)
-                        .ok()
-                        .and_then(|s| s.trim().parse::<usize>().ok())
-                    else {
-                        return Err(self.err(Invalid, "PUT with a malformed index"));
-                    };
+                    let i = self.text_index("PUT")?;
                     self.memo_put(i)?;
                 }
                 b'h' => {
@@ -1136,13 +1159,7 @@ impl<'a> Vm<'a, '_> {
                     self.memo_get(i)?;
                 }
                 b'g' => {
-                    let line = self.line()?;
-                    let Some(i) = std::str::from_utf8(line)
-                        .ok()
-                        .and_then(|s| s.trim().parse::<usize>().ok())
-                    else {
-                        return Err(self.err(Invalid, "GET with a malformed index"));
-                    };
+                    let i = self.text_index("GET")?;
                     self.memo_get(i)?;
                 }
                 // ---- code: recorded, never executed ----

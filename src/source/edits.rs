@@ -12,6 +12,14 @@ use crate::findings::{FixKind, TextEdit};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NoEdit(pub String);
 
+impl NoEdit {
+    /// The line already has the fix (the user applied it after the capture was taken). Every
+    /// "already" reason below is worded with that word, and the tests pin each one.
+    pub fn already_applied(&self) -> bool {
+        self.0.contains("already ")
+    }
+}
+
 /// Edits for `kind` at 1-based `line` of `text` (the file or the editor buffer). `file` is copied
 /// into the edits. Returns `NoEdit` with a reason when the line no longer matches the capture.
 pub fn edits_for(
@@ -954,6 +962,42 @@ mod tests {
             fix(DETACH, "self.history.append(\n    loss\n)\n", 1).unwrap(),
             "self.history.append(\n    loss.detach()\n)\n"
         );
+    }
+
+    #[test]
+    fn a_fix_applied_once_reads_as_already_applied() {
+        let cases: [(FixKind, &str, u32); 5] = [
+            (DETACH, "total += loss\n", 1),
+            (FixKind::DetachCpuAppend, "history.append(out)\n", 1),
+            (
+                FixKind::DonateArgnums {
+                    argnums: vec![0, 1],
+                },
+                "step = jax.jit(train_step)\n",
+                1,
+            ),
+            (
+                FixKind::JaxCheckpoint,
+                "def block(x):\n    return x @ x\n",
+                2,
+            ),
+            (
+                FixKind::AllocConf {
+                    value: "expandable_segments:True".into(),
+                },
+                "import torch\n",
+                1,
+            ),
+        ];
+        for (kind, text, line) in cases {
+            let fixed = fix(kind.clone(), text, line).unwrap();
+            let after = line + fixed.lines().count() as u32 - text.lines().count() as u32;
+            let again = edits_for(&kind, "f.py", &fixed, after).unwrap_err();
+            assert!(again.already_applied(), "{kind:?}: {}", again.0);
+        }
+        // A line that changed for another reason is not "already applied".
+        let changed = edits_for(&DETACH, "f.py", "print('hi')\n", 1).unwrap_err();
+        assert!(!changed.already_applied(), "{}", changed.0);
     }
 
     #[test]

@@ -23,8 +23,10 @@ pub struct LoadOptions {
     pub max_trace_events: Option<usize>,
 }
 
-/// Snapshots up to this size are read into memory; larger ones are memory-mapped (and their pages
-/// released as the decoder passes them).
+/// Without the SIGBUS guard (`crate::sigbus`, installed by the CLI and the server on Linux),
+/// snapshots up to this size are read into memory; larger ones, and every snapshot when the guard
+/// is installed, are memory-mapped (and their pages released as the decoder passes them, which
+/// keeps peak memory near the model's own size).
 const READ_INTO_MEMORY_UP_TO: u64 = 256 << 20;
 
 /// Read and decode a snapshot file (`.pickle`/`.pkl` or the JSON form).
@@ -43,7 +45,7 @@ pub fn load_snapshot(path: &Path, opts: &LoadOptions) -> Result<Snapshot, Captur
             "a snapshot being written is retried when it changes; otherwise re-run _dump_snapshot()",
         ));
     }
-    if len <= READ_INTO_MEMORY_UP_TO {
+    if len <= READ_INTO_MEMORY_UP_TO && !crate::sigbus::installed() {
         // Read, not mapped: a mapped file that another process truncates while it is decoded
         // raises SIGBUS and kills the whole process (the language server included), and torch
         // re-dumps a snapshot in place (truncate, then write). A file that shrinks while read here
@@ -62,7 +64,19 @@ pub fn load_snapshot(path: &Path, opts: &LoadOptions) -> Result<Snapshot, Captur
         Ok(map) => {
             #[cfg(unix)]
             let _ = map.advise(memmap2::Advice::Sequential);
-            decode_inner(path, &map, opts, Some(&map))
+            let faults = crate::sigbus::rescued();
+            let decoded = decode_inner(path, &map, opts, Some(&map));
+            if crate::sigbus::rescued() != faults {
+                // Pages past the new end of the file read as zeros: whatever was decoded is void.
+                return Err(CaptureError::new(
+                    path,
+                    ErrorKind::Truncated,
+                    None,
+                    "the file was truncated while it was being read",
+                    "it is being rewritten (a new _dump_snapshot?); read it again once the write is done",
+                ));
+            }
+            decoded
         }
         Err(_) => {
             let bytes = std::fs::read(path).map_err(|e| CaptureError::io(path, &e))?;
@@ -163,6 +177,20 @@ fn tree_from_json(path: &Path, bytes: &[u8]) -> Result<Tree<'static>, CaptureErr
     let mut work = vec![Work::Visit(&value)];
     let mut out: Vec<Val> = Vec::new();
     let mut depth = 0usize;
+    // serde_json already stops at 128 levels; this keeps the conversion bounded on its own.
+    let enter = |depth: usize| {
+        if depth >= 1000 {
+            Err(CaptureError::new(
+                path,
+                ErrorKind::Limit,
+                None,
+                "JSON nested more than 1000 levels",
+                "",
+            ))
+        } else {
+            Ok(depth + 1)
+        }
+    };
     while let Some(w) = work.pop() {
         match w {
             Work::Visit(v) => match v {
@@ -183,32 +211,14 @@ fn tree_from_json(path: &Path, bytes: &[u8]) -> Result<Tree<'static>, CaptureErr
                     out.push(v);
                 }
                 serde_json::Value::Array(items) => {
-                    depth += 1;
-                    if depth > 1000 {
-                        return Err(CaptureError::new(
-                            path,
-                            ErrorKind::Limit,
-                            None,
-                            "JSON nested more than 1000 levels",
-                            "",
-                        ));
-                    }
+                    depth = enter(depth)?;
                     work.push(Work::List(items.len()));
                     for it in items.iter().rev() {
                         work.push(Work::Visit(it));
                     }
                 }
                 serde_json::Value::Object(map) => {
-                    depth += 1;
-                    if depth > 1000 {
-                        return Err(CaptureError::new(
-                            path,
-                            ErrorKind::Limit,
-                            None,
-                            "JSON nested more than 1000 levels",
-                            "",
-                        ));
-                    }
+                    depth = enter(depth)?;
                     work.push(Work::Dict(map.keys().cloned().collect()));
                     for it in map.values().rev() {
                         work.push(Work::Visit(it));

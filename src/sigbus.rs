@@ -15,6 +15,12 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 static PAGE: AtomicUsize = AtomicUsize::new(4096);
 static RESCUED: AtomicU64 = AtomicU64::new(0);
+static INSTALLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether [`install`] has run in this process (readers may then map files safely).
+pub fn installed() -> bool {
+    INSTALLED.load(Ordering::Relaxed)
+}
 
 /// How many truncated-mapping faults have been absorbed so far.
 pub fn rescued() -> u64 {
@@ -35,7 +41,9 @@ pub fn install() {
         sa.sa_sigaction = handler as *const () as usize;
         sa.sa_flags = libc::SA_SIGINFO;
         libc::sigemptyset(&mut sa.sa_mask);
-        libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut());
+        if libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()) == 0 {
+            INSTALLED.store(true, Ordering::Relaxed);
+        }
     }
 }
 
