@@ -929,13 +929,9 @@ mod tests {
         f.iter().map(|f| f.code).collect()
     }
 
-    /// A training loop of `steps` steps: forward activations freed in backward, plus `extra`.
-    fn training(
-        snap: &mut Snapshot,
-        steps: u64,
-        mut extra: impl FnMut(&mut Snapshot, u64, &mut Vec<TraceEntry>),
-    ) -> Vec<TraceEntry> {
-        let act = intern(
+    /// The stack of an `nn.Linear` forward called from the user's `model.py:30`.
+    fn activation_stack(snap: &mut Snapshot) -> crate::torch::model::StackId {
+        intern(
             snap,
             &[
                 (
@@ -950,7 +946,16 @@ mod tests {
                 ),
                 ("/u/model.py", 30, "forward"),
             ],
-        );
+        )
+    }
+
+    /// A training loop of `steps` steps: forward activations freed in backward, plus `extra`.
+    fn training(
+        snap: &mut Snapshot,
+        steps: u64,
+        mut extra: impl FnMut(&mut Snapshot, u64, &mut Vec<TraceEntry>),
+    ) -> Vec<TraceEntry> {
+        let act = activation_stack(snap);
         let mut list = Vec::new();
         for step in 0..steps {
             for k in 0..4u64 {
@@ -993,22 +998,7 @@ mod tests {
         layers: u64,
         mut per_step: impl FnMut(&mut Snapshot, u64, &mut Vec<TraceEntry>),
     ) -> Vec<TraceEntry> {
-        let act = intern(
-            snap,
-            &[
-                (
-                    "/v/site-packages/torch/nn/modules/linear.py",
-                    125,
-                    "forward",
-                ),
-                (
-                    "/v/site-packages/torch/nn/modules/module.py",
-                    1747,
-                    "_call_impl",
-                ),
-                ("/u/model.py", 30, "forward"),
-            ],
-        );
+        let act = activation_stack(snap);
         let mut list = Vec::new();
         for step in 0..steps {
             for k in 0..layers {
