@@ -7,6 +7,8 @@ pub mod analyze;
 pub mod cli;
 pub mod error;
 pub mod findings;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod lsp;
 pub mod pickle;
 pub mod report;

@@ -7,78 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use memlsp::pickle::{Limits, decode, decode_with};
-use memlsp::torch::load::{LoadOptions, decode_snapshot};
-
-fn pickle_vm(data: &[u8]) {
-    if let Ok(tree) = decode(data) {
-        let mut seen = std::collections::HashSet::new();
-        let mut stack = vec![tree.root];
-        while let Some(v) = stack.pop() {
-            if !seen.insert(v) || seen.len() > 100_000 {
-                continue;
-            }
-            let _ = tree.describe(v);
-            let _ = (tree.str(v), tree.bytes(v), tree.int128(v), tree.float(v));
-            stack.extend_from_slice(tree.items(v));
-            for (k, x) in tree.pairs(v) {
-                stack.push(k);
-                stack.push(x);
-            }
-            if let Some((c, a, s)) = tree.call(v) {
-                stack.extend([c, a, s]);
-            }
-        }
-    }
-    let strict = Limits {
-        refuse_globals: true,
-        max_depth: 16,
-        ..Limits::default()
-    };
-    let _ = decode_with(data, &strict);
-}
-
-fn torch_snapshot(data: &[u8]) {
-    let path = Path::new("fuzz.pickle");
-    for opts in [
-        LoadOptions::default(),
-        LoadOptions {
-            max_trace_events: Some(3),
-        },
-    ] {
-        if let Ok(snap) = decode_snapshot(path, data, &opts) {
-            let o = memlsp::analyze::Options::default();
-            let a = memlsp::torch::analyze_snapshot(&snap, &o);
-            let _ = memlsp::torch::build_report(path, &snap, &a, &o);
-        }
-    }
-}
-
-fn xplane(data: &[u8], dir: &Path) {
-    let path = dir.join("fuzz.xplane.pb");
-    std::fs::write(&path, data).unwrap();
-    let _ = memlsp::xla::capture::list_modules(&path);
-    let opts = memlsp::analyze::Options::default();
-    let _ = memlsp::xla::capture::analyze_file_with(&path, &opts, &|_| None);
-}
-
-fn report(data: &[u8], dir: &Path) {
-    let Some((&pick, body)) = data.split_first() else {
-        return;
-    };
-    let name = match pick % 4 {
-        0 => "fuzz.pickle",
-        1 => "fuzz.xplane.pb",
-        2 => "memory_snapshot.json",
-        _ => "fuzz.bin",
-    };
-    let path = dir.join(name);
-    std::fs::write(&path, body).unwrap();
-    let opts = memlsp::analyze::Options::default();
-    if let Ok(r) = memlsp::analyze::analyze_file(&path, &opts) {
-        let _ = format!("{} {:?} {:?}", r.headline, r.sites, r.findings);
-    }
-}
+use memlsp::fuzzing::{pickle_vm, report, torch_snapshot, xplane};
 
 fn inputs(target: &str) -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -1,0 +1,88 @@
+//! The fuzz harnesses, shared by `fuzz/fuzz_targets/*` and `tests/fuzz_regressions.rs` so a
+//! reproducer is replayed through exactly the code the fuzzer ran. Each takes arbitrary bytes;
+//! errors are fine (hostile input is refused), panics and hangs are the bugs.
+
+use std::path::Path;
+
+use crate::pickle::{Limits, decode, decode_with};
+use crate::torch::load::{LoadOptions, decode_snapshot};
+
+/// The pickle VM: decode, walk every node through the public accessors (no recursion: the
+/// graph may be cyclic), then decode again with globals refused and a small depth limit.
+pub fn pickle_vm(data: &[u8]) {
+    if let Ok(tree) = decode(data) {
+        let mut seen = std::collections::HashSet::new();
+        let mut stack = vec![tree.root];
+        while let Some(v) = stack.pop() {
+            if !seen.insert(v) || seen.len() > 100_000 {
+                continue;
+            }
+            let _ = tree.describe(v);
+            let _ = (tree.str(v), tree.bytes(v), tree.int128(v), tree.float(v));
+            stack.extend_from_slice(tree.items(v));
+            for (k, x) in tree.pairs(v) {
+                stack.push(k);
+                stack.push(x);
+            }
+            if let Some((c, a, s)) = tree.call(v) {
+                stack.extend([c, a, s]);
+            }
+        }
+    }
+    let strict = Limits {
+        refuse_globals: true,
+        max_depth: 16,
+        ..Limits::default()
+    };
+    let _ = decode_with(data, &strict);
+}
+
+/// Snapshot bytes (pickle or JSON) → the model → the PyTorch analyses and report.
+pub fn torch_snapshot(data: &[u8]) {
+    let path = Path::new("fuzz.pickle");
+    for opts in [
+        LoadOptions::default(),
+        LoadOptions {
+            max_trace_events: Some(3),
+        },
+    ] {
+        if let Ok(snap) = decode_snapshot(path, data, &opts) {
+            let o = crate::analyze::Options::default();
+            let a = crate::torch::analyze_snapshot(&snap, &o);
+            let _ = crate::torch::build_report(path, &snap, &a, &o);
+        }
+    }
+}
+
+/// `.xplane.pb` bytes (written to `dir`, the decoder reads files) → modules, plans, report.
+pub fn xplane(data: &[u8], dir: &Path) {
+    let path = dir.join("fuzz.xplane.pb");
+    if std::fs::write(&path, data).is_err() {
+        return;
+    }
+    let _ = crate::xla::capture::list_modules(&path);
+    let opts = crate::analyze::Options::default();
+    let _ = crate::xla::capture::analyze_file_with(&path, &opts, &|_| None);
+}
+
+/// The whole report path: the first byte picks the file name (and so the engine, including
+/// content sniffing for unknown extensions), the rest is the file.
+pub fn report(data: &[u8], dir: &Path) {
+    let Some((&pick, body)) = data.split_first() else {
+        return;
+    };
+    let name = match pick % 4 {
+        0 => "fuzz.pickle",
+        1 => "fuzz.xplane.pb",
+        2 => "memory_snapshot.json",
+        _ => "fuzz.bin",
+    };
+    let path = dir.join(name);
+    if std::fs::write(&path, body).is_err() {
+        return;
+    }
+    let opts = crate::analyze::Options::default();
+    if let Ok(r) = crate::analyze::analyze_file(&path, &opts) {
+        let _ = format!("{} {:?} {:?}", r.headline, r.sites, r.findings);
+    }
+}
