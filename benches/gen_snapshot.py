@@ -2,18 +2,19 @@
 
 Usage: python3 benches/gen_snapshot.py OUT.pickle [TRACE_ENTRIES]
 
-Shape follows torch 2.8+ `_dump_snapshot()` output (torch_snapshots/FORMAT.md): frame dicts are
-built once and shared by every stack that contains them, identical stacks share one list, stacks
-mix C++ frames ('??', line 0) with Python frames, each trace entry carries its own
-`compile_context` string object (not memoized, as in real files), allocations are followed by
-free_requested/free_completed pairs. Python's default pickle protocol (4), like torch.
+Shape follows torch 2.8+ `_dump_snapshot()` output (torch_snapshots/FORMAT.md) and the sharing
+measured in the real snapshots of shared/torch_snapshots/real: frame dicts are built once and shared
+by every stack that contains them; every `alloc` and every `free_requested` entry has its own fresh
+frames list (20-60 frames, 3/4 of them C++ frames: '??', line 0), and `free_completed` shares the
+list object of its `free_requested`; each trace entry carries its own `compile_context` string
+object (not memoized, as in real files). Python's default pickle protocol (4), like torch.
 """
 import pickle
 import random
 import sys
 
 out = sys.argv[1]
-n = int(sys.argv[2]) if len(sys.argv) > 2 else 2_600_000
+n = int(sys.argv[2]) if len(sys.argv) > 2 else 1_000_000
 rng = random.Random(7)
 
 user = [f"/home/user/proj/model/layer_{i}.py" for i in range(40)] + ["/home/user/proj/train.py"]
@@ -36,16 +37,18 @@ while len(trace) < n:
     t += rng.randint(1, 50)
     if live and rng.random() < 0.45:
         a, size, st = live.pop(rng.randrange(len(live)))
+        free_stack = list(rng.choice(stacks))  # a fresh list, shared by the pair
         for action in ("free_requested", "free_completed"):
             trace.append({"action": action, "addr": a, "size": size, "stream": 0, "time_us": t,
-                          "frames": st, "compile_context": "".join(["N/", "A"]), "user_metadata": ""})
+                          "frames": free_stack, "compile_context": "".join(["N/", "A"]),
+                          "user_metadata": ""})
     else:
         size = rng.choice([512, 4096, 65536, 1 << 20, 3 << 20, 1 << 24])
         st = rng.choice(stacks)
         addr += size
         live.append((addr, size, st))
         trace.append({"action": "alloc", "addr": addr, "size": size, "stream": 0, "time_us": t,
-                      "frames": st, "compile_context": "".join(["N/", "A"]), "user_metadata": ""})
+                      "frames": list(st), "compile_context": "".join(["N/", "A"]), "user_metadata": ""})
 
 segments = []
 base = 0x7E0000000000

@@ -130,14 +130,14 @@ fn python_load(file: &Path) -> (f64, u64) {
 fn generate() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench");
     std::fs::create_dir_all(&dir).expect("mkdir target/bench");
-    let file = dir.join("snapshot_2600k.pickle");
+    let file = dir.join("snapshot_1000k.pickle");
     if !file.exists() {
-        eprintln!("generating {} (about 30 s)…", file.display());
+        eprintln!("generating {} (about 15 s)…", file.display());
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("benches/gen_snapshot.py");
         let st = Command::new("python3")
             .arg(script)
             .arg(&file)
-            .arg("2600000")
+            .arg("1000000")
             .status()
             .expect("python3");
         assert!(st.success(), "generator failed");

@@ -135,4 +135,66 @@ mod tests {
         assert_eq!(t.len(t.get(t.root, "device_traces").unwrap()), 50_000);
         assert!(start.elapsed().as_secs() < 5, "{:?}", start.elapsed());
     }
+
+    /// Records what a sink sees: entries as (key, token-or-items) and the sequences it was given.
+    #[derive(Default)]
+    struct Seqs {
+        entries: Vec<Vec<(String, Option<Option<u32>>)>>,
+        batches: Vec<(Option<u32>, usize)>,
+    }
+    impl Sink for Seqs {
+        fn key(&self) -> &str {
+            "device_traces"
+        }
+        fn entry(&mut self, t: &Tree<'_>, _: u32, k: &[Val], v: &[Val]) -> Result<(), String> {
+            let e = k
+                .iter()
+                .zip(v)
+                .map(|(k, v)| (t.str(*k).unwrap_or("?").to_string(), t.sunk(*v)))
+                .collect();
+            self.entries.push(e);
+            Ok(())
+        }
+        fn takes_sequences(&self) -> bool {
+            true
+        }
+        fn sequence(&mut self, _: &Tree<'_>, prev: Option<u32>, items: &[Val]) -> Result<u32, String> {
+            self.batches.push((prev, items.len()));
+            Ok(prev.map_or(0, |p| p + 100) + items.len() as u32)
+        }
+    }
+
+    #[test]
+    fn lists_inside_streamed_dicts_go_to_the_sink_and_stay_shared() {
+        // L=[1,2]; {'device_traces': [[{'f': L, 'g': []}, {'f': L}]]}, protocol 4
+        let data = b"\x80\x04\x958\x00\x00\x00\x00\x00\x00\x00}\x94\x8c\rdevice_traces\x94]\x94]\x94(}\x94(\x8c\x01f\x94]\x94(K\x01K\x02e\x8c\x01g\x94]\x94u}\x94h\x05h\x06seas.";
+        let mut sink = Seqs::default();
+        let t = decode_streaming(data, &Limits::default(), Some(&mut sink)).unwrap();
+        assert_eq!(sink.batches, vec![(None, 2)], "the list is handed over once");
+        let f = |e: &Vec<(String, Option<Option<u32>>)>, k: &str| {
+            e.iter().find(|(key, _)| key == k).map(|(_, v)| *v)
+        };
+        assert_eq!(f(&sink.entries[0], "f"), Some(Some(Some(2))));
+        assert_eq!(f(&sink.entries[0], "g"), Some(Some(None)), "an empty list has no token");
+        assert_eq!(f(&sink.entries[1], "f"), Some(Some(Some(2))), "the shared list keeps its token");
+        assert_eq!(t.len(t.get(t.root, "device_traces").unwrap()), 1);
+    }
+
+    #[test]
+    fn long_lists_inside_streamed_dicts_arrive_in_batches() {
+        // {'device_traces': [[{'f': list(range(1500))}]]}: APPENDS batches of 1000 and 500.
+        let mut data = b"\x80\x04}\x8c\rdevice_traces]](}(\x8c\x01f](".to_vec();
+        for _ in 0..1000 {
+            data.extend_from_slice(b"K\x01");
+        }
+        data.extend_from_slice(b"e(");
+        for _ in 0..500 {
+            data.extend_from_slice(b"K\x02");
+        }
+        data.extend_from_slice(b"eueas.");
+        let mut sink = Seqs::default();
+        decode_streaming(&data, &Limits::default(), Some(&mut sink)).unwrap();
+        assert_eq!(sink.batches, vec![(None, 1000), (Some(1000), 500)]);
+        assert_eq!(sink.entries[0][0].1, Some(Some(1600)));
+    }
 }

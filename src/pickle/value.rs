@@ -112,6 +112,11 @@ pub enum Node {
     },
     /// A dict that was handed to a sink and not kept.
     Consumed,
+    /// A list inside a streamed dict whose items went to [`crate::pickle::vm::Sink::sequence`]:
+    /// the token it returned (`u32::MAX` while no item was appended).
+    Sunk {
+        token: u32,
+    },
     /// `GLOBAL` / `STACK_GLOBAL`: recorded, never imported.
     Global(Box<(Val, Val)>),
     /// `REDUCE` / `NEWOBJ` / `OBJ` / `INST` / `BUILD`: recorded, never called. `(callable, args, state)`.
@@ -174,6 +179,13 @@ impl<'a> Tree<'a> {
         self.nodes.len()
     }
 
+    /// The arena index of a node value (`None` for inline values), for callers that keep
+    /// per-object tables.
+    #[inline]
+    pub fn node_index(&self, v: Val) -> Option<u32> {
+        v.node_id()
+    }
+
     fn node(&self, v: Val) -> Option<&Node> {
         self.nodes.get(v.node_id()? as usize)
     }
@@ -197,7 +209,7 @@ impl<'a> Tree<'a> {
             Some(Node::BigInt(b)) => Kind::BigInt(b),
             Some(Node::Float(f)) => Kind::Float(*f),
             Some(Node::List { .. } | Node::OwnedList(_) | Node::StreamedList { .. }) => Kind::List,
-            Some(Node::Consumed) => Kind::Consumed,
+            Some(Node::Consumed | Node::Sunk { .. }) => Kind::Consumed,
             Some(Node::Tuple { .. }) => Kind::Tuple,
             Some(Node::Set(_)) => Kind::Set,
             Some(Node::Dict { .. } | Node::OwnedDict(_)) => Kind::Dict,
@@ -296,6 +308,15 @@ impl<'a> Tree<'a> {
     pub fn streamed_ordinal(&self, v: Val) -> Option<u32> {
         match self.node(v) {
             Some(Node::StreamedList { ordinal, .. }) => Some(*ordinal),
+            _ => None,
+        }
+    }
+
+    /// For a list whose items went to the sink's `sequence`: `Some(token)`, `Some(None)` when it
+    /// stayed empty; `None` for anything else.
+    pub fn sunk(&self, v: Val) -> Option<Option<u32>> {
+        match self.node(v) {
+            Some(Node::Sunk { token }) => Some((*token != u32::MAX).then_some(*token)),
             _ => None,
         }
     }
@@ -400,6 +421,9 @@ impl<'a> Tree<'a> {
             Kind::Tuple => "a tuple".into(),
             Kind::Set => "a set".into(),
             Kind::Dict => "a dict".into(),
+            Kind::Consumed if self.sunk(v).is_some() => {
+                "a list of a streamed trace entry, referenced outside it".into()
+            }
             Kind::Consumed => "a streamed trace entry referenced a second time".into(),
             Kind::Global => match self.global(v) {
                 Some((m, n)) => format!("a reference to {m}.{n}"),

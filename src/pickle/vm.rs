@@ -82,6 +82,23 @@ pub trait Sink {
     ) -> Result<(), String>;
     /// `offset` bytes of input are consumed (called every few MiB), e.g. to release pages.
     fn progress(&mut self, _offset: usize) {}
+    /// Whether lists that are values of streamed dicts go to [`Sink::sequence`] instead of the
+    /// tree (a snapshot's frames lists: one fresh list of 30–120 frames per trace entry, which
+    /// would otherwise be most of the decoded graph).
+    fn takes_sequences(&self) -> bool {
+        false
+    }
+    /// Items appended to such a list: `prev` is the token returned for the items appended before
+    /// (lists over 1000 items arrive in batches), the result the token standing for all of them
+    /// (not `u32::MAX`). The list becomes a sunk node ([`Tree::sunk`]) carrying the token.
+    fn sequence(
+        &mut self,
+        _tree: &Tree<'_>,
+        _prev: Option<u32>,
+        _items: &[Val],
+    ) -> Result<u32, String> {
+        Err("this sink does not take lists".into())
+    }
 }
 
 /// Decode a whole pickle held in memory. Strings point into `data`.
@@ -101,7 +118,9 @@ pub fn decode_streaming<'a>(
     sink: Option<&mut dyn Sink>,
 ) -> Result<Tree<'a>, PickleError> {
     let key = sink.as_ref().map(|s| s.key().as_bytes().to_vec());
+    let sink_sequences = sink.as_ref().is_some_and(|s| s.takes_sequences());
     let mut vm = Vm {
+        sink_sequences,
         sink,
         stream_key: key,
         streamed: Vec::new(),
@@ -139,6 +158,8 @@ const PROGRESS_STEP: usize = 8 << 20;
 
 struct Vm<'a, 's> {
     sink: Option<&'s mut dyn Sink>,
+    /// The sink takes the lists inside streamed dicts ([`Sink::takes_sequences`]).
+    sink_sequences: bool,
     stream_key: Option<Vec<u8>>,
     /// Node ids of streamed lists, in creation order (the sink's list number is the index).
     streamed: Vec<u32>,
@@ -459,8 +480,10 @@ impl<'a> Vm<'a, '_> {
     }
 
     fn append_items(&mut self, list: Val, items_from: usize) -> R<()> {
-        if let Some(Node::StreamedList { .. }) = self.tree.node_mut(list) {
-            return self.append_streamed(list, items_from);
+        match self.tree.node_mut(list) {
+            Some(Node::StreamedList { .. }) => return self.append_streamed(list, items_from),
+            Some(&mut Node::Sunk { token }) => return self.append_sunk(list, token, items_from),
+            _ => {}
         }
         let items: Vec<Val> = self.stack.drain(items_from..).collect();
         self.nest(list, &items)?;
@@ -510,14 +533,66 @@ impl<'a> Vm<'a, '_> {
         Ok(())
     }
 
+    /// Items appended to a list inside a streamed dict go to the sink, not into the tree.
+    fn append_sunk(&mut self, list: Val, token: u32, items_from: usize) -> R<()> {
+        if items_from >= self.stack.len() {
+            return Ok(()); // an empty APPENDS batch
+        }
+        let prev = (token != u32::MAX).then_some(token);
+        let Some(sink) = self.sink.as_deref_mut() else {
+            return Err(self.err(PickleErrorKind::Invalid, "a sunk list without a sink"));
+        };
+        let token = sink
+            .sequence(&self.tree, prev, &self.stack[items_from..])
+            .map_err(|m| PickleError {
+                offset: self.op_at as u64,
+                kind: PickleErrorKind::Invalid,
+                message: m,
+            })?;
+        if token == u32::MAX {
+            return Err(self.err(PickleErrorKind::Limit, "more than 2^32 - 1 sunk lists"));
+        }
+        self.stack.truncate(items_from);
+        if let Some(Node::Sunk { token: t }) = self.tree.node_mut(list) {
+            *t = token;
+        }
+        Ok(())
+    }
+
+    /// Whether a list created now (pushed at the stack top) is a value of a fresh dict that is an
+    /// item of a streamed list, i.e. is being filled by its `SETITEMS` batch.
+    fn in_streamed_dict(&self) -> bool {
+        let n = self.marks.len();
+        let Some(&m) = self.marks.last() else {
+            return false;
+        };
+        if m == 0 || m > self.stack.len() {
+            return false;
+        }
+        let di = m - 1;
+        let fresh = matches!(
+            self.tree.nodes.get(self.stack[di].node_id().unwrap_or(u32::MAX) as usize),
+            Some(Node::Dict {
+                shape: u32::MAX,
+                ..
+            })
+        );
+        fresh && self.streamed_parent_below(di, n - 1).is_some()
+    }
+
     /// Which streamed list (by number) the dict at stack index `di` is an item of, if any.
     fn streamed_parent(&self, di: usize) -> Option<u32> {
+        self.streamed_parent_below(di, self.marks.len())
+    }
+
+    /// [`Vm::streamed_parent`], looking only at the first `nmarks` marks.
+    fn streamed_parent_below(&self, di: usize, nmarks: usize) -> Option<u32> {
         if self.streamed.is_empty() {
             return None;
         }
         // The node carries its list number: O(1), however many lists a hostile file streams.
         let lookup = |v: Val| self.tree.streamed_ordinal(v);
-        let top_mark = self.marks.last().copied();
+        let top_mark = nmarks.checked_sub(1).map(|i| self.marks[i]);
         if let Some(m) = top_mark {
             if m >= 1 && m <= di {
                 if let Some(k) = lookup(self.stack[m - 1]) {
@@ -1042,6 +1117,8 @@ impl<'a> Vm<'a, '_> {
                         let v = self.new_node(Node::StreamedList { count: 0, ordinal })?;
                         self.streamed.push(v.node_id().unwrap_or(u32::MAX));
                         v
+                    } else if self.sink_sequences && self.in_streamed_dict() {
+                        self.new_node(Node::Sunk { token: u32::MAX })?
                     } else {
                         self.new_node(Node::List { start: 0, len: 0 })?
                     };

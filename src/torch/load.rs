@@ -266,10 +266,16 @@ fn line_col_to_offset(bytes: &[u8], line: usize, col: usize) -> u64 {
 struct Interner {
     frames: Vec<Frame>,
     stacks: Vec<Vec<FrameId>>,
+    /// Frame id by arena node id of the frame dict (`u32::MAX`: not seen): the hot lookup, one
+    /// per frame of every stack, so a flat table rather than a hash map.
+    frame_by_node: Vec<FrameId>,
+    /// Frames that are not arena nodes (inline strings).
     frame_by_val: FxHashMap<Val, FrameId>,
     frame_by_content: FxHashMap<Frame, FrameId>,
     stack_by_val: FxHashMap<Val, Option<StackId>>,
     stack_by_content: FxHashMap<Vec<FrameId>, StackId>,
+    /// Scratch for the frame ids of the stack being interned.
+    ids: Vec<FrameId>,
 }
 
 impl Interner {
@@ -278,36 +284,77 @@ impl Interner {
         if let Some(&s) = self.stack_by_val.get(&list) {
             return Ok(s);
         }
+        if let Some(sunk) = t.sunk(list) {
+            return Ok(sunk);
+        }
         let items = t.items(list);
-        if items.is_empty() {
-            if !t.is_seq(list) {
-                return Err(format!(
-                    "a `frames` value is {}, expected a list",
-                    t.describe(list)
-                ));
-            }
-            self.stack_by_val.insert(list, None);
-            return Ok(None);
+        if items.is_empty() && !t.is_seq(list) {
+            return Err(format!(
+                "a `frames` value is {}, expected a list",
+                t.describe(list)
+            ));
         }
-        let mut ids = Vec::with_capacity(items.len());
-        for &f in items {
-            ids.push(self.frame(t, f)?);
-        }
-        let id = match self.stack_by_content.get(&ids) {
-            Some(&id) => id,
-            None => {
-                let id = u32::try_from(self.stacks.len())
-                    .map_err(|_| "more than 2^32 stacks".to_string())?;
-                self.stacks.push(ids.clone());
-                self.stack_by_content.insert(ids, id);
-                id
-            }
-        };
-        self.stack_by_val.insert(list, Some(id));
-        Ok(Some(id))
+        let id = self.stack_of(t, None, items)?;
+        self.stack_by_val.insert(list, id);
+        Ok(id)
     }
 
+    /// Intern the stack `prefix` + `items` (frame values). `None` when both are empty.
+    fn stack_of(
+        &mut self,
+        t: &Tree<'_>,
+        prefix: Option<StackId>,
+        items: &[Val],
+    ) -> Result<Option<StackId>, String> {
+        let mut ids = std::mem::take(&mut self.ids);
+        ids.clear();
+        if let Some(p) = prefix {
+            ids.extend_from_slice(self.stacks.get(p as usize).map_or(&[][..], |s| &s[..]));
+        }
+        let mut result = Ok(());
+        for &f in items {
+            match self.frame(t, f) {
+                Ok(id) => ids.push(id),
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        let id = result.and_then(|()| {
+            if ids.is_empty() {
+                return Ok(None);
+            }
+            if let Some(&id) = self.stack_by_content.get(ids.as_slice()) {
+                return Ok(Some(id));
+            }
+            let id = u32::try_from(self.stacks.len())
+                .ok()
+                .filter(|&id| id != u32::MAX)
+                .ok_or_else(|| "more than 2^32 - 1 distinct stacks".to_string())?;
+            self.stacks.push(ids.clone());
+            self.stack_by_content.insert(ids.clone(), id);
+            Ok(Some(id))
+        });
+        self.ids = ids;
+        id
+    }
+
+    #[inline]
     fn frame(&mut self, t: &Tree<'_>, f: Val) -> Result<FrameId, String> {
+        if let Some(&id) = t
+            .node_index(f)
+            .and_then(|n| self.frame_by_node.get(n as usize))
+        {
+            if id != u32::MAX {
+                return Ok(id);
+            }
+        }
+        self.frame_slow(t, f)
+    }
+
+    #[cold]
+    fn frame_slow(&mut self, t: &Tree<'_>, f: Val) -> Result<FrameId, String> {
         if let Some(&id) = self.frame_by_val.get(&f) {
             return Ok(id);
         }
@@ -347,13 +394,26 @@ impl Interner {
             Some(&id) => id,
             None => {
                 let id = u32::try_from(self.frames.len())
-                    .map_err(|_| "more than 2^32 frames".to_string())?;
+                    .ok()
+                    .filter(|&id| id != u32::MAX)
+                    .ok_or_else(|| "more than 2^32 - 1 frames".to_string())?;
                 self.frames.push(frame.clone());
                 self.frame_by_content.insert(frame, id);
                 id
             }
         };
-        self.frame_by_val.insert(f, id);
+        match t.node_index(f) {
+            Some(n) => {
+                let n = n as usize;
+                if self.frame_by_node.len() <= n {
+                    self.frame_by_node.resize(n + 1, u32::MAX);
+                }
+                self.frame_by_node[n] = id;
+            }
+            None => {
+                self.frame_by_val.insert(f, id);
+            }
+        }
         Ok(id)
     }
 }
@@ -458,6 +518,15 @@ impl pickle::Sink for TraceSink<'_, '_> {
         }
         deque.push_back(entry);
         Ok(())
+    }
+
+    fn takes_sequences(&self) -> bool {
+        true
+    }
+
+    fn sequence(&mut self, t: &Tree<'_>, prev: Option<u32>, items: &[Val]) -> Result<u32, String> {
+        // Only ever called with items, so the stack is never empty.
+        Ok(self.interner.stack_of(t, prev, items)?.unwrap_or(u32::MAX))
     }
 
     fn progress(&mut self, offset: usize) {
@@ -965,6 +1034,41 @@ sys.stdout.buffer.write(pickle.dumps({'segments': [], 'device_traces': [tr, []]}
         assert_eq!(tr.len(), 3);
         assert_eq!(tr[0].addr, 7);
         assert_eq!(s.dropped_trace_entries, 7);
+    }
+
+    #[test]
+    fn fresh_frames_lists_intern_by_content_and_long_stacks_stay_whole() {
+        // Real sharing: each alloc and free_requested has its own list, free_completed shares
+        // the free_requested one; one 1500-frame stack arrives in two APPENDS batches.
+        let s = load_py(
+            r#"
+import pickle, sys
+f = {'name': 'fwd', 'filename': '/w/m.py', 'line': 3}
+c = {'name': 'c10::alloc()', 'filename': '??', 'line': 0}
+tr = []
+for i in range(4):
+    tr.append({'action': 'alloc', 'addr': i, 'size': 512, 'stream': 0, 'frames': [c, f]})
+    fs = [c, c, f]
+    tr.append({'action': 'free_requested', 'addr': i, 'size': 512, 'stream': 0, 'frames': fs})
+    tr.append({'action': 'free_completed', 'addr': i, 'size': 512, 'stream': 0, 'frames': fs})
+tr.append({'action': 'alloc', 'addr': 9, 'size': 512, 'stream': 0, 'frames': [f] * 1499 + [c]})
+tr.append({'action': 'oom', 'size': 1, 'device_free': 0, 'stream': 0, 'frames': []})
+sys.stdout.buffer.write(pickle.dumps({'segments': [], 'device_traces': [tr]}, protocol=4))
+"#,
+        )
+        .unwrap();
+        let tr = &s.device_traces.as_ref().unwrap()[0];
+        assert_eq!(tr.len(), 14);
+        let used: std::collections::HashSet<_> = tr.iter().filter_map(|e| e.stack).collect();
+        assert_eq!(used.len(), 3, "two short stacks and the long one");
+        assert_eq!(tr[0].stack, tr[3].stack);
+        assert_eq!(tr[1].stack, tr[2].stack);
+        assert_ne!(tr[0].stack, tr[1].stack);
+        let long: Vec<_> = s.stack_frames(tr[12].stack).collect();
+        assert_eq!(long.len(), 1500);
+        assert_eq!(long[1499].name, "c10::alloc()");
+        assert_eq!(long[0].filename, "/w/m.py");
+        assert_eq!(tr[13].stack, None, "an empty frames list is no stack");
     }
 
     #[test]
