@@ -28,7 +28,7 @@ fn main() {
     println!("snapshot: {} ({:.1} MB)", file.display(), mb);
     let exe = std::env::current_exe().unwrap();
     let mut rows = Vec::new();
-    for phase in ["decode", "load", "report"] {
+    for phase in ["decode", "vm", "load", "report"] {
         let (secs, rss) = median3(|| phase_in_child(&exe, phase, &file));
         rows.push((format!("memlsp {phase}"), secs, rss));
     }
@@ -85,6 +85,44 @@ fn run_phase(phase: &str, file: &Path) {
                 .and_then(|f| unsafe { memmap2::Mmap::map(&f) })
                 .expect("map");
             let tree = memlsp::pickle::decode(&bytes).expect("decode");
+            std::hint::black_box(tree.node_count());
+        }
+        "vm" => {
+            // The VM alone, streaming trace entries and frames lists to a sink that drops them.
+            struct Drop;
+            impl memlsp::pickle::Sink for Drop {
+                fn key(&self) -> &str {
+                    "device_traces"
+                }
+                fn entry(
+                    &mut self,
+                    _: &memlsp::pickle::Tree<'_>,
+                    _: u32,
+                    _: &[memlsp::pickle::Val],
+                ) -> Result<(), String> {
+                    Ok(())
+                }
+                fn takes_sequences(&self) -> bool {
+                    true
+                }
+                fn sequence(
+                    &mut self,
+                    _: &memlsp::pickle::Tree<'_>,
+                    _: Option<u32>,
+                    _: &[memlsp::pickle::Val],
+                ) -> Result<u32, String> {
+                    Ok(0)
+                }
+            }
+            let bytes = std::fs::File::open(file)
+                .and_then(|f| unsafe { memmap2::Mmap::map(&f) })
+                .expect("map");
+            let limits = memlsp::pickle::Limits {
+                refuse_globals: true,
+                ..Default::default()
+            };
+            let tree =
+                memlsp::pickle::decode_streaming(&bytes, &limits, Some(&mut Drop)).expect("decode");
             std::hint::black_box(tree.node_count());
         }
         "load" => {

@@ -117,7 +117,7 @@ mod tests {
             fn key(&self) -> &str {
                 "device_traces"
             }
-            fn entry(&mut self, _: &Tree<'_>, _: u32, _: &[Val], _: &[Val]) -> Result<(), String> {
+            fn entry(&mut self, _: &Tree<'_>, _: u32, _: &[Val]) -> Result<(), String> {
                 self.0 += 1;
                 Ok(())
             }
@@ -146,11 +146,10 @@ mod tests {
         fn key(&self) -> &str {
             "device_traces"
         }
-        fn entry(&mut self, t: &Tree<'_>, _: u32, k: &[Val], v: &[Val]) -> Result<(), String> {
-            let e = k
-                .iter()
-                .zip(v)
-                .map(|(k, v)| (t.str(*k).unwrap_or("?").to_string(), t.sunk(*v)))
+        fn entry(&mut self, t: &Tree<'_>, _: u32, pairs: &[Val]) -> Result<(), String> {
+            let e = pairs
+                .chunks_exact(2)
+                .map(|p| (t.str(p[0]).unwrap_or("?").to_string(), t.sunk(p[1])))
                 .collect();
             self.entries.push(e);
             Ok(())
@@ -158,7 +157,12 @@ mod tests {
         fn takes_sequences(&self) -> bool {
             true
         }
-        fn sequence(&mut self, _: &Tree<'_>, prev: Option<u32>, items: &[Val]) -> Result<u32, String> {
+        fn sequence(
+            &mut self,
+            _: &Tree<'_>,
+            prev: Option<u32>,
+            items: &[Val],
+        ) -> Result<u32, String> {
             self.batches.push((prev, items.len()));
             Ok(prev.map_or(0, |p| p + 100) + items.len() as u32)
         }
@@ -170,13 +174,25 @@ mod tests {
         let data = b"\x80\x04\x958\x00\x00\x00\x00\x00\x00\x00}\x94\x8c\rdevice_traces\x94]\x94]\x94(}\x94(\x8c\x01f\x94]\x94(K\x01K\x02e\x8c\x01g\x94]\x94u}\x94h\x05h\x06seas.";
         let mut sink = Seqs::default();
         let t = decode_streaming(data, &Limits::default(), Some(&mut sink)).unwrap();
-        assert_eq!(sink.batches, vec![(None, 2)], "the list is handed over once");
+        assert_eq!(
+            sink.batches,
+            vec![(None, 2)],
+            "the list is handed over once"
+        );
         let f = |e: &Vec<(String, Option<Option<u32>>)>, k: &str| {
             e.iter().find(|(key, _)| key == k).map(|(_, v)| *v)
         };
         assert_eq!(f(&sink.entries[0], "f"), Some(Some(Some(2))));
-        assert_eq!(f(&sink.entries[0], "g"), Some(Some(None)), "an empty list has no token");
-        assert_eq!(f(&sink.entries[1], "f"), Some(Some(Some(2))), "the shared list keeps its token");
+        assert_eq!(
+            f(&sink.entries[0], "g"),
+            Some(Some(None)),
+            "an empty list has no token"
+        );
+        assert_eq!(
+            f(&sink.entries[1], "f"),
+            Some(Some(Some(2))),
+            "the shared list keeps its token"
+        );
         assert_eq!(t.len(t.get(t.root, "device_traces").unwrap()), 1);
     }
 

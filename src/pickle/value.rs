@@ -23,6 +23,8 @@ const TAG_CONST: u64 = 2;
 /// A zero-copy UTF-8 string: 40-bit input offset, 21-bit length, no arena node.
 const TAG_STR: u64 = 3;
 const STR_LEN_BITS: u32 = 21;
+/// Payloads of constant values from here on are [`Val::stream_dict`]s.
+const STREAM_DICT_BASE: u64 = 1 << 32;
 
 /// Largest magnitude an inline int holds (±2^60).
 const INLINE_MAX: i64 = (1 << 60) - 1;
@@ -32,6 +34,20 @@ impl Val {
     pub const NONE: Val = Val(TAG_CONST);
     pub const TRUE: Val = Val(TAG_CONST | (1 << TAG_BITS));
     pub const FALSE: Val = Val(TAG_CONST | (2 << TAG_BITS));
+    /// A streamed dict already handed to the sink.
+    pub(crate) const CONSUMED: Val = Val(TAG_CONST | (3 << TAG_BITS));
+
+    /// A fresh dict that is an item of streamed list number `ordinal`: no arena node, its items
+    /// go to the sink when its `SETITEMS` runs.
+    pub(crate) fn stream_dict(ordinal: u32) -> Val {
+        Val(TAG_CONST | ((STREAM_DICT_BASE + ordinal as u64) << TAG_BITS))
+    }
+    /// The list number of a [`Val::stream_dict`].
+    pub(crate) fn stream_dict_ordinal(self) -> Option<u32> {
+        let payload = self.0 >> TAG_BITS;
+        (self.0 & TAG_MASK == TAG_CONST && payload >= STREAM_DICT_BASE)
+            .then(|| (payload - STREAM_DICT_BASE) as u32)
+    }
 
     /// An inline int, or `None` if it does not fit in 61 bits.
     pub(crate) fn small_int(v: i64) -> Option<Val> {
@@ -201,6 +217,7 @@ impl<'a> Tree<'a> {
             Val::NONE => return Kind::None,
             Val::TRUE => return Kind::Bool(true),
             Val::FALSE => return Kind::Bool(false),
+            _ if v.0 & TAG_MASK == TAG_CONST => return Kind::Consumed,
             _ => {}
         }
         match self.node(v) {

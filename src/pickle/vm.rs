@@ -71,15 +71,10 @@ impl Default for Limits {
 pub trait Sink {
     /// The dict key whose value is a list of lists to stream.
     fn key(&self) -> &str;
-    /// One dict of streamed list number `list` (numbered in creation order), as parallel key and
-    /// value slices. An `Err` stops decoding with that message at the current offset.
-    fn entry(
-        &mut self,
-        tree: &Tree<'_>,
-        list: u32,
-        keys: &[Val],
-        values: &[Val],
-    ) -> Result<(), String>;
+    /// One dict of streamed list number `list` (numbered in creation order), as its items in
+    /// order: `[key, value, key, value, …]`. An `Err` stops decoding with that message at the
+    /// current offset.
+    fn entry(&mut self, tree: &Tree<'_>, list: u32, pairs: &[Val]) -> Result<(), String>;
     /// `offset` bytes of input are consumed (called every few MiB), e.g. to release pages.
     fn progress(&mut self, _offset: usize) {}
     /// Whether lists that are values of streamed dicts go to [`Sink::sequence`] instead of the
@@ -125,8 +120,6 @@ pub fn decode_streaming<'a>(
         stream_key: key,
         streamed: Vec::new(),
         next_progress: PROGRESS_STEP,
-        scratch_k: Vec::new(),
-        scratch_v: Vec::new(),
         d: data,
         p: 0,
         op_at: 0,
@@ -164,8 +157,6 @@ struct Vm<'a, 's> {
     /// Node ids of streamed lists, in creation order (the sink's list number is the index).
     streamed: Vec<u32>,
     next_progress: usize,
-    scratch_k: Vec<Val>,
-    scratch_v: Vec<Val>,
     d: &'a [u8],
     p: usize,
     /// Offset of the opcode being executed (for errors).
@@ -479,6 +470,28 @@ impl<'a> Vm<'a, '_> {
         }
     }
 
+    /// `BINGET` / `LONG_BINGET`, and the ones right after it: a frames list is dozens of them in
+    /// a row, so they skip the main loop's bookkeeping.
+    #[inline]
+    fn memo_get_run(&mut self, mut op: u8) -> R<()> {
+        loop {
+            let i = if op == b'h' {
+                self.byte()? as usize
+            } else {
+                self.u32()? as usize
+            };
+            self.memo_get(i)?;
+            match self.d.get(self.p) {
+                Some(&next @ (b'h' | b'j')) => {
+                    self.op_at = self.p;
+                    self.p += 1;
+                    op = next;
+                }
+                _ => return Ok(()),
+            }
+        }
+    }
+
     fn append_items(&mut self, list: Val, items_from: usize) -> R<()> {
         match self.tree.node_mut(list) {
             Some(Node::StreamedList { .. }) => return self.append_streamed(list, items_from),
@@ -570,8 +583,13 @@ impl<'a> Vm<'a, '_> {
             return false;
         }
         let di = m - 1;
+        if self.stack[di].stream_dict_ordinal().is_some() {
+            return true;
+        }
         let fresh = matches!(
-            self.tree.nodes.get(self.stack[di].node_id().unwrap_or(u32::MAX) as usize),
+            self.tree
+                .nodes
+                .get(self.stack[di].node_id().unwrap_or(u32::MAX) as usize),
             Some(Node::Dict {
                 shape: u32::MAX,
                 ..
@@ -637,12 +655,17 @@ impl<'a> Vm<'a, '_> {
         let n = self.stack.len() - items_from;
         for i in items_from..self.stack.len() {
             let item = self.stack[i];
+            if item.stream_dict_ordinal().is_some() {
+                // A streamed dict that never got a SETITEMS: an empty entry.
+                self.emit(ordinal, &[])?;
+                continue;
+            }
             match self.tree.kind(item) {
                 crate::pickle::Kind::Consumed => {}
                 crate::pickle::Kind::Dict => {
-                    // A dict that was not streamed when filled (empty, or built with SETITEM).
-                    let (keys, values): (Vec<Val>, Vec<Val>) = self.tree.pairs(item).unzip();
-                    self.emit(ordinal, &keys, &values)?;
+                    // A dict that was not streamed when filled (built with DICT or SETITEM).
+                    let pairs: Vec<Val> = self.tree.pairs(item).flat_map(|(k, v)| [k, v]).collect();
+                    self.emit(ordinal, &pairs)?;
                 }
                 _ => {
                     let what = self.tree.describe(item);
@@ -662,16 +685,30 @@ impl<'a> Vm<'a, '_> {
         Ok(())
     }
 
-    fn emit(&mut self, ordinal: u32, keys: &[Val], values: &[Val]) -> R<()> {
+    fn emit(&mut self, ordinal: u32, pairs: &[Val]) -> R<()> {
         let Some(sink) = self.sink.as_deref_mut() else {
             return Ok(());
         };
-        sink.entry(&self.tree, ordinal, keys, values)
+        sink.entry(&self.tree, ordinal, pairs)
             .map_err(|m| PickleError {
                 offset: self.op_at as u64,
                 kind: PickleErrorKind::Invalid,
                 message: m,
             })
+    }
+
+    /// Hand the items on the stack from `items_from` to the sink as streamed dict `dict`.
+    fn emit_stack(&mut self, ordinal: u32, items_from: usize) -> R<()> {
+        if let Some(sink) = self.sink.as_deref_mut() {
+            sink.entry(&self.tree, ordinal, &self.stack[items_from..])
+                .map_err(|m| PickleError {
+                    offset: self.op_at as u64,
+                    kind: PickleErrorKind::Invalid,
+                    message: m,
+                })?;
+        }
+        self.stack.truncate(items_from);
+        Ok(())
     }
 
     fn set_items(&mut self, dict: Val, items_from: usize) -> R<()> {
@@ -683,6 +720,13 @@ impl<'a> Vm<'a, '_> {
             ));
         }
         // A fresh dict inside a streamed list goes to the sink, not into the tree.
+        if let Some(ordinal) = dict.stream_dict_ordinal() {
+            self.emit_stack(ordinal, items_from)?;
+            if items_from >= 1 && self.stack[items_from - 1] == dict {
+                self.stack[items_from - 1] = Val::CONSUMED;
+            }
+            return Ok(());
+        }
         if items_from >= 1 && self.stack[items_from - 1] == dict {
             let fresh = matches!(
                 self.tree.node_mut(dict),
@@ -693,19 +737,7 @@ impl<'a> Vm<'a, '_> {
             );
             if fresh {
                 if let Some(ordinal) = self.streamed_parent(items_from - 1) {
-                    let mut k = std::mem::take(&mut self.scratch_k);
-                    let mut v = std::mem::take(&mut self.scratch_v);
-                    k.clear();
-                    v.clear();
-                    for pair in self.stack[items_from..].chunks_exact(2) {
-                        k.push(pair[0]);
-                        v.push(pair[1]);
-                    }
-                    let r = self.emit(ordinal, &k, &v);
-                    self.scratch_k = k;
-                    self.scratch_v = v;
-                    r?;
-                    self.stack.truncate(items_from);
+                    self.emit_stack(ordinal, items_from)?;
                     if let Some(node) = self.tree.node_mut(dict) {
                         *node = Node::Consumed;
                     }
@@ -1131,10 +1163,13 @@ impl<'a> Vm<'a, '_> {
                     self.push(v)?;
                 }
                 b'}' => {
-                    let v = self.new_node(Node::Dict {
-                        shape: u32::MAX,
-                        start: 0,
-                    })?;
+                    let v = match self.streamed_parent(self.stack.len()) {
+                        Some(ordinal) => Val::stream_dict(ordinal),
+                        None => self.new_node(Node::Dict {
+                            shape: u32::MAX,
+                            start: 0,
+                        })?,
+                    };
                     self.push(v)?;
                 }
                 b'd' => {
@@ -1227,14 +1262,7 @@ impl<'a> Vm<'a, '_> {
                     let i = self.text_index("PUT")?;
                     self.memo_put(i)?;
                 }
-                b'h' => {
-                    let i = self.byte()? as usize;
-                    self.memo_get(i)?;
-                }
-                b'j' => {
-                    let i = self.u32()? as usize;
-                    self.memo_get(i)?;
-                }
+                b'h' | b'j' => self.memo_get_run(op)?,
                 b'g' => {
                     let i = self.text_index("GET")?;
                     self.memo_get(i)?;

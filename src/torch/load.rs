@@ -123,7 +123,7 @@ fn decode_inner(
                 traces: Vec::new(),
                 last_keys: Vec::new(),
                 last_slots: Vec::new(),
-                actions: FxHashMap::default(),
+                actions: Vec::new(),
                 input_len: bytes.len(),
                 opts,
                 map,
@@ -427,8 +427,8 @@ struct TraceSink<'o, 'm> {
     /// Key objects of the previous entry and their field slots.
     last_keys: Vec<Val>,
     last_slots: Vec<u8>,
-    /// Action str object → action.
-    actions: FxHashMap<Val, Action>,
+    /// Action str object → action, for the last few action objects seen.
+    actions: Vec<(Val, Action)>,
     input_len: usize,
     opts: &'o LoadOptions,
     map: Option<&'m memmap2::Mmap>,
@@ -455,13 +455,7 @@ impl pickle::Sink for TraceSink<'_, '_> {
         "device_traces"
     }
 
-    fn entry(
-        &mut self,
-        t: &Tree<'_>,
-        list: u32,
-        keys: &[Val],
-        values: &[Val],
-    ) -> Result<(), String> {
+    fn entry(&mut self, t: &Tree<'_>, list: u32, pairs: &[Val]) -> Result<(), String> {
         let list = list as usize;
         while self.traces.len() <= list {
             // The first device list holds nearly all of a large file: reserve for it up front
@@ -475,32 +469,42 @@ impl pickle::Sink for TraceSink<'_, '_> {
                 .push((std::collections::VecDeque::with_capacity(cap), 0));
         }
         // Every entry of a snapshot has the same key objects in the same order: map them once.
-        if keys != self.last_keys.as_slice() {
+        let same_keys = pairs.len() == 2 * self.last_keys.len()
+            && pairs
+                .iter()
+                .step_by(2)
+                .zip(&self.last_keys)
+                .all(|(a, b)| a == b);
+        if !same_keys {
             self.last_keys.clear();
-            self.last_keys.extend_from_slice(keys);
             self.last_slots.clear();
-            for k in keys {
+            for k in pairs.iter().step_by(2) {
                 let slot = t
                     .str(*k)
                     .and_then(|name| TRACE_KEYS.iter().position(|w| *w == name))
                     .map_or(u8::MAX, |i| i as u8);
+                self.last_keys.push(*k);
                 self.last_slots.push(slot);
             }
         }
         let mut fields = [None; 7];
-        for (slot, v) in self.last_slots.iter().zip(values) {
+        for (slot, v) in self.last_slots.iter().zip(pairs.iter().skip(1).step_by(2)) {
             if let Some(f) = fields.get_mut(*slot as usize) {
                 *f = Some(*v);
             }
         }
         let action = match fields[0] {
-            Some(a) => match self.actions.get(&a) {
-                Some(act) => act.clone(),
+            // Snapshots memoize the few action strings: remember the last ones by object.
+            Some(a) => match self.actions.iter().find(|(v, _)| *v == a) {
+                Some((_, act)) => act.clone(),
                 None => {
                     let act = t
                         .str(a)
                         .map_or(Action::Other("<not a str>".into()), Action::parse);
-                    self.actions.insert(a, act.clone());
+                    if self.actions.len() >= 16 {
+                        self.actions.remove(0);
+                    }
+                    self.actions.push((a, act.clone()));
                     act
                 }
             },
