@@ -7,6 +7,7 @@ pub mod analyze;
 pub mod cli;
 pub mod error;
 pub mod findings;
+pub(crate) mod hugepages;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod lsp;

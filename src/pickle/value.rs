@@ -195,13 +195,6 @@ impl<'a> Tree<'a> {
         self.nodes.len()
     }
 
-    /// The arena index of a node value (`None` for inline values), for callers that keep
-    /// per-object tables.
-    #[inline]
-    pub fn node_index(&self, v: Val) -> Option<u32> {
-        v.node_id()
-    }
-
     fn node(&self, v: Val) -> Option<&Node> {
         self.nodes.get(v.node_id()? as usize)
     }

@@ -139,6 +139,7 @@ pub fn decode_streaming<'a>(
         dict_index: FxHashMap::default(),
         limits: limits.clone(),
     };
+    crate::hugepages::advise_spare(&vm.memo);
     vm.run()?;
     Ok(vm.tree)
 }

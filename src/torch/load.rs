@@ -11,8 +11,9 @@ use rustc_hash::FxHashMap;
 
 use crate::error::{CaptureError, ErrorKind};
 use crate::pickle::{self, Kind, Limits, PickleErrorKind, Tree, Val};
+use crate::torch::intern::{Interner, Pipeline, StackTable, THREAD_FROM};
 use crate::torch::model::{
-    Action, AllocatorSettings, Block, BlockState, Frame, FrameId, Segment, Snapshot,
+    Action, AllocatorSettings, Block, BlockState, Segment, Snapshot,
     SnapshotFormat, StackId, TraceEntry,
 };
 
@@ -118,8 +119,12 @@ fn decode_inner(
                 refuse_globals: true,
                 ..Limits::default()
             };
+            let threaded = bytes.len() >= THREAD_FROM
+                && std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
             let mut sink = TraceSink {
                 interner: Interner::default(),
+                pipeline: Some(Pipeline::new(StackTable::default(), threaded)),
+                list_by_val: FxHashMap::default(),
                 traces: Vec::new(),
                 last_keys: Vec::new(),
                 last_slots: Vec::new(),
@@ -128,6 +133,7 @@ fn decode_inner(
                 opts,
                 map,
                 error_at: None,
+                released: 0,
             };
             let decoded = pickle::decode_streaming(bytes, &limits, Some(&mut sink));
             let tree = decoded.map_err(|e| {
@@ -142,7 +148,9 @@ fn decode_inner(
                 };
                 CaptureError::new(path, kind, Some(e.offset), e.message, hint)
             })?;
-            let streamed = sink.finish();
+            let streamed = sink
+                .finish()
+                .map_err(|m| CaptureError::new(path, ErrorKind::Limit, None, m, ""))?;
             let mut snap = build(path, &tree, opts, sink.interner, streamed)?;
             snap.pickle_protocol = tree.protocol;
             Ok(snap)
@@ -261,167 +269,14 @@ fn line_col_to_offset(bytes: &[u8], line: usize, col: usize) -> u64 {
     bytes.len() as u64
 }
 
-/// Frames and stacks interned by object identity first (PyTorch shares them), then by content.
-#[derive(Default)]
-struct Interner {
-    frames: Vec<Frame>,
-    stacks: Vec<Vec<FrameId>>,
-    /// Frame id by arena node id of the frame dict (`u32::MAX`: not seen): the hot lookup, one
-    /// per frame of every stack, so a flat table rather than a hash map.
-    frame_by_node: Vec<FrameId>,
-    /// Frames that are not arena nodes (inline strings).
-    frame_by_val: FxHashMap<Val, FrameId>,
-    frame_by_content: FxHashMap<Frame, FrameId>,
-    stack_by_val: FxHashMap<Val, Option<StackId>>,
-    stack_by_content: FxHashMap<Vec<FrameId>, StackId>,
-    /// Scratch for the frame ids of the stack being interned.
-    ids: Vec<FrameId>,
-}
-
-impl Interner {
-    /// Intern a frames list. `None` for an empty list.
-    fn stack(&mut self, t: &Tree<'_>, list: Val) -> Result<Option<StackId>, String> {
-        if let Some(&s) = self.stack_by_val.get(&list) {
-            return Ok(s);
-        }
-        if let Some(sunk) = t.sunk(list) {
-            return Ok(sunk);
-        }
-        let items = t.items(list);
-        if items.is_empty() && !t.is_seq(list) {
-            return Err(format!(
-                "a `frames` value is {}, expected a list",
-                t.describe(list)
-            ));
-        }
-        let id = self.stack_of(t, None, items)?;
-        self.stack_by_val.insert(list, id);
-        Ok(id)
-    }
-
-    /// Intern the stack `prefix` + `items` (frame values). `None` when both are empty.
-    fn stack_of(
-        &mut self,
-        t: &Tree<'_>,
-        prefix: Option<StackId>,
-        items: &[Val],
-    ) -> Result<Option<StackId>, String> {
-        let mut ids = std::mem::take(&mut self.ids);
-        ids.clear();
-        if let Some(p) = prefix {
-            ids.extend_from_slice(self.stacks.get(p as usize).map_or(&[][..], |s| &s[..]));
-        }
-        let mut result = Ok(());
-        for &f in items {
-            match self.frame(t, f) {
-                Ok(id) => ids.push(id),
-                Err(e) => {
-                    result = Err(e);
-                    break;
-                }
-            }
-        }
-        let id = result.and_then(|()| {
-            if ids.is_empty() {
-                return Ok(None);
-            }
-            if let Some(&id) = self.stack_by_content.get(ids.as_slice()) {
-                return Ok(Some(id));
-            }
-            let id = u32::try_from(self.stacks.len())
-                .ok()
-                .filter(|&id| id != u32::MAX)
-                .ok_or_else(|| "more than 2^32 - 1 distinct stacks".to_string())?;
-            self.stacks.push(ids.clone());
-            self.stack_by_content.insert(ids.clone(), id);
-            Ok(Some(id))
-        });
-        self.ids = ids;
-        id
-    }
-
-    #[inline]
-    fn frame(&mut self, t: &Tree<'_>, f: Val) -> Result<FrameId, String> {
-        if let Some(&id) = t
-            .node_index(f)
-            .and_then(|n| self.frame_by_node.get(n as usize))
-        {
-            if id != u32::MAX {
-                return Ok(id);
-            }
-        }
-        self.frame_slow(t, f)
-    }
-
-    #[cold]
-    fn frame_slow(&mut self, t: &Tree<'_>, f: Val) -> Result<FrameId, String> {
-        if let Some(&id) = self.frame_by_val.get(&f) {
-            return Ok(id);
-        }
-        let frame = if t.is_dict(f) {
-            let (mut name, mut filename, mut line) = ("", "", 0u64);
-            for (k, v) in t.pairs(f) {
-                match t.str(k) {
-                    Some("name") => name = t.str(v).unwrap_or(""),
-                    Some("filename") => filename = t.str(v).unwrap_or(""),
-                    Some("line") => {
-                        line = t
-                            .int128(v)
-                            .map_or(0, |i| u64::try_from(i.max(0)).unwrap_or(u64::MAX))
-                    }
-                    _ => {}
-                }
-            }
-            Frame {
-                name: name.to_string(),
-                filename: filename.to_string(),
-                line,
-            }
-        } else if let Some(s) = t.str(f) {
-            // `forward_frames`-style plain strings.
-            Frame {
-                name: s.to_string(),
-                filename: String::new(),
-                line: 0,
-            }
-        } else {
-            return Err(format!(
-                "a stack frame is {}, expected a dict",
-                t.describe(f)
-            ));
-        };
-        let id = match self.frame_by_content.get(&frame) {
-            Some(&id) => id,
-            None => {
-                let id = u32::try_from(self.frames.len())
-                    .ok()
-                    .filter(|&id| id != u32::MAX)
-                    .ok_or_else(|| "more than 2^32 - 1 frames".to_string())?;
-                self.frames.push(frame.clone());
-                self.frame_by_content.insert(frame, id);
-                id
-            }
-        };
-        match t.node_index(f) {
-            Some(n) => {
-                let n = n as usize;
-                if self.frame_by_node.len() <= n {
-                    self.frame_by_node.resize(n + 1, u32::MAX);
-                }
-                self.frame_by_node[n] = id;
-            }
-            None => {
-                self.frame_by_val.insert(f, id);
-            }
-        }
-        Ok(id)
-    }
-}
-
 /// Converts trace-entry dicts to [`TraceEntry`]s while the pickle is decoded, so millions of
 /// entries never sit in the object graph.
 struct TraceSink<'o, 'm> {
     interner: Interner,
+    /// Frames lists → list numbers while decoding (stack ids once finished).
+    pipeline: Option<Pipeline>,
+    /// List number of frames lists that are not sunk (`None`: empty), by object.
+    list_by_val: FxHashMap<Val, Option<u32>>,
     /// Per streamed list (= per device): the newest entries, and how many were dropped.
     traces: Vec<(std::collections::VecDeque<TraceEntry>, u64)>,
     /// Key objects of the previous entry and their field slots.
@@ -433,20 +288,67 @@ struct TraceSink<'o, 'm> {
     opts: &'o LoadOptions,
     map: Option<&'m memmap2::Mmap>,
     error_at: Option<String>,
+    /// Input bytes before this offset were given back to the kernel.
+    released: usize,
 }
 
+/// How far ahead of the decoder the input is mapped in (a little more than the VM's progress step).
+#[cfg(target_os = "linux")]
+const PREFAULT_AHEAD: usize = 9 << 20;
+
 impl TraceSink<'_, '_> {
-    fn finish(&mut self) -> Option<Vec<(Vec<TraceEntry>, u64)>> {
+    /// Wait for stack interning and turn the entries' list numbers into stack ids.
+    fn finish(&mut self) -> Result<Streamed, String> {
         let _ = &self.error_at;
+        let Some(pipeline) = self.pipeline.take() else {
+            return Ok(None);
+        };
+        let (table, by_list) = pipeline.finish()?;
+        self.interner.table = table;
         if self.traces.is_empty() {
-            return None;
+            return Ok(None);
         }
-        Some(
+        let stack_of = |k: Option<u32>| {
+            k.and_then(|k| by_list.get(k as usize).copied())
+                .filter(|&s| s != u32::MAX)
+        };
+        Ok(Some(
             std::mem::take(&mut self.traces)
                 .into_iter()
-                .map(|(d, n)| (Vec::from(d), n))
+                .map(|(d, n)| {
+                    let mut v = Vec::from(d);
+                    for e in &mut v {
+                        e.stack = stack_of(e.stack);
+                    }
+                    (v, n)
+                })
                 .collect(),
-        )
+        ))
+    }
+
+    /// The list number of an entry's `frames` value.
+    fn frames_list(&mut self, t: &Tree<'_>, fr: Val) -> Result<Option<u32>, String> {
+        if let Some(k) = t.sunk(fr) {
+            return Ok(k);
+        }
+        if let Some(&k) = self.list_by_val.get(&fr) {
+            return Ok(k);
+        }
+        let items = t.items(fr);
+        let k = if items.is_empty() {
+            if !t.is_seq(fr) {
+                return Err(format!(
+                    "a `frames` value is {}, expected a list",
+                    t.describe(fr)
+                ));
+            }
+            None
+        } else {
+            let p = self.pipeline.as_mut().ok_or("decoding already finished")?;
+            Some(p.list(t, &mut self.interner, None, items)?)
+        };
+        self.list_by_val.insert(fr, k);
+        Ok(k)
     }
 }
 
@@ -465,8 +367,9 @@ impl pickle::Sink for TraceSink<'_, '_> {
             } else {
                 0
             };
-            self.traces
-                .push((std::collections::VecDeque::with_capacity(cap), 0));
+            let buf: Vec<TraceEntry> = Vec::with_capacity(cap);
+            crate::hugepages::advise_spare(&buf);
+            self.traces.push((buf.into(), 0));
         }
         // Every entry of a snapshot has the same key objects in the same order: map them once.
         let same_keys = pairs.len() == 2 * self.last_keys.len()
@@ -510,7 +413,12 @@ impl pickle::Sink for TraceSink<'_, '_> {
             },
             None => Action::Other("<missing>".into()),
         };
-        let entry = trace_entry(t, &mut self.interner, action, fields)?;
+        // Until `finish`, `stack` holds the frames list number.
+        let stack = match fields[6] {
+            Some(fr) => self.frames_list(t, fr)?,
+            None => None,
+        };
+        let entry = trace_entry(t, action, fields, stack);
         let (deque, dropped) = &mut self.traces[list];
         if let Some(cap) = self.opts.max_trace_events {
             if deque.len() >= cap {
@@ -529,8 +437,8 @@ impl pickle::Sink for TraceSink<'_, '_> {
     }
 
     fn sequence(&mut self, t: &Tree<'_>, prev: Option<u32>, items: &[Val]) -> Result<u32, String> {
-        // Only ever called with items, so the stack is never empty.
-        Ok(self.interner.stack_of(t, prev, items)?.unwrap_or(u32::MAX))
+        let p = self.pipeline.as_mut().ok_or("decoding already finished")?;
+        p.list(t, &mut self.interner, prev, items)
     }
 
     fn progress(&mut self, offset: usize) {
@@ -540,11 +448,25 @@ impl pickle::Sink for TraceSink<'_, '_> {
         if let Some(map) = self.map {
             let page = 4096;
             let upto = (offset.saturating_sub(256 << 10)) / page * page;
-            if upto > 0 {
+            if upto > self.released {
                 // SAFETY: the mapping is private and read-only; DONTNEED only drops clean pages.
                 let _ = unsafe {
-                    map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, 0, upto)
+                    map.unchecked_advise_range(
+                        memmap2::UncheckedAdvice::DontNeed,
+                        self.released,
+                        upto - self.released,
+                    )
                 };
+                self.released = upto;
+            }
+            // Map the next stretch in one call rather than a page fault every few pages.
+            #[cfg(target_os = "linux")]
+            {
+                let ahead = (offset / page * page).min(map.len());
+                let len = (PREFAULT_AHEAD).min(map.len() - ahead);
+                if len > 0 {
+                    let _ = map.advise_range(memmap2::Advice::PopulateRead, ahead, len);
+                }
             }
         }
         #[cfg(not(unix))]
@@ -555,20 +477,16 @@ impl pickle::Sink for TraceSink<'_, '_> {
 /// One trace entry from its field values (in `TRACE_KEYS` order; the action already parsed).
 fn trace_entry(
     t: &Tree<'_>,
-    interner: &mut Interner,
     action: Action,
     f: [Option<Val>; 7],
-) -> Result<TraceEntry, String> {
-    let [_, addr, size, stream, time_us, device_free, frames] = f;
+    stack: Option<StackId>,
+) -> TraceEntry {
+    let [_, addr, size, stream, time_us, device_free, _] = f;
     let uint = |v: Option<Val>| {
         v.and_then(|v| t.int128(v))
             .map_or(0, |i| u64::try_from(i.max(0)).unwrap_or(u64::MAX))
     };
-    let stack = match frames {
-        Some(fr) => interner.stack(t, fr)?,
-        None => None,
-    };
-    Ok(TraceEntry {
+    TraceEntry {
         action,
         addr: uint(addr),
         size: uint(size),
@@ -578,7 +496,7 @@ fn trace_entry(
             .map(|i| i.clamp(i64::MIN as i128, i64::MAX as i128) as i64),
         device_free: device_free.map(|v| uint(Some(v))),
         stack,
-    })
+    }
 }
 
 /// Builds the model from the object graph.
@@ -648,7 +566,7 @@ fn build(
         }
     }
     b.snap.frames = std::mem::take(&mut b.interner.frames);
-    b.snap.stacks = std::mem::take(&mut b.interner.stacks);
+    b.snap.stacks = std::mem::take(&mut b.interner.table.stacks);
     Ok(b.snap)
 }
 

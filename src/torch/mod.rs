@@ -5,6 +5,7 @@
 
 pub mod diff;
 pub mod fragmentation;
+mod intern;
 pub mod load;
 pub mod model;
 pub mod patterns;

@@ -1,0 +1,449 @@
+//! Frame and stack interning for the snapshot loader.
+//!
+//! PyTorch shares frame dicts between stacks but gives every `alloc` and `free_requested` trace
+//! entry a fresh frames list, so a large snapshot holds millions of lists whose content repeats.
+//! Each is reduced to a [`StackId`] by content. Looking a stack up by content touches a table far
+//! larger than the CPU caches, so while the pickle VM decodes, that half of the work runs on a
+//! worker thread ([`Pipeline`]): the decoding thread only resolves frame objects it has not seen
+//! yet (the tree lives there) and hands over the frame objects of each list, numbered in order;
+//! the worker turns them into stack ids. [`Pipeline::finish`] joins it and returns, for each
+//! list number, its stack id. With one core, or a small file, the same work runs inline.
+
+use std::sync::mpsc;
+
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use crate::pickle::{Tree, Val};
+use crate::torch::model::{Frame, FrameId, StackId};
+
+/// Frames and stacks interned by object identity first (PyTorch shares them), then by content.
+#[derive(Default)]
+pub(crate) struct Interner {
+    pub(crate) frames: Vec<Frame>,
+    frame_by_content: FxHashMap<Frame, FrameId>,
+    /// Stack tables: on the worker while a pipeline runs, here before and after.
+    pub(crate) table: StackTable,
+    stack_by_val: FxHashMap<Val, Option<StackId>>,
+}
+
+impl Interner {
+    /// Intern a frames list (a tree value). `None` for an empty list.
+    pub(crate) fn stack(&mut self, t: &Tree<'_>, list: Val) -> Result<Option<StackId>, String> {
+        if let Some(&s) = self.stack_by_val.get(&list) {
+            return Ok(s);
+        }
+        let items = t.items(list);
+        if items.is_empty() && !t.is_seq(list) {
+            return Err(format!(
+                "a `frames` value is {}, expected a list",
+                t.describe(list)
+            ));
+        }
+        for &f in items {
+            if self.table.frame_of(f).is_none() {
+                let id = self.frame_content(t, f)?;
+                self.table.set_frame(f, id);
+            }
+        }
+        let id = self.table.intern(None, items);
+        self.stack_by_val.insert(list, id);
+        Ok(id)
+    }
+
+    /// The frame id of a frame object by its content (`{name, filename, line}` dict, or a plain
+    /// string naming a function).
+    fn frame_content(&mut self, t: &Tree<'_>, f: Val) -> Result<FrameId, String> {
+        let frame = if t.is_dict(f) {
+            let (mut name, mut filename, mut line) = ("", "", 0u64);
+            for (k, v) in t.pairs(f) {
+                match t.str(k) {
+                    Some("name") => name = t.str(v).unwrap_or(""),
+                    Some("filename") => filename = t.str(v).unwrap_or(""),
+                    Some("line") => {
+                        line = t
+                            .int128(v)
+                            .map_or(0, |i| u64::try_from(i.max(0)).unwrap_or(u64::MAX))
+                    }
+                    _ => {}
+                }
+            }
+            Frame {
+                name: name.to_string(),
+                filename: filename.to_string(),
+                line,
+            }
+        } else if let Some(s) = t.str(f) {
+            // `forward_frames`-style plain strings.
+            Frame {
+                name: s.to_string(),
+                filename: String::new(),
+                line: 0,
+            }
+        } else {
+            return Err(format!(
+                "a stack frame is {}, expected a dict",
+                t.describe(f)
+            ));
+        };
+        if let Some(&id) = self.frame_by_content.get(&frame) {
+            return Ok(id);
+        }
+        let id = u32::try_from(self.frames.len())
+            .ok()
+            .filter(|&id| id != u32::MAX)
+            .ok_or_else(|| "more than 2^32 - 1 distinct frames".to_string())?;
+        self.frames.push(frame.clone());
+        self.frame_by_content.insert(frame, id);
+        Ok(id)
+    }
+}
+
+/// Frame objects → frame ids, and stacks by content.
+#[derive(Default)]
+pub(crate) struct StackTable {
+    pub(crate) stacks: Vec<Vec<FrameId>>,
+    by_content: FxHashMap<Vec<FrameId>, StackId>,
+    /// Frame id by arena node id of the frame object (`u32::MAX`: not known).
+    frame_by_node: Vec<FrameId>,
+    /// Frame objects that are not arena nodes (inline strings).
+    frame_by_val: FxHashMap<Val, FrameId>,
+    /// Scratch for the frame ids of the stack being interned.
+    ids: Vec<FrameId>,
+    /// Set when more than 2^32 - 1 distinct stacks were seen.
+    overflow: bool,
+}
+
+impl StackTable {
+    #[inline]
+    fn frame_of(&self, f: Val) -> Option<FrameId> {
+        match f.node_id() {
+            Some(n) => self
+                .frame_by_node
+                .get(n as usize)
+                .copied()
+                .filter(|&id| id != u32::MAX),
+            None => self.frame_by_val.get(&f).copied(),
+        }
+    }
+
+    fn set_frame(&mut self, f: Val, id: FrameId) {
+        match f.node_id() {
+            Some(n) => {
+                let n = n as usize;
+                if self.frame_by_node.len() <= n {
+                    self.frame_by_node.resize(n + 1, u32::MAX);
+                }
+                self.frame_by_node[n] = id;
+            }
+            None => {
+                self.frame_by_val.insert(f, id);
+            }
+        }
+    }
+
+    /// Intern the stack `prefix` + `items`; every item's frame must be known. `None` when the
+    /// stack is empty (or on overflow, which [`StackTable::overflow`] records).
+    fn intern(&mut self, prefix: Option<StackId>, items: &[Val]) -> Option<StackId> {
+        let mut ids = std::mem::take(&mut self.ids);
+        ids.clear();
+        if let Some(p) = prefix.and_then(|p| self.stacks.get(p as usize)) {
+            ids.extend_from_slice(p);
+        }
+        ids.extend(items.iter().map(|&f| self.frame_of(f).unwrap_or(u32::MAX)));
+        let id = if ids.is_empty() {
+            None
+        } else if let Some(&id) = self.by_content.get(ids.as_slice()) {
+            Some(id)
+        } else {
+            match u32::try_from(self.stacks.len()).ok().filter(|&i| i != u32::MAX) {
+                Some(id) => {
+                    self.stacks.push(ids.clone());
+                    self.by_content.insert(ids.clone(), id);
+                    Some(id)
+                }
+                None => {
+                    self.overflow = true;
+                    None
+                }
+            }
+        };
+        self.ids = ids;
+        id
+    }
+}
+
+/// What the decoding thread hands over, in order.
+enum Msg {
+    /// A frame object and its id (sent before the first list that contains it).
+    Frame(Val, FrameId),
+    /// The next list: its `len` frame objects follow in `Batch::items`; `prev` is the list
+    /// number whose stack it extends (a list appended to in several batches), or `u32::MAX`.
+    List { prev: u32, len: u32 },
+}
+
+#[derive(Default)]
+struct Batch {
+    msgs: Vec<Msg>,
+    items: Vec<Val>,
+}
+
+/// The worker's side: the stack table and the stack id of each list number.
+#[derive(Default)]
+struct Worker {
+    table: StackTable,
+    by_list: Vec<u32>,
+}
+
+impl Worker {
+    fn run(&mut self, b: &Batch) {
+        let mut at = 0usize;
+        for m in &b.msgs {
+            match *m {
+                Msg::Frame(f, id) => self.table.set_frame(f, id),
+                Msg::List { prev, len } => {
+                    let items = &b.items[at..at + len as usize];
+                    at += len as usize;
+                    let prefix = self.by_list.get(prev as usize).copied();
+                    let id = self
+                        .table
+                        .intern(prefix.filter(|&p| p != u32::MAX), items);
+                    self.by_list.push(id.unwrap_or(u32::MAX));
+                }
+            }
+        }
+    }
+}
+
+/// Files at least this large get a worker thread (below, the thread costs more than it saves).
+pub(crate) const THREAD_FROM: usize = 8 << 20;
+const BATCH_ITEMS: usize = 64 << 10;
+const BATCH_MSGS: usize = 8 << 10;
+/// Batches in flight: bounds the memory between the threads to a few MiB.
+const IN_FLIGHT: usize = 4;
+
+/// Interns the frames lists of trace entries as the VM hands them over; see the module docs.
+pub(crate) struct Pipeline {
+    mode: Mode,
+    batch: Batch,
+    /// Lists handed over so far (the next list number).
+    lists: u32,
+    /// Frame objects already sent, by node id (a bit each) and, for inline values, by value.
+    seen: Vec<u64>,
+    seen_val: FxHashSet<Val>,
+}
+
+enum Mode {
+    Inline(Box<Worker>),
+    Thread {
+        tx: mpsc::SyncSender<Batch>,
+        back: mpsc::Receiver<Batch>,
+        handle: std::thread::JoinHandle<Worker>,
+    },
+}
+
+impl Pipeline {
+    /// A pipeline continuing `table` (normally empty), threaded when `threaded` and a thread can
+    /// be started.
+    pub(crate) fn new(table: StackTable, threaded: bool) -> Pipeline {
+        let worker = Worker {
+            table,
+            by_list: Vec::new(),
+        };
+        let mode = if threaded {
+            Self::spawn(worker)
+        } else {
+            Mode::Inline(Box::new(worker))
+        };
+        Pipeline {
+            mode,
+            batch: Batch::default(),
+            lists: 0,
+            seen: Vec::new(),
+            seen_val: FxHashSet::default(),
+        }
+    }
+
+    fn spawn(worker: Worker) -> Mode {
+        let (tx, rx) = mpsc::sync_channel::<Batch>(IN_FLIGHT);
+        let (back_tx, back) = mpsc::channel::<Batch>();
+        // The worker is moved into the thread; if spawning fails it is lost with the closure, so
+        // keep it behind an Option that the failure path can take back.
+        let cell = std::sync::Arc::new(std::sync::Mutex::new(Some(worker)));
+        let for_thread = cell.clone();
+        let spawned = std::thread::Builder::new()
+            .name("memlsp-stacks".into())
+            .spawn(move || {
+                let mut w = for_thread
+                    .lock()
+                    .ok()
+                    .and_then(|mut g| g.take())
+                    .unwrap_or_default();
+                for mut b in rx {
+                    w.run(&b);
+                    b.msgs.clear();
+                    b.items.clear();
+                    let _ = back_tx.send(b);
+                }
+                w
+            });
+        match spawned {
+            Ok(handle) => Mode::Thread { tx, back, handle },
+            Err(_) => {
+                let w = cell.lock().ok().and_then(|mut g| g.take()).unwrap_or_default();
+                Mode::Inline(Box::new(w))
+            }
+        }
+    }
+
+    /// Hand over a frames list (or a further batch of one, extending list number `prev`);
+    /// returns its list number.
+    pub(crate) fn list(
+        &mut self,
+        t: &Tree<'_>,
+        interner: &mut Interner,
+        prev: Option<u32>,
+        items: &[Val],
+    ) -> Result<u32, String> {
+        for &f in items {
+            if !self.mark_seen(f) {
+                let id = interner.frame_content(t, f)?;
+                self.batch.msgs.push(Msg::Frame(f, id));
+            }
+        }
+        let len = u32::try_from(items.len()).map_err(|_| "a frames list over 2^32 items")?;
+        self.batch.msgs.push(Msg::List {
+            prev: prev.unwrap_or(u32::MAX),
+            len,
+        });
+        self.batch.items.extend_from_slice(items);
+        let n = self.lists;
+        if n >= u32::MAX - 1 {
+            return Err("more than 2^32 - 2 frames lists".into());
+        }
+        self.lists += 1;
+        if self.batch.items.len() >= BATCH_ITEMS || self.batch.msgs.len() >= BATCH_MSGS {
+            self.flush()?;
+        }
+        Ok(n)
+    }
+
+    /// Whether `f` was sent before; marks it sent.
+    #[inline]
+    fn mark_seen(&mut self, f: Val) -> bool {
+        match f.node_id() {
+            Some(n) => {
+                let (w, bit) = ((n / 64) as usize, 1u64 << (n % 64));
+                if self.seen.len() <= w {
+                    self.seen.resize(w + 1, 0);
+                }
+                let was = self.seen[w] & bit != 0;
+                self.seen[w] |= bit;
+                was
+            }
+            None => !self.seen_val.insert(f),
+        }
+    }
+
+    fn flush(&mut self) -> Result<(), String> {
+        match &mut self.mode {
+            Mode::Inline(w) => {
+                w.run(&self.batch);
+                self.batch.msgs.clear();
+                self.batch.items.clear();
+            }
+            Mode::Thread { tx, back, .. } => {
+                let next = back.try_recv().unwrap_or_default();
+                let full = std::mem::replace(&mut self.batch, next);
+                tx.send(full)
+                    .map_err(|_| "the stack interning thread stopped".to_string())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Wait for the worker; the stack table and each list number's stack id (`u32::MAX`: none).
+    pub(crate) fn finish(mut self) -> Result<(StackTable, Vec<u32>), String> {
+        self.flush()?;
+        let w = match self.mode {
+            Mode::Inline(w) => *w,
+            Mode::Thread { tx, handle, .. } => {
+                drop(tx);
+                handle
+                    .join()
+                    .map_err(|_| "the stack interning thread failed".to_string())?
+            }
+        };
+        if w.table.overflow {
+            return Err("more than 2^32 - 1 distinct stacks".into());
+        }
+        Ok((w.table, w.by_list))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `[f0, f1, f0]`-style lists over three frame dicts, as a decoded tree.
+    fn tree_with_frames() -> (Tree<'static>, Vec<Val>) {
+        let mut t = Tree::empty();
+        let frames = (0..3)
+            .map(|i| {
+                let k = t.new_str("name");
+                let v = t.new_str(&format!("f{i}"));
+                t.new_dict(vec![(k, v)])
+            })
+            .collect();
+        (t, frames)
+    }
+
+    #[test]
+    fn threaded_and_inline_pipelines_agree() {
+        let (t, f) = tree_with_frames();
+        let lists: Vec<Vec<Val>> = (0..50_000)
+            .map(|i| match i % 3 {
+                0 => vec![f[0], f[1]],
+                1 => vec![f[2], f[1], f[0]],
+                _ => vec![f[i % 2]],
+            })
+            .collect();
+        let run = |threaded: bool| {
+            let mut interner = Interner::default();
+            let mut p = Pipeline::new(StackTable::default(), threaded);
+            let mut ks = Vec::new();
+            for (i, l) in lists.iter().enumerate() {
+                // Every tenth list arrives in two batches.
+                let k = if i % 10 == 0 && l.len() > 1 {
+                    let first = p.list(&t, &mut interner, None, &l[..1]).unwrap();
+                    p.list(&t, &mut interner, Some(first), &l[1..]).unwrap()
+                } else {
+                    p.list(&t, &mut interner, None, l).unwrap()
+                };
+                ks.push(k);
+            }
+            let (table, by_list) = p.finish().unwrap();
+            let stacks: Vec<Vec<FrameId>> = ks
+                .iter()
+                .map(|&k| table.stacks[by_list[k as usize] as usize].clone())
+                .collect();
+            (interner.frames.len(), stacks)
+        };
+        let (inline, threaded) = (run(false), run(true));
+        assert_eq!(inline.0, 3);
+        assert_eq!(inline, threaded);
+        assert_eq!(inline.1[0], vec![0, 1]);
+        assert_eq!(inline.1[1], vec![2, 1, 0]);
+        assert_eq!(inline.1[0], inline.1[3], "equal content, one stack");
+    }
+
+    #[test]
+    fn a_frame_that_is_not_a_dict_is_an_error_on_the_decoding_side() {
+        let (mut t, f) = tree_with_frames();
+        let bad = t.new_float(1.5);
+        let mut interner = Interner::default();
+        let mut p = Pipeline::new(StackTable::default(), true);
+        let e = p.list(&t, &mut interner, None, &[f[0], bad]).unwrap_err();
+        assert_eq!(e, "a stack frame is a float, expected a dict");
+        assert!(p.finish().is_ok());
+    }
+}
