@@ -105,13 +105,16 @@ fn run_phase(phase: &str, file: &Path) {
                 fn takes_sequences(&self) -> bool {
                     true
                 }
+                fn new_sequence(&mut self) -> Result<u32, String> {
+                    Ok(0)
+                }
                 fn sequence(
                     &mut self,
                     _: &memlsp::pickle::Tree<'_>,
-                    _: Option<u32>,
+                    _: u32,
                     _: &[memlsp::pickle::Val],
-                ) -> Result<u32, String> {
-                    Ok(0)
+                ) -> Result<(), String> {
+                    Ok(())
                 }
             }
             let bytes = std::fs::File::open(file)

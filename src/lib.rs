@@ -7,9 +7,9 @@ pub mod analyze;
 pub mod cli;
 pub mod error;
 pub mod findings;
-pub(crate) mod hugepages;
 #[doc(hidden)]
 pub mod fuzzing;
+pub(crate) mod hugepages;
 pub mod lsp;
 pub mod pickle;
 pub mod report;

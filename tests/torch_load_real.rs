@@ -115,7 +115,7 @@ fn check(name: &str, o: &Value, s: &memlsp::torch::model::Snapshot, _path: &Path
                 .map(|(k, v)| (k.clone(), v.as_u64().unwrap()))
                 .collect();
             assert_eq!(actions, want, "{name}: device {d} actions");
-            let first = traces[d].first().and_then(|e| e.time_us);
+            let first = traces[d].first().and_then(|e| e.time_us());
             assert_eq!(
                 first,
                 per["first_time_us"].as_i64(),

@@ -136,11 +136,12 @@ mod tests {
         assert!(start.elapsed().as_secs() < 5, "{:?}", start.elapsed());
     }
 
-    /// Records what a sink sees: entries as (key, token-or-items) and the sequences it was given.
+    /// Records what a sink sees: entries as (key, sequence number) and the batches it was given.
     #[derive(Default)]
     struct Seqs {
-        entries: Vec<Vec<(String, Option<Option<u32>>)>>,
-        batches: Vec<(Option<u32>, usize)>,
+        entries: Vec<Vec<(String, Option<u32>)>>,
+        batches: Vec<(u32, usize)>,
+        next: u32,
     }
     impl Sink for Seqs {
         fn key(&self) -> &str {
@@ -157,14 +158,13 @@ mod tests {
         fn takes_sequences(&self) -> bool {
             true
         }
-        fn sequence(
-            &mut self,
-            _: &Tree<'_>,
-            prev: Option<u32>,
-            items: &[Val],
-        ) -> Result<u32, String> {
-            self.batches.push((prev, items.len()));
-            Ok(prev.map_or(0, |p| p + 100) + items.len() as u32)
+        fn new_sequence(&mut self) -> Result<u32, String> {
+            self.next += 1;
+            Ok(self.next - 1)
+        }
+        fn sequence(&mut self, _: &Tree<'_>, seq: u32, items: &[Val]) -> Result<(), String> {
+            self.batches.push((seq, items.len()));
+            Ok(())
         }
     }
 
@@ -174,24 +174,20 @@ mod tests {
         let data = b"\x80\x04\x958\x00\x00\x00\x00\x00\x00\x00}\x94\x8c\rdevice_traces\x94]\x94]\x94(}\x94(\x8c\x01f\x94]\x94(K\x01K\x02e\x8c\x01g\x94]\x94u}\x94h\x05h\x06seas.";
         let mut sink = Seqs::default();
         let t = decode_streaming(data, &Limits::default(), Some(&mut sink)).unwrap();
-        assert_eq!(
-            sink.batches,
-            vec![(None, 2)],
-            "the list is handed over once"
-        );
-        let f = |e: &Vec<(String, Option<Option<u32>>)>, k: &str| {
+        assert_eq!(sink.batches, vec![(0, 2)], "the list is handed over once");
+        let f = |e: &Vec<(String, Option<u32>)>, k: &str| {
             e.iter().find(|(key, _)| key == k).map(|(_, v)| *v)
         };
-        assert_eq!(f(&sink.entries[0], "f"), Some(Some(Some(2))));
+        assert_eq!(f(&sink.entries[0], "f"), Some(Some(0)));
         assert_eq!(
             f(&sink.entries[0], "g"),
-            Some(Some(None)),
-            "an empty list has no token"
+            Some(Some(1)),
+            "an empty list has a number too"
         );
         assert_eq!(
             f(&sink.entries[1], "f"),
-            Some(Some(Some(2))),
-            "the shared list keeps its token"
+            Some(Some(0)),
+            "the shared list keeps its number"
         );
         assert_eq!(t.len(t.get(t.root, "device_traces").unwrap()), 1);
     }
@@ -210,7 +206,7 @@ mod tests {
         data.extend_from_slice(b"eueas.");
         let mut sink = Seqs::default();
         decode_streaming(&data, &Limits::default(), Some(&mut sink)).unwrap();
-        assert_eq!(sink.batches, vec![(None, 1000), (Some(1000), 500)]);
-        assert_eq!(sink.entries[0][0].1, Some(Some(1600)));
+        assert_eq!(sink.batches, vec![(0, 1000), (0, 500)]);
+        assert_eq!(sink.entries[0][0].1, Some(0));
     }
 }

@@ -25,6 +25,8 @@ const TAG_STR: u64 = 3;
 const STR_LEN_BITS: u32 = 21;
 /// Payloads of constant values from here on are [`Val::stream_dict`]s.
 const STREAM_DICT_BASE: u64 = 1 << 32;
+/// …and from here on [`Val::sunk_list`]s.
+const SUNK_LIST_BASE: u64 = 1 << 33;
 
 /// Largest magnitude an inline int holds (±2^60).
 const INLINE_MAX: i64 = (1 << 60) - 1;
@@ -42,10 +44,21 @@ impl Val {
     pub(crate) fn stream_dict(ordinal: u32) -> Val {
         Val(TAG_CONST | ((STREAM_DICT_BASE + ordinal as u64) << TAG_BITS))
     }
+    /// A list inside a streamed dict whose items go to the sink as sequence number `seq`: no
+    /// arena node either.
+    pub(crate) fn sunk_list(seq: u32) -> Val {
+        Val(TAG_CONST | ((SUNK_LIST_BASE + seq as u64) << TAG_BITS))
+    }
+    /// The sequence number of a [`Val::sunk_list`].
+    pub(crate) fn sunk_list_seq(self) -> Option<u32> {
+        let payload = self.0 >> TAG_BITS;
+        (self.0 & TAG_MASK == TAG_CONST && payload >= SUNK_LIST_BASE)
+            .then(|| (payload - SUNK_LIST_BASE) as u32)
+    }
     /// The list number of a [`Val::stream_dict`].
     pub(crate) fn stream_dict_ordinal(self) -> Option<u32> {
         let payload = self.0 >> TAG_BITS;
-        (self.0 & TAG_MASK == TAG_CONST && payload >= STREAM_DICT_BASE)
+        (self.0 & TAG_MASK == TAG_CONST && (STREAM_DICT_BASE..SUNK_LIST_BASE).contains(&payload))
             .then(|| (payload - STREAM_DICT_BASE) as u32)
     }
 
@@ -128,11 +141,6 @@ pub enum Node {
     },
     /// A dict that was handed to a sink and not kept.
     Consumed,
-    /// A list inside a streamed dict whose items went to [`crate::pickle::vm::Sink::sequence`]:
-    /// the token it returned (`u32::MAX` while no item was appended).
-    Sunk {
-        token: u32,
-    },
     /// `GLOBAL` / `STACK_GLOBAL`: recorded, never imported.
     Global(Box<(Val, Val)>),
     /// `REDUCE` / `NEWOBJ` / `OBJ` / `INST` / `BUILD`: recorded, never called. `(callable, args, state)`.
@@ -219,7 +227,7 @@ impl<'a> Tree<'a> {
             Some(Node::BigInt(b)) => Kind::BigInt(b),
             Some(Node::Float(f)) => Kind::Float(*f),
             Some(Node::List { .. } | Node::OwnedList(_) | Node::StreamedList { .. }) => Kind::List,
-            Some(Node::Consumed | Node::Sunk { .. }) => Kind::Consumed,
+            Some(Node::Consumed) => Kind::Consumed,
             Some(Node::Tuple { .. }) => Kind::Tuple,
             Some(Node::Set(_)) => Kind::Set,
             Some(Node::Dict { .. } | Node::OwnedDict(_)) => Kind::Dict,
@@ -322,13 +330,10 @@ impl<'a> Tree<'a> {
         }
     }
 
-    /// For a list whose items went to the sink's `sequence`: `Some(token)`, `Some(None)` when it
-    /// stayed empty; `None` for anything else.
-    pub fn sunk(&self, v: Val) -> Option<Option<u32>> {
-        match self.node(v) {
-            Some(Node::Sunk { token }) => Some((*token != u32::MAX).then_some(*token)),
-            _ => None,
-        }
+    /// For a list whose items went to the sink's [`crate::pickle::Sink::sequence`]: its sequence
+    /// number; `None` for anything else.
+    pub fn sunk(&self, v: Val) -> Option<u32> {
+        v.sunk_list_seq()
     }
 
     /// Whether `v` is a list or tuple.

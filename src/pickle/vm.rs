@@ -83,15 +83,13 @@ pub trait Sink {
     fn takes_sequences(&self) -> bool {
         false
     }
-    /// Items appended to such a list: `prev` is the token returned for the items appended before
-    /// (lists over 1000 items arrive in batches), the result the token standing for all of them
-    /// (not `u32::MAX`). The list becomes a sunk node ([`Tree::sunk`]) carrying the token.
-    fn sequence(
-        &mut self,
-        _tree: &Tree<'_>,
-        _prev: Option<u32>,
-        _items: &[Val],
-    ) -> Result<u32, String> {
+    /// A new such list: its sequence number (below `u32::MAX`), which the list's value carries
+    /// ([`Tree::sunk`]) wherever it is referenced.
+    fn new_sequence(&mut self) -> Result<u32, String> {
+        Err("this sink does not take lists".into())
+    }
+    /// Items appended to sequence `seq` (lists over 1000 items arrive in several batches).
+    fn sequence(&mut self, _tree: &Tree<'_>, _seq: u32, _items: &[Val]) -> Result<(), String> {
         Err("this sink does not take lists".into())
     }
 }
@@ -494,10 +492,11 @@ impl<'a> Vm<'a, '_> {
     }
 
     fn append_items(&mut self, list: Val, items_from: usize) -> R<()> {
-        match self.tree.node_mut(list) {
-            Some(Node::StreamedList { .. }) => return self.append_streamed(list, items_from),
-            Some(&mut Node::Sunk { token }) => return self.append_sunk(list, token, items_from),
-            _ => {}
+        if let Some(seq) = list.sunk_list_seq() {
+            return self.append_sunk(seq, items_from);
+        }
+        if let Some(Node::StreamedList { .. }) = self.tree.node_mut(list) {
+            return self.append_streamed(list, items_from);
         }
         let items: Vec<Val> = self.stack.drain(items_from..).collect();
         self.nest(list, &items)?;
@@ -548,28 +547,19 @@ impl<'a> Vm<'a, '_> {
     }
 
     /// Items appended to a list inside a streamed dict go to the sink, not into the tree.
-    fn append_sunk(&mut self, list: Val, token: u32, items_from: usize) -> R<()> {
+    fn append_sunk(&mut self, seq: u32, items_from: usize) -> R<()> {
         if items_from >= self.stack.len() {
             return Ok(()); // an empty APPENDS batch
         }
-        let prev = (token != u32::MAX).then_some(token);
-        let Some(sink) = self.sink.as_deref_mut() else {
-            return Err(self.err(PickleErrorKind::Invalid, "a sunk list without a sink"));
-        };
-        let token = sink
-            .sequence(&self.tree, prev, &self.stack[items_from..])
-            .map_err(|m| PickleError {
-                offset: self.op_at as u64,
-                kind: PickleErrorKind::Invalid,
-                message: m,
-            })?;
-        if token == u32::MAX {
-            return Err(self.err(PickleErrorKind::Limit, "more than 2^32 - 1 sunk lists"));
+        if let Some(sink) = self.sink.as_deref_mut() {
+            sink.sequence(&self.tree, seq, &self.stack[items_from..])
+                .map_err(|m| PickleError {
+                    offset: self.op_at as u64,
+                    kind: PickleErrorKind::Invalid,
+                    message: m,
+                })?;
         }
         self.stack.truncate(items_from);
-        if let Some(Node::Sunk { token: t }) = self.tree.node_mut(list) {
-            *t = token;
-        }
         Ok(())
     }
 
@@ -1151,7 +1141,15 @@ impl<'a> Vm<'a, '_> {
                         self.streamed.push(v.node_id().unwrap_or(u32::MAX));
                         v
                     } else if self.sink_sequences && self.in_streamed_dict() {
-                        self.new_node(Node::Sunk { token: u32::MAX })?
+                        let seq = match self.sink.as_deref_mut() {
+                            Some(sink) => sink.new_sequence(),
+                            None => Err("no sink".into()),
+                        };
+                        match seq {
+                            Ok(seq) if seq != u32::MAX => Val::sunk_list(seq),
+                            Ok(_) => return Err(self.err(Limit, "more than 2^32 - 1 sunk lists")),
+                            Err(m) => return Err(self.err(Invalid, m)),
+                        }
                     } else {
                         self.new_node(Node::List { start: 0, len: 0 })?
                     };

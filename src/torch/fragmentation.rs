@@ -186,7 +186,7 @@ mod tests {
         }
         snap.segments = segs;
         let mut oom = entry(Action::Oom, 0, request);
-        oom.device_free = Some(device_free);
+        oom.set_device_free(Some(device_free));
         snap.device_traces = Some(vec![vec![oom]]);
         let idx = StackIndex::new(&snap, &FrameFilter::default());
         let t = crate::torch::totals::compute(&snap, &idx);

@@ -14,7 +14,7 @@ use std::sync::mpsc;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::pickle::{Tree, Val};
-use crate::torch::model::{Frame, FrameId, StackId};
+use crate::torch::model::{Action, Frame, FrameId, StackId};
 
 /// Frames and stacks interned by object identity first (PyTorch shares them), then by content.
 #[derive(Default)]
@@ -24,9 +24,30 @@ pub(crate) struct Interner {
     /// Stack tables: on the worker while a pipeline runs, here before and after.
     pub(crate) table: StackTable,
     stack_by_val: FxHashMap<Val, Option<StackId>>,
+    /// Trace action names memlsp does not know ([`Action::Other`] indexes them).
+    pub(crate) other_actions: Vec<String>,
 }
 
 impl Interner {
+    /// The action an action string names; unknown names are numbered in order of appearance.
+    pub(crate) fn action(&mut self, s: &str) -> Action {
+        if let Some(a) = Action::known(s) {
+            return a;
+        }
+        if let Some(i) = self.other_actions.iter().position(|n| n == s) {
+            return Action::Other(i as u8);
+        }
+        if self.other_actions.len() < u8::MAX as usize {
+            self.other_actions.push(s.to_string());
+            return Action::Other((self.other_actions.len() - 1) as u8);
+        }
+        // The 255th and later distinct unknown names share one slot.
+        if self.other_actions.len() == u8::MAX as usize {
+            self.other_actions.push("(other actions)".to_string());
+        }
+        Action::Other(u8::MAX)
+    }
+
     /// Intern a frames list (a tree value). `None` for an empty list.
     pub(crate) fn stack(&mut self, t: &Tree<'_>, list: Val) -> Result<Option<StackId>, String> {
         if let Some(&s) = self.stack_by_val.get(&list) {
@@ -155,7 +176,10 @@ impl StackTable {
         } else if let Some(&id) = self.by_content.get(ids.as_slice()) {
             Some(id)
         } else {
-            match u32::try_from(self.stacks.len()).ok().filter(|&i| i != u32::MAX) {
+            match u32::try_from(self.stacks.len())
+                .ok()
+                .filter(|&i| i != u32::MAX)
+            {
                 Some(id) => {
                     self.stacks.push(ids.clone());
                     self.by_content.insert(ids.clone(), id);
@@ -176,9 +200,9 @@ impl StackTable {
 enum Msg {
     /// A frame object and its id (sent before the first list that contains it).
     Frame(Val, FrameId),
-    /// The next list: its `len` frame objects follow in `Batch::items`; `prev` is the list
-    /// number whose stack it extends (a list appended to in several batches), or `u32::MAX`.
-    List { prev: u32, len: u32 },
+    /// Items of list number `list` (appended to its stack when it already has one: lists over
+    /// 1000 items arrive in several batches); its `len` frame objects follow in `Batch::items`.
+    List { list: u32, len: u32 },
 }
 
 #[derive(Default)]
@@ -200,14 +224,16 @@ impl Worker {
         for m in &b.msgs {
             match *m {
                 Msg::Frame(f, id) => self.table.set_frame(f, id),
-                Msg::List { prev, len } => {
+                Msg::List { list, len } => {
                     let items = &b.items[at..at + len as usize];
                     at += len as usize;
-                    let prefix = self.by_list.get(prev as usize).copied();
-                    let id = self
-                        .table
-                        .intern(prefix.filter(|&p| p != u32::MAX), items);
-                    self.by_list.push(id.unwrap_or(u32::MAX));
+                    let k = list as usize;
+                    if self.by_list.len() <= k {
+                        self.by_list.resize(k + 1, u32::MAX);
+                    }
+                    let prefix = Some(self.by_list[k]).filter(|&p| p != u32::MAX);
+                    let id = self.table.intern(prefix, items);
+                    self.by_list[k] = id.unwrap_or(u32::MAX);
                 }
             }
         }
@@ -289,21 +315,34 @@ impl Pipeline {
         match spawned {
             Ok(handle) => Mode::Thread { tx, back, handle },
             Err(_) => {
-                let w = cell.lock().ok().and_then(|mut g| g.take()).unwrap_or_default();
+                let w = cell
+                    .lock()
+                    .ok()
+                    .and_then(|mut g| g.take())
+                    .unwrap_or_default();
                 Mode::Inline(Box::new(w))
             }
         }
     }
 
-    /// Hand over a frames list (or a further batch of one, extending list number `prev`);
-    /// returns its list number.
+    /// A number for a new frames list.
+    pub(crate) fn new_list(&mut self) -> Result<u32, String> {
+        let n = self.lists;
+        if n >= u32::MAX - 1 {
+            return Err("more than 2^32 - 2 frames lists".into());
+        }
+        self.lists += 1;
+        Ok(n)
+    }
+
+    /// Hand over the items of frames list `list` (a list may come in several batches).
     pub(crate) fn list(
         &mut self,
         t: &Tree<'_>,
         interner: &mut Interner,
-        prev: Option<u32>,
+        list: u32,
         items: &[Val],
-    ) -> Result<u32, String> {
+    ) -> Result<(), String> {
         for &f in items {
             if !self.mark_seen(f) {
                 let id = interner.frame_content(t, f)?;
@@ -311,20 +350,12 @@ impl Pipeline {
             }
         }
         let len = u32::try_from(items.len()).map_err(|_| "a frames list over 2^32 items")?;
-        self.batch.msgs.push(Msg::List {
-            prev: prev.unwrap_or(u32::MAX),
-            len,
-        });
+        self.batch.msgs.push(Msg::List { list, len });
         self.batch.items.extend_from_slice(items);
-        let n = self.lists;
-        if n >= u32::MAX - 1 {
-            return Err("more than 2^32 - 2 frames lists".into());
-        }
-        self.lists += 1;
         if self.batch.items.len() >= BATCH_ITEMS || self.batch.msgs.len() >= BATCH_MSGS {
             self.flush()?;
         }
-        Ok(n)
+        Ok(())
     }
 
     /// Whether `f` was sent before; marks it sent.
@@ -361,7 +392,8 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Wait for the worker; the stack table and each list number's stack id (`u32::MAX`: none).
+    /// Wait for the worker; the stack table and each list number's stack id (`u32::MAX`, or
+    /// past the end: an empty list).
     pub(crate) fn finish(mut self) -> Result<(StackTable, Vec<u32>), String> {
         self.flush()?;
         let w = match self.mode {
@@ -413,15 +445,18 @@ mod tests {
             let mut ks = Vec::new();
             for (i, l) in lists.iter().enumerate() {
                 // Every tenth list arrives in two batches.
-                let k = if i % 10 == 0 && l.len() > 1 {
-                    let first = p.list(&t, &mut interner, None, &l[..1]).unwrap();
-                    p.list(&t, &mut interner, Some(first), &l[1..]).unwrap()
+                let k = p.new_list().unwrap();
+                if i % 10 == 0 && l.len() > 1 {
+                    p.list(&t, &mut interner, k, &l[..1]).unwrap();
+                    p.list(&t, &mut interner, k, &l[1..]).unwrap();
                 } else {
-                    p.list(&t, &mut interner, None, l).unwrap()
-                };
+                    p.list(&t, &mut interner, k, l).unwrap();
+                }
                 ks.push(k);
             }
+            let empty = p.new_list().unwrap();
             let (table, by_list) = p.finish().unwrap();
+            assert!(by_list.get(empty as usize).is_none_or(|&s| s == u32::MAX));
             let stacks: Vec<Vec<FrameId>> = ks
                 .iter()
                 .map(|&k| table.stacks[by_list[k as usize] as usize].clone())
@@ -442,7 +477,8 @@ mod tests {
         let bad = t.new_float(1.5);
         let mut interner = Interner::default();
         let mut p = Pipeline::new(StackTable::default(), true);
-        let e = p.list(&t, &mut interner, None, &[f[0], bad]).unwrap_err();
+        let k = p.new_list().unwrap();
+        let e = p.list(&t, &mut interner, k, &[f[0], bad]).unwrap_err();
         assert_eq!(e, "a stack frame is a float, expected a dict");
         assert!(p.finish().is_ok());
     }

@@ -13,8 +13,8 @@ use crate::error::{CaptureError, ErrorKind};
 use crate::pickle::{self, Kind, Limits, PickleErrorKind, Tree, Val};
 use crate::torch::intern::{Interner, Pipeline, StackTable, THREAD_FROM};
 use crate::torch::model::{
-    Action, AllocatorSettings, Block, BlockState, Segment, Snapshot,
-    SnapshotFormat, StackId, TraceEntry,
+    Action, AllocatorSettings, Block, BlockState, Segment, Snapshot, SnapshotFormat, StackId,
+    TraceEntry,
 };
 
 /// Loader options.
@@ -318,7 +318,7 @@ impl TraceSink<'_, '_> {
                 .map(|(d, n)| {
                     let mut v = Vec::from(d);
                     for e in &mut v {
-                        e.stack = stack_of(e.stack);
+                        e.set_stack(stack_of(e.stack()));
                     }
                     (v, n)
                 })
@@ -329,7 +329,7 @@ impl TraceSink<'_, '_> {
     /// The list number of an entry's `frames` value.
     fn frames_list(&mut self, t: &Tree<'_>, fr: Val) -> Result<Option<u32>, String> {
         if let Some(k) = t.sunk(fr) {
-            return Ok(k);
+            return Ok(Some(k));
         }
         if let Some(&k) = self.list_by_val.get(&fr) {
             return Ok(k);
@@ -345,7 +345,9 @@ impl TraceSink<'_, '_> {
             None
         } else {
             let p = self.pipeline.as_mut().ok_or("decoding already finished")?;
-            Some(p.list(t, &mut self.interner, None, items)?)
+            let k = p.new_list()?;
+            p.list(t, &mut self.interner, k, items)?;
+            Some(k)
         };
         self.list_by_val.insert(fr, k);
         Ok(k)
@@ -399,19 +401,17 @@ impl pickle::Sink for TraceSink<'_, '_> {
         let action = match fields[0] {
             // Snapshots memoize the few action strings: remember the last ones by object.
             Some(a) => match self.actions.iter().find(|(v, _)| *v == a) {
-                Some((_, act)) => act.clone(),
+                Some(&(_, act)) => act,
                 None => {
-                    let act = t
-                        .str(a)
-                        .map_or(Action::Other("<not a str>".into()), Action::parse);
+                    let act = self.interner.action(t.str(a).unwrap_or("<not a str>"));
                     if self.actions.len() >= 16 {
                         self.actions.remove(0);
                     }
-                    self.actions.push((a, act.clone()));
+                    self.actions.push((a, act));
                     act
                 }
             },
-            None => Action::Other("<missing>".into()),
+            None => self.interner.action("<missing>"),
         };
         // Until `finish`, `stack` holds the frames list number.
         let stack = match fields[6] {
@@ -436,9 +436,16 @@ impl pickle::Sink for TraceSink<'_, '_> {
         true
     }
 
-    fn sequence(&mut self, t: &Tree<'_>, prev: Option<u32>, items: &[Val]) -> Result<u32, String> {
+    fn new_sequence(&mut self) -> Result<u32, String> {
+        self.pipeline
+            .as_mut()
+            .ok_or("decoding already finished")?
+            .new_list()
+    }
+
+    fn sequence(&mut self, t: &Tree<'_>, seq: u32, items: &[Val]) -> Result<(), String> {
         let p = self.pipeline.as_mut().ok_or("decoding already finished")?;
-        p.list(t, &mut self.interner, prev, items)
+        p.list(t, &mut self.interner, seq, items)
     }
 
     fn progress(&mut self, offset: usize) {
@@ -486,17 +493,14 @@ fn trace_entry(
         v.and_then(|v| t.int128(v))
             .map_or(0, |i| u64::try_from(i.max(0)).unwrap_or(u64::MAX))
     };
-    TraceEntry {
-        action,
-        addr: uint(addr),
-        size: uint(size),
-        stream: uint(stream),
-        time_us: time_us
-            .and_then(|v| t.int128(v))
-            .map(|i| i.clamp(i64::MIN as i128, i64::MAX as i128) as i64),
-        device_free: device_free.map(|v| uint(Some(v))),
-        stack,
-    }
+    TraceEntry::new(action, uint(addr), uint(size), uint(stream))
+        .with_time_us(
+            time_us
+                .and_then(|v| t.int128(v))
+                .map(|i| i.clamp(i64::MIN as i128, i64::MAX as i128) as i64),
+        )
+        .with_device_free(device_free.map(|v| uint(Some(v))))
+        .with_stack(stack)
 }
 
 /// Builds the model from the object graph.
@@ -566,6 +570,7 @@ fn build(
         }
     }
     b.snap.frames = std::mem::take(&mut b.interner.frames);
+    b.snap.other_actions = std::mem::take(&mut b.interner.other_actions);
     b.snap.stacks = std::mem::take(&mut b.interner.table.stacks);
     Ok(b.snap)
 }
@@ -828,28 +833,25 @@ impl<'t, 'a> Builder<'t, 'a> {
                     self.fields(e, TRACE_KEYS);
                 let action = match action {
                     Some(a) => match action_cache.get(&a) {
-                        Some(act) => act.clone(),
+                        Some(&act) => act,
                         None => {
-                            let act = Action::parse(t.str(a).unwrap_or("<missing>"));
-                            action_cache.insert(a, act.clone());
+                            let act = self.interner.action(t.str(a).unwrap_or("<not a str>"));
+                            action_cache.insert(a, act);
                             act
                         }
                     },
-                    None => Action::Other("<missing>".into()),
+                    None => self.interner.action("<missing>"),
                 };
                 let stack = match frames {
                     Some(f) => self.stack(f)?,
                     None => None,
                 };
-                entries.push(TraceEntry {
-                    action,
-                    addr: self.uint(addr),
-                    size: self.uint(size),
-                    stream: self.uint(stream),
-                    time_us: self.int(time_us),
-                    device_free: device_free.map(|v| self.uint(Some(v))),
-                    stack,
-                });
+                entries.push(
+                    TraceEntry::new(action, self.uint(addr), self.uint(size), self.uint(stream))
+                        .with_time_us(self.int(time_us))
+                        .with_device_free(device_free.map(|v| self.uint(Some(v))))
+                        .with_stack(stack),
+                );
             }
             all.push(entries);
         }
@@ -981,16 +983,16 @@ sys.stdout.buffer.write(pickle.dumps({'segments': [], 'device_traces': [tr]}, pr
         .unwrap();
         let tr = &s.device_traces.as_ref().unwrap()[0];
         assert_eq!(tr.len(), 14);
-        let used: std::collections::HashSet<_> = tr.iter().filter_map(|e| e.stack).collect();
+        let used: std::collections::HashSet<_> = tr.iter().filter_map(|e| e.stack()).collect();
         assert_eq!(used.len(), 3, "two short stacks and the long one");
-        assert_eq!(tr[0].stack, tr[3].stack);
-        assert_eq!(tr[1].stack, tr[2].stack);
-        assert_ne!(tr[0].stack, tr[1].stack);
-        let long: Vec<_> = s.stack_frames(tr[12].stack).collect();
+        assert_eq!(tr[0].stack(), tr[3].stack());
+        assert_eq!(tr[1].stack(), tr[2].stack());
+        assert_ne!(tr[0].stack(), tr[1].stack());
+        let long: Vec<_> = s.stack_frames(tr[12].stack()).collect();
         assert_eq!(long.len(), 1500);
         assert_eq!(long[1499].name, "c10::alloc()");
         assert_eq!(long[0].filename, "/w/m.py");
-        assert_eq!(tr[13].stack, None, "an empty frames list is no stack");
+        assert_eq!(tr[13].stack(), None, "an empty frames list is no stack");
     }
 
     #[test]
@@ -1006,8 +1008,8 @@ sys.stdout.buffer.write(pickle.dumps({'segments': [], 'device_traces': [tr]}, pr
         assert_eq!(s.segments[0].blocks[0].state, BlockState::ActiveAllocated);
         let tr = &s.device_traces.unwrap()[0];
         assert_eq!(tr[0].action, Action::Oom);
-        assert_eq!(tr[0].device_free, Some(1024));
-        assert_eq!(tr[0].stack, None);
+        assert_eq!(tr[0].device_free(), Some(1024));
+        assert_eq!(tr[0].stack(), None);
     }
 
     #[test]

@@ -260,14 +260,11 @@ mod tests {
             stack: Some(u32::MAX),
             blocks: vec![big.clone(), other.clone(), inactive.clone()],
         };
-        let e = |action: Action, addr: u64, size: u64| TraceEntry {
-            action,
-            addr,
-            size,
-            stream: 0,
-            time_us: Some(i64::MIN),
-            device_free: Some(u64::MAX),
-            stack: Some(12345),
+        let e = |action: Action, addr: u64, size: u64| {
+            TraceEntry::new(action, addr, size, 0)
+                .with_time_us(Some(i64::MIN))
+                .with_device_free(Some(u64::MAX))
+                .with_stack(Some(12345))
         };
         let snap = Snapshot {
             segments: vec![seg(-3), seg(0), seg(0)],
@@ -278,7 +275,7 @@ mod tests {
                     e(Action::Alloc, 1, u64::MAX),
                     e(Action::Oom, 0, u64::MAX),
                     e(Action::FreeRequested, 7, 0),
-                    e(Action::Other("later".into()), 0, 1),
+                    e(Action::Other(0), 0, 1),
                     e(Action::SegmentUnmap, 0, u64::MAX),
                 ],
                 vec![e(Action::Oom, 0, 1)],
@@ -289,6 +286,7 @@ mod tests {
                 line: u64::MAX,
             }],
             stacks: vec![vec![0, 77]],
+            other_actions: vec!["later".into()],
             ..Snapshot::default()
         };
         let opts = Options::default();

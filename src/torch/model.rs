@@ -83,7 +83,7 @@ pub struct Segment {
 }
 
 /// `device_traces[d][i].action`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Action {
     Alloc,
     FreeRequested,
@@ -95,13 +95,15 @@ pub enum Action {
     Snapshot,
     Oom,
     Annotate,
-    /// Any other action string (boxed to keep `TraceEntry` small: millions of them are held).
-    Other(Box<str>),
+    /// Any other action string: its index in [`Snapshot::other_actions`] (a byte, so that
+    /// millions of entries stay small; the 256th and later distinct names share the last index).
+    Other(u8),
 }
 
 impl Action {
-    pub fn parse(s: &str) -> Action {
-        match s {
+    /// The action a known action string names (`None` for any other string).
+    pub fn known(s: &str) -> Option<Action> {
+        Some(match s {
             "alloc" => Action::Alloc,
             "free_requested" => Action::FreeRequested,
             "free_completed" => Action::FreeCompleted,
@@ -112,10 +114,11 @@ impl Action {
             "snapshot" => Action::Snapshot,
             "oom" => Action::Oom,
             "annotate" => Action::Annotate,
-            other => Action::Other(other.into()),
-        }
+            _ => return None,
+        })
     }
-    pub fn as_str(&self) -> &str {
+    /// The action string; for [`Action::Other`] see [`Snapshot::action_name`].
+    pub fn as_str(&self) -> &'static str {
         match self {
             Action::Alloc => "alloc",
             Action::FreeRequested => "free_requested",
@@ -127,25 +130,80 @@ impl Action {
             Action::Snapshot => "snapshot",
             Action::Oom => "oom",
             Action::Annotate => "annotate",
-            Action::Other(s) => s,
+            Action::Other(_) => "other",
         }
     }
 }
 
-/// One entry of a device's trace (oldest first).
+/// One entry of a device's trace (oldest first). 48 bytes: a large snapshot holds millions, so
+/// the optional fields are flags rather than `Option`s; read them with the accessors.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TraceEntry {
-    pub action: Action,
     /// Block / segment address (0 for `oom` and `snapshot`).
     pub addr: u64,
     pub size: u64,
     pub stream: u64,
+    time_us: i64,
+    device_free: u64,
+    /// `u32::MAX`: none.
+    stack: u32,
+    pub action: Action,
+    /// `HAS_TIME` | `HAS_DEVICE_FREE`.
+    has: u8,
+}
+
+const HAS_TIME: u8 = 1;
+const HAS_DEVICE_FREE: u8 = 2;
+
+impl TraceEntry {
+    pub fn new(action: Action, addr: u64, size: u64, stream: u64) -> TraceEntry {
+        TraceEntry {
+            addr,
+            size,
+            stream,
+            time_us: 0,
+            device_free: 0,
+            stack: u32::MAX,
+            action,
+            has: 0,
+        }
+    }
     /// µs since the epoch (torch ≥ 2.2).
-    pub time_us: Option<i64>,
+    pub fn time_us(&self) -> Option<i64> {
+        (self.has & HAS_TIME != 0).then_some(self.time_us)
+    }
     /// `oom` only: bytes free according to cudaMemGetInfo.
-    pub device_free: Option<u64>,
+    pub fn device_free(&self) -> Option<u64> {
+        (self.has & HAS_DEVICE_FREE != 0).then_some(self.device_free)
+    }
     /// `None` when the entry has no `frames` key (or an empty one).
-    pub stack: Option<StackId>,
+    pub fn stack(&self) -> Option<StackId> {
+        (self.stack != u32::MAX).then_some(self.stack)
+    }
+    pub fn set_time_us(&mut self, t: Option<i64>) {
+        self.time_us = t.unwrap_or(0);
+        self.has = (self.has & !HAS_TIME) | if t.is_some() { HAS_TIME } else { 0 };
+    }
+    pub fn set_device_free(&mut self, f: Option<u64>) {
+        self.device_free = f.unwrap_or(0);
+        self.has = (self.has & !HAS_DEVICE_FREE) | if f.is_some() { HAS_DEVICE_FREE } else { 0 };
+    }
+    /// Stack ids are below `u32::MAX` (the loader refuses more stacks).
+    pub fn set_stack(&mut self, s: Option<StackId>) {
+        self.stack = s.filter(|&s| s != u32::MAX).unwrap_or(u32::MAX);
+    }
+    pub fn with_time_us(mut self, t: Option<i64>) -> TraceEntry {
+        self.set_time_us(t);
+        self
+    }
+    pub fn with_device_free(mut self, f: Option<u64>) -> TraceEntry {
+        self.set_device_free(f);
+        self
+    }
+    pub fn with_stack(mut self, s: Option<StackId>) -> TraceEntry {
+        self.set_stack(s);
+        self
+    }
 }
 
 /// How the top-level object was shaped.
@@ -180,12 +238,25 @@ pub struct Snapshot {
     pub device_traces: Option<Vec<Vec<TraceEntry>>>,
     pub frames: Vec<Frame>,
     pub stacks: Vec<Vec<FrameId>>,
+    /// Names of the trace actions memlsp does not know, indexed by [`Action::Other`].
+    pub other_actions: Vec<String>,
     pub allocator_settings: Option<AllocatorSettings>,
     /// Oldest trace entries dropped by `--max-trace-events`, per device list.
     pub dropped_trace_entries: u64,
 }
 
 impl Snapshot {
+    /// The action string of a trace entry.
+    pub fn action_name(&self, a: Action) -> &str {
+        match a {
+            Action::Other(i) => self
+                .other_actions
+                .get(i as usize)
+                .map_or("other", String::as_str),
+            known => known.as_str(),
+        }
+    }
+
     /// Frames of a stack, innermost first (empty for `None`).
     pub fn stack_frames(&self, stack: Option<StackId>) -> impl Iterator<Item = &Frame> + '_ {
         let ids: &[FrameId] = match stack {
@@ -208,5 +279,33 @@ impl Snapshot {
         d.sort_unstable();
         d.dedup();
         d
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trace_entries_stay_small_and_keep_their_optional_fields() {
+        assert_eq!(std::mem::size_of::<TraceEntry>(), 48);
+        let e = TraceEntry::new(Action::Oom, 0, 4096, 7);
+        assert_eq!(
+            (e.time_us(), e.device_free(), e.stack()),
+            (None, None, None)
+        );
+        let e = e
+            .with_time_us(Some(i64::MIN))
+            .with_device_free(Some(0))
+            .with_stack(Some(3));
+        assert_eq!(e.time_us(), Some(i64::MIN));
+        assert_eq!(e.device_free(), Some(0), "zero bytes free is not 'unknown'");
+        assert_eq!(e.stack(), Some(3));
+        let snap = Snapshot {
+            other_actions: vec!["user_defined".into()],
+            ..Snapshot::default()
+        };
+        assert_eq!(snap.action_name(Action::Other(0)), "user_defined");
+        assert_eq!(snap.action_name(Action::FreeRequested), "free_requested");
     }
 }

@@ -960,7 +960,7 @@ mod tests {
         for step in 0..steps {
             for k in 0..4u64 {
                 let mut e = entry(Action::Alloc, 0x10_0000 + step * 0x1000 + k, 1 << 20);
-                e.stack = Some(act);
+                e.set_stack(Some(act));
                 list.push(e);
             }
             extra(snap, step, &mut list);
@@ -1003,7 +1003,7 @@ mod tests {
         for step in 0..steps {
             for k in 0..layers {
                 let mut e = entry(Action::Alloc, 0x10_0000 + step * 0x1000 + k, 1 << 20);
-                e.stack = Some(act);
+                e.set_stack(Some(act));
                 list.push(e);
             }
             per_step(snap, step, &mut list);
@@ -1044,10 +1044,10 @@ mod tests {
         let loss = intern(&mut snap, &[("/u/train.py", 50, "main")]);
         let list = training(&mut snap, 8, |_, step, list| {
             let mut m = entry(Action::Alloc, 0x70_0000 + step, 1 << 20);
-            m.stack = Some(mask);
+            m.set_stack(Some(mask));
             list.push(m);
             let mut l = entry(Action::Alloc, 0x50_0000 + step, 4);
-            l.stack = Some(loss);
+            l.set_stack(Some(loss));
             list.push(l);
             list.push(entry(Action::FreeRequested, 0x50_0000 + step, 4));
             list.push(entry(Action::FreeCompleted, 0x50_0000 + step, 4));
@@ -1070,10 +1070,10 @@ mod tests {
         let total = intern(&mut snap, &[("/u/train.py", 51, "main")]);
         let list = forward_without_backward(&mut snap, 8, 4, |_, step, list| {
             let mut l = entry(Action::Alloc, 0x50_0000 + step, 4);
-            l.stack = Some(loss);
+            l.set_stack(Some(loss));
             list.push(l);
             let mut t = entry(Action::Alloc, 0x60_0000 + step, 4);
-            t.stack = Some(total);
+            t.set_stack(Some(total));
             list.push(t);
             if step > 0 {
                 for addr in [0x50_0000 + step - 1, 0x60_0000 + step - 1] {
@@ -1097,7 +1097,7 @@ mod tests {
         let mut live = Vec::new();
         let list = training(&mut snap, 8, |_, step, list| {
             let mut e = entry(Action::Alloc, 0x900_0000 + step * 0x1000, 4096);
-            e.stack = Some(grow);
+            e.set_stack(Some(grow));
             list.push(e);
         });
         for step in 0..8u64 {
@@ -1133,8 +1133,8 @@ mod tests {
             })
             .collect();
         let mut oom = entry(Action::Oom, 0, 64 << 20);
-        oom.device_free = Some(1 << 20);
-        oom.stack = Some(st);
+        oom.set_device_free(Some(1 << 20));
+        oom.set_stack(Some(st));
         snap.device_traces = Some(vec![vec![oom]]);
         let a = analyze_snapshot(&snap, &Options::default());
         assert_eq!(&codes(&a.findings)[..2], &["PT008", "PT009"]);

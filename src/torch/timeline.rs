@@ -202,9 +202,9 @@ fn device_timeline(
     let mut t = DeviceTimeline {
         device,
         entries: n as u64,
-        first_time_us: list.first().and_then(|e| e.time_us),
-        last_time_us: list.last().and_then(|e| e.time_us),
-        has_time: list.iter().any(|e| e.time_us.is_some()),
+        first_time_us: list.first().and_then(|e| e.time_us()),
+        last_time_us: list.last().and_then(|e| e.time_us()),
+        has_time: list.iter().any(|e| e.time_us().is_some()),
         ..Default::default()
     };
     // addr → (alloc index, requested size, stack)
@@ -246,12 +246,12 @@ fn device_timeline(
             Action::Alloc => {
                 t.allocs += 1;
                 t.alloc_bytes = t.alloc_bytes.saturating_add(e.size);
-                live.insert(e.addr, (i, e.size, e.stack));
-                let (key, _) = stacks.site(e.stack);
+                live.insert(e.addr, (i, e.size, e.stack()));
+                let (key, _) = stacks.site(e.stack());
                 let s = sites.entry(key).or_insert_with(|| SiteTrace {
                     key,
-                    role: stacks.role(e.stack),
-                    stack: e.stack,
+                    role: stacks.role(e.stack()),
+                    stack: e.stack(),
                     ..Default::default()
                 });
                 s.allocs += 1;
@@ -268,7 +268,7 @@ fn device_timeline(
             }
             Action::FreeRequested => {
                 t.free_requested += 1;
-                requested.insert(e.addr, (i, e.size, e.stream, e.stack));
+                requested.insert(e.addr, (i, e.size, e.stream, e.stack()));
             }
             Action::FreeCompleted => {
                 t.free_completed += 1;
@@ -283,20 +283,20 @@ fn device_timeline(
                     let between = (i - ri - 1) as u64;
                     if between > d.max_entries_between {
                         d.max_entries_between = between;
-                        d.example = stack.or(e.stack);
+                        d.example = stack.or(e.stack());
                     }
-                    if let (Some(a), Some(b)) = (list[ri].time_us, e.time_us) {
+                    if let (Some(a), Some(b)) = (list[ri].time_us(), e.time_us()) {
                         d.max_us = Some(d.max_us.unwrap_or(0).max(b.saturating_sub(a)));
                     }
                 }
                 if run.frees == 0 {
                     run.start = i as u64;
-                    run.time_us = e.time_us;
+                    run.time_us = e.time_us();
                 }
                 run.end = i as u64;
                 run.frees += 1;
                 run.bytes = run.bytes.saturating_add(e.size);
-                run.gc |= stacks.has_gc_frame(e.stack);
+                run.gc |= stacks.has_gc_frame(e.stack());
                 match live.remove(&e.addr) {
                     Some((ai, size, stack)) => {
                         let (key, _) = stacks.site(stack);
@@ -393,7 +393,7 @@ fn device_timeline(
         t.live_peak_index = Some(i as u64);
         if b > 0 {
             t.peak_set = Some(live_at(snap, stacks, device, list, i + 1));
-            if let (Some(a), Some(z)) = (list[trough_before_peak.1].time_us, list[i].time_us) {
+            if let (Some(a), Some(z)) = (list[trough_before_peak.1].time_us(), list[i].time_us()) {
                 t.rise_us = Some(z.saturating_sub(a));
             }
         } else {
@@ -510,7 +510,7 @@ pub fn live_at(
     let mut alloc_stack: FxHashMap<u64, Option<StackId>> = FxHashMap::default();
     for e in &list[..k] {
         if e.action == Action::Alloc {
-            alloc_stack.insert(e.addr, e.stack);
+            alloc_stack.insert(e.addr, e.stack());
         }
     }
     let mut set: FxHashMap<u64, (u64, Option<StackId>)> = FxHashMap::default();
@@ -534,7 +534,7 @@ pub fn live_at(
             }
             Action::FreeCompleted => {
                 changed_after = true;
-                let stack = alloc_stack.get(&e.addr).copied().unwrap_or(e.stack);
+                let stack = alloc_stack.get(&e.addr).copied().unwrap_or(e.stack());
                 set.insert(e.addr, (e.size, stack));
             }
             Action::SegmentAlloc | Action::SegmentMap => {
@@ -672,7 +672,7 @@ mod tests {
             vec![keep, block(8192, 0, BlockState::Inactive)],
         )];
         let mut alloc_b = entry(Action::Alloc, 0x2000, 8192);
-        alloc_b.stack = Some(b);
+        alloc_b.set_stack(Some(b));
         snap.device_traces = Some(vec![vec![
             alloc_b.clone(),
             entry(Action::Oom, 0, 1 << 30),
@@ -695,12 +695,12 @@ mod tests {
         let mut list = Vec::new();
         for step in 0..8u64 {
             let mut t = entry(Action::Alloc, 1000 + step, 512);
-            t.stack = Some(tmp);
+            t.set_stack(Some(tmp));
             list.push(t);
             list.push(entry(Action::FreeRequested, 1000 + step, 512));
             list.push(entry(Action::FreeCompleted, 1000 + step, 512));
             let mut l = entry(Action::Alloc, 5000 + step, 2048);
-            l.stack = Some(leak);
+            l.set_stack(Some(leak));
             list.push(l);
         }
         snap.device_traces = Some(vec![list]);

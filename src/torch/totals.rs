@@ -214,26 +214,30 @@ pub fn compute(snap: &Snapshot, stacks: &StackIndex) -> Totals {
         let trace = list.map(|list| {
             let mut t = TraceStats {
                 entries: list.len() as u64,
-                first_time_us: list.first().and_then(|e| e.time_us),
-                last_time_us: list.last().and_then(|e| e.time_us),
+                first_time_us: list.first().and_then(|e| e.time_us()),
+                last_time_us: list.last().and_then(|e| e.time_us()),
                 ..TraceStats::default()
             };
             let mut counts: [u64; 10] = [0; 10];
             for (i, e) in list.iter().enumerate() {
                 match action_slot(&e.action) {
                     Some(s) => counts[s] += 1,
-                    None => *t.actions.entry(e.action.as_str().to_string()).or_default() += 1,
+                    None => {
+                        *t.actions
+                            .entry(snap.action_name(e.action).to_string())
+                            .or_default() += 1
+                    }
                 }
                 if e.action == Action::Oom {
-                    let (key, kind) = stacks.site(e.stack);
+                    let (key, kind) = stacks.site(e.stack());
                     ooms.push(OomEvent {
                         device,
                         index: i as u64,
                         size: e.size,
-                        device_free: e.device_free,
+                        device_free: e.device_free(),
                         stream: e.stream,
-                        time_us: e.time_us,
-                        stack: e.stack,
+                        time_us: e.time_us(),
+                        stack: e.stack(),
                         site: site_string(snap, key),
                         site_key: key,
                         site_kind: kind,
@@ -480,15 +484,7 @@ pub(crate) mod tests {
     }
 
     pub fn entry(action: Action, addr: u64, size: u64) -> TraceEntry {
-        TraceEntry {
-            action,
-            addr,
-            size,
-            stream: 0,
-            time_us: None,
-            device_free: None,
-            stack: None,
-        }
+        TraceEntry::new(action, addr, size, 0)
     }
 
     #[test]
@@ -578,8 +574,8 @@ pub(crate) mod tests {
             &[("??", 0, "malloc"), ("/home/u/train.py", 7, "step")],
         );
         let mut oom = entry(Action::Oom, 0, 1 << 30);
-        oom.device_free = Some(12345);
-        oom.stack = Some(st);
+        oom.set_device_free(Some(12345));
+        oom.set_stack(Some(st));
         snap.device_traces = Some(vec![vec![oom]]);
         let t = compute(&snap, &StackIndex::new(&snap, &FrameFilter::default()));
         let o: Vec<_> = t.oom_events().collect();
