@@ -9,12 +9,13 @@
 //! the worker turns them into stack ids. [`Pipeline::finish`] joins it and returns, for each
 //! list number, its stack id. With one core, or a small file, the same work runs inline.
 
+use std::collections::VecDeque;
 use std::sync::mpsc;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::pickle::{Tree, Val};
-use crate::torch::model::{Action, Frame, FrameId, StackId};
+use crate::torch::model::{Action, Frame, FrameId, StackId, TraceEntry};
 
 /// Frames and stacks interned by object identity first (PyTorch shares them), then by content.
 #[derive(Default)]
@@ -209,17 +210,82 @@ enum Msg {
 struct Batch {
     msgs: Vec<Msg>,
     items: Vec<Val>,
+    /// Trace entries (device list number, entry whose stack is still a frames list number).
+    entries: Vec<(u32, TraceEntry)>,
 }
 
-/// The worker's side: the stack table and the stack id of each list number.
+impl Batch {
+    fn clear(&mut self) {
+        self.msgs.clear();
+        self.items.clear();
+        self.entries.clear();
+    }
+}
+
+/// The worker's side: the stack table, the stack id of each list number, and the trace entries.
 #[derive(Default)]
 struct Worker {
     table: StackTable,
     by_list: Vec<u32>,
+    /// Per device list: the newest entries, and how many older ones were dropped.
+    traces: Vec<(VecDeque<TraceEntry>, u64)>,
+    /// Keep only this many entries per device list (`--max-trace-events`).
+    max_events: Option<usize>,
+    /// Capacity to reserve for the first device list.
+    first_capacity: usize,
 }
 
 impl Worker {
-    fn run(&mut self, b: &Batch) {
+    fn store(&mut self, list: u32, entry: TraceEntry) {
+        let list = list as usize;
+        while self.traces.len() <= list {
+            // The first device list holds nearly all of a large file: reserve for it up front
+            // (untouched capacity costs no memory) so growing it never copies hundreds of MB.
+            let cap = if self.traces.is_empty() {
+                self.first_capacity
+            } else {
+                0
+            };
+            let buf: Vec<TraceEntry> = Vec::with_capacity(cap);
+            crate::hugepages::advise_spare(&buf);
+            self.traces.push((buf.into(), 0));
+        }
+        let (deque, dropped) = &mut self.traces[list];
+        if let Some(cap) = self.max_events {
+            if deque.len() >= cap {
+                *dropped += 1;
+                if deque.pop_front().is_none() {
+                    return;
+                }
+            }
+        }
+        deque.push_back(entry);
+    }
+
+    /// The device lists with stack ids in place of frames list numbers.
+    fn into_traces(mut self) -> (StackTable, Vec<(Vec<TraceEntry>, u64)>) {
+        let by_list = std::mem::take(&mut self.by_list);
+        let traces = std::mem::take(&mut self.traces)
+            .into_iter()
+            .map(|(d, n)| {
+                let mut v = Vec::from(d);
+                for e in &mut v {
+                    let s = e
+                        .stack()
+                        .and_then(|k| by_list.get(k as usize).copied())
+                        .filter(|&s| s != u32::MAX);
+                    e.set_stack(s);
+                }
+                (v, n)
+            })
+            .collect();
+        (self.table, traces)
+    }
+
+    fn run(&mut self, b: &mut Batch) {
+        for (list, e) in b.entries.drain(..) {
+            self.store(list, e);
+        }
         let mut at = 0usize;
         for m in &b.msgs {
             match *m {
@@ -244,6 +310,7 @@ impl Worker {
 pub(crate) const THREAD_FROM: usize = 8 << 20;
 const BATCH_ITEMS: usize = 64 << 10;
 const BATCH_MSGS: usize = 8 << 10;
+const BATCH_ENTRIES: usize = 8 << 10;
 /// Batches in flight: bounds the memory between the threads to a few MiB.
 const IN_FLIGHT: usize = 4;
 
@@ -268,12 +335,17 @@ enum Mode {
 }
 
 impl Pipeline {
-    /// A pipeline continuing `table` (normally empty), threaded when `threaded` and a thread can
-    /// be started.
-    pub(crate) fn new(table: StackTable, threaded: bool) -> Pipeline {
+    /// A pipeline, threaded when `threaded` and a thread can be started; trace lists keep their
+    /// newest `max_events` entries, the first one is reserved `first_capacity` entries.
+    pub(crate) fn new(
+        threaded: bool,
+        max_events: Option<usize>,
+        first_capacity: usize,
+    ) -> Pipeline {
         let worker = Worker {
-            table,
-            by_list: Vec::new(),
+            max_events,
+            first_capacity,
+            ..Worker::default()
         };
         let mode = if threaded {
             Self::spawn(worker)
@@ -305,9 +377,8 @@ impl Pipeline {
                     .and_then(|mut g| g.take())
                     .unwrap_or_default();
                 for mut b in rx {
-                    w.run(&b);
-                    b.msgs.clear();
-                    b.items.clear();
+                    w.run(&mut b);
+                    b.clear();
                     let _ = back_tx.send(b);
                 }
                 w
@@ -358,6 +429,15 @@ impl Pipeline {
         Ok(())
     }
 
+    /// Store a trace entry of device list `list`; its stack is still a frames list number.
+    pub(crate) fn entry(&mut self, list: u32, entry: TraceEntry) -> Result<(), String> {
+        self.batch.entries.push((list, entry));
+        if self.batch.entries.len() >= BATCH_ENTRIES {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
     /// Whether `f` was sent before; marks it sent.
     #[inline]
     fn mark_seen(&mut self, f: Val) -> bool {
@@ -378,9 +458,8 @@ impl Pipeline {
     fn flush(&mut self) -> Result<(), String> {
         match &mut self.mode {
             Mode::Inline(w) => {
-                w.run(&self.batch);
-                self.batch.msgs.clear();
-                self.batch.items.clear();
+                w.run(&mut self.batch);
+                self.batch.clear();
             }
             Mode::Thread { tx, back, .. } => {
                 let next = back.try_recv().unwrap_or_default();
@@ -392,9 +471,8 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Wait for the worker; the stack table and each list number's stack id (`u32::MAX`, or
-    /// past the end: an empty list).
-    pub(crate) fn finish(mut self) -> Result<(StackTable, Vec<u32>), String> {
+    /// Wait for the worker: the stack table and the device trace lists (with stack ids).
+    pub(crate) fn finish(mut self) -> Result<(StackTable, Vec<(Vec<TraceEntry>, u64)>), String> {
         self.flush()?;
         let w = match self.mode {
             Mode::Inline(w) => *w,
@@ -408,7 +486,7 @@ impl Pipeline {
         if w.table.overflow {
             return Err("more than 2^32 - 1 distinct stacks".into());
         }
-        Ok((w.table, w.by_list))
+        Ok(w.into_traces())
     }
 }
 
@@ -441,8 +519,7 @@ mod tests {
             .collect();
         let run = |threaded: bool| {
             let mut interner = Interner::default();
-            let mut p = Pipeline::new(StackTable::default(), threaded);
-            let mut ks = Vec::new();
+            let mut p = Pipeline::new(threaded, None, 0);
             for (i, l) in lists.iter().enumerate() {
                 // Every tenth list arrives in two batches.
                 let k = p.new_list().unwrap();
@@ -452,14 +529,20 @@ mod tests {
                 } else {
                     p.list(&t, &mut interner, k, l).unwrap();
                 }
-                ks.push(k);
+                let e = TraceEntry::new(Action::Alloc, i as u64, 512, 0).with_stack(Some(k));
+                p.entry((i % 2) as u32, e).unwrap();
             }
             let empty = p.new_list().unwrap();
-            let (table, by_list) = p.finish().unwrap();
-            assert!(by_list.get(empty as usize).is_none_or(|&s| s == u32::MAX));
-            let stacks: Vec<Vec<FrameId>> = ks
-                .iter()
-                .map(|&k| table.stacks[by_list[k as usize] as usize].clone())
+            p.entry(0, TraceEntry::new(Action::Oom, 0, 1, 0).with_stack(Some(empty)))
+                .unwrap();
+            let (table, traces) = p.finish().unwrap();
+            assert_eq!(traces[0].0.last().unwrap().stack(), None, "an empty list");
+            let stacks: Vec<Vec<FrameId>> = (0..lists.len())
+                .map(|i| {
+                    let e = &traces[i % 2].0[i / 2];
+                    assert_eq!(e.addr, i as u64);
+                    table.stacks[e.stack().unwrap() as usize].clone()
+                })
                 .collect();
             (interner.frames.len(), stacks)
         };
@@ -476,7 +559,7 @@ mod tests {
         let (mut t, f) = tree_with_frames();
         let bad = t.new_float(1.5);
         let mut interner = Interner::default();
-        let mut p = Pipeline::new(StackTable::default(), true);
+        let mut p = Pipeline::new(true, None, 0);
         let k = p.new_list().unwrap();
         let e = p.list(&t, &mut interner, k, &[f[0], bad]).unwrap_err();
         assert_eq!(e, "a stack frame is a float, expected a dict");

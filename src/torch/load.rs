@@ -11,7 +11,7 @@ use rustc_hash::FxHashMap;
 
 use crate::error::{CaptureError, ErrorKind};
 use crate::pickle::{self, Kind, Limits, PickleErrorKind, Tree, Val};
-use crate::torch::intern::{Interner, Pipeline, StackTable, THREAD_FROM};
+use crate::torch::intern::{Interner, Pipeline, THREAD_FROM};
 use crate::torch::model::{
     Action, AllocatorSettings, Block, BlockState, Segment, Snapshot, SnapshotFormat, StackId,
     TraceEntry,
@@ -123,14 +123,15 @@ fn decode_inner(
                 && std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
             let mut sink = TraceSink {
                 interner: Interner::default(),
-                pipeline: Some(Pipeline::new(StackTable::default(), threaded)),
+                pipeline: Some(Pipeline::new(
+                    threaded,
+                    opts.max_trace_events,
+                    bytes.len() / 64,
+                )),
                 list_by_val: FxHashMap::default(),
-                traces: Vec::new(),
                 last_keys: Vec::new(),
                 last_slots: Vec::new(),
                 actions: Vec::new(),
-                input_len: bytes.len(),
-                opts,
                 map,
                 error_at: None,
                 released: 0,
@@ -271,59 +272,33 @@ fn line_col_to_offset(bytes: &[u8], line: usize, col: usize) -> u64 {
 
 /// Converts trace-entry dicts to [`TraceEntry`]s while the pickle is decoded, so millions of
 /// entries never sit in the object graph.
-struct TraceSink<'o, 'm> {
+struct TraceSink<'m> {
     interner: Interner,
-    /// Frames lists → list numbers while decoding (stack ids once finished).
+    /// Interns frames lists and stores the entries (on a worker thread for large files).
     pipeline: Option<Pipeline>,
     /// List number of frames lists that are not sunk (`None`: empty), by object.
     list_by_val: FxHashMap<Val, Option<u32>>,
-    /// Per streamed list (= per device): the newest entries, and how many were dropped.
-    traces: Vec<(std::collections::VecDeque<TraceEntry>, u64)>,
     /// Key objects of the previous entry and their field slots.
     last_keys: Vec<Val>,
     last_slots: Vec<u8>,
     /// Action str object → action, for the last few action objects seen.
     actions: Vec<(Val, Action)>,
-    input_len: usize,
-    opts: &'o LoadOptions,
     map: Option<&'m memmap2::Mmap>,
     error_at: Option<String>,
     /// Input bytes before this offset were given back to the kernel.
     released: usize,
 }
 
-/// How far ahead of the decoder the input is mapped in (a little more than the VM's progress step).
-#[cfg(target_os = "linux")]
-const PREFAULT_AHEAD: usize = 9 << 20;
-
-impl TraceSink<'_, '_> {
-    /// Wait for stack interning and turn the entries' list numbers into stack ids.
+impl TraceSink<'_> {
+    /// Wait for the pipeline: the device trace lists, with stack ids.
     fn finish(&mut self) -> Result<Streamed, String> {
         let _ = &self.error_at;
         let Some(pipeline) = self.pipeline.take() else {
             return Ok(None);
         };
-        let (table, by_list) = pipeline.finish()?;
+        let (table, traces) = pipeline.finish()?;
         self.interner.table = table;
-        if self.traces.is_empty() {
-            return Ok(None);
-        }
-        let stack_of = |k: Option<u32>| {
-            k.and_then(|k| by_list.get(k as usize).copied())
-                .filter(|&s| s != u32::MAX)
-        };
-        Ok(Some(
-            std::mem::take(&mut self.traces)
-                .into_iter()
-                .map(|(d, n)| {
-                    let mut v = Vec::from(d);
-                    for e in &mut v {
-                        e.set_stack(stack_of(e.stack()));
-                    }
-                    (v, n)
-                })
-                .collect(),
-        ))
+        Ok((!traces.is_empty()).then_some(traces))
     }
 
     /// The list number of an entry's `frames` value.
@@ -354,25 +329,12 @@ impl TraceSink<'_, '_> {
     }
 }
 
-impl pickle::Sink for TraceSink<'_, '_> {
+impl pickle::Sink for TraceSink<'_> {
     fn key(&self) -> &str {
         "device_traces"
     }
 
     fn entry(&mut self, t: &Tree<'_>, list: u32, pairs: &[Val]) -> Result<(), String> {
-        let list = list as usize;
-        while self.traces.len() <= list {
-            // The first device list holds nearly all of a large file: reserve for it up front
-            // (untouched capacity costs no memory) so growing it never copies hundreds of MB.
-            let cap = if self.traces.is_empty() {
-                self.input_len / 64
-            } else {
-                0
-            };
-            let buf: Vec<TraceEntry> = Vec::with_capacity(cap);
-            crate::hugepages::advise_spare(&buf);
-            self.traces.push((buf.into(), 0));
-        }
         // Every entry of a snapshot has the same key objects in the same order: map them once.
         let same_keys = pairs.len() == 2 * self.last_keys.len()
             && pairs
@@ -419,17 +381,10 @@ impl pickle::Sink for TraceSink<'_, '_> {
             None => None,
         };
         let entry = trace_entry(t, action, fields, stack);
-        let (deque, dropped) = &mut self.traces[list];
-        if let Some(cap) = self.opts.max_trace_events {
-            if deque.len() >= cap {
-                *dropped += 1;
-                if deque.pop_front().is_none() {
-                    return Ok(());
-                }
-            }
-        }
-        deque.push_back(entry);
-        Ok(())
+        self.pipeline
+            .as_mut()
+            .ok_or("decoding already finished")?
+            .entry(list, entry)
     }
 
     fn takes_sequences(&self) -> bool {
@@ -465,15 +420,6 @@ impl pickle::Sink for TraceSink<'_, '_> {
                     )
                 };
                 self.released = upto;
-            }
-            // Map the next stretch in one call rather than a page fault every few pages.
-            #[cfg(target_os = "linux")]
-            {
-                let ahead = (offset / page * page).min(map.len());
-                let len = (PREFAULT_AHEAD).min(map.len() - ahead);
-                if len > 0 {
-                    let _ = map.advise_range(memmap2::Advice::PopulateRead, ahead, len);
-                }
             }
         }
         #[cfg(not(unix))]
