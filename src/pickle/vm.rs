@@ -88,6 +88,14 @@ pub trait Sink {
     fn new_sequence(&mut self) -> Result<u32, String> {
         Err("this sink does not take lists".into())
     }
+    /// Sequence `seq`, still empty, is about to receive exactly the items of `raw`: a run of
+    /// fewer than 1000 `BINGET`/`LONG_BINGET` opcodes (with their memo indices) ending at an
+    /// `APPENDS`. While `generation` is unchanged no memo slot was overwritten, so equal bytes
+    /// mean equal items: a sink that saw the same run before may fill the sequence from it and
+    /// return `true`, and the VM skips the run; with `false` the items follow as usual.
+    fn sequence_run(&mut self, _seq: u32, _raw: &[u8], _generation: u64) -> Result<bool, String> {
+        Ok(false)
+    }
     /// Items appended to sequence `seq` (lists over 1000 items arrive in several batches).
     fn sequence(&mut self, _tree: &Tree<'_>, _seq: u32, _items: &[Val]) -> Result<(), String> {
         Err("this sink does not take lists".into())
@@ -114,6 +122,7 @@ pub fn decode_streaming<'a>(
     let sink_sequences = sink.as_ref().is_some_and(|s| s.takes_sequences());
     let mut vm = Vm {
         sink_sequences,
+        memo_generation: 0,
         sink,
         stream_key: key,
         streamed: Vec::new(),
@@ -152,6 +161,8 @@ struct Vm<'a, 's> {
     sink: Option<&'s mut dyn Sink>,
     /// The sink takes the lists inside streamed dicts ([`Sink::takes_sequences`]).
     sink_sequences: bool,
+    /// Bumped whenever an existing memo slot is overwritten ([`Sink::sequence_run`]).
+    memo_generation: u64,
     stream_key: Option<Vec<u8>>,
     /// Node ids of streamed lists, in creation order (the sink's list number is the index).
     streamed: Vec<u32>,
@@ -454,6 +465,9 @@ impl<'a> Vm<'a, '_> {
         }
         if idx >= self.memo.len() {
             self.memo.resize(idx + 1, Val::NONE);
+        } else {
+            // An existing slot changes: memo indices seen before may now mean something else.
+            self.memo_generation += 1;
         }
         self.memo[idx] = v;
         Ok(())
@@ -473,6 +487,9 @@ impl<'a> Vm<'a, '_> {
     /// a row (two thirds of a snapshot's opcodes), so they run in a tight loop over locals.
     #[inline]
     fn memo_get_run(&mut self, first: u8) -> R<()> {
+        if self.sink_sequences && self.skip_known_run()? {
+            return Ok(());
+        }
         let d = self.d;
         let (mut op, mut at, mut p) = (first, self.op_at, self.p);
         let result = loop {
@@ -521,6 +538,47 @@ impl<'a> Vm<'a, '_> {
                 self.memo_get(i)
             }
         }
+    }
+
+    /// At the first `BINGET` right after the `MARK` of a sunk list: offer the whole run up to
+    /// its `APPENDS` to the sink ([`Sink::sequence_run`]); `true` when the sink took it.
+    fn skip_known_run(&mut self) -> R<bool> {
+        let n = self.stack.len();
+        if self.marks.last() != Some(&n) || n == 0 {
+            return Ok(false);
+        }
+        let Some(seq) = self.stack[n - 1].sunk_list_seq() else {
+            return Ok(false);
+        };
+        let (d, start) = (self.d, self.op_at);
+        let (mut q, mut items) = (start, 0);
+        while items < 1000 {
+            match d.get(q) {
+                Some(b'h') => q += 2,
+                Some(b'j') => q += 5,
+                _ => break,
+            }
+            items += 1;
+        }
+        // A batch of 1000 may be followed by more for the same list.
+        if items >= 1000 || q >= d.len() || d[q] != b'e' {
+            return Ok(false);
+        }
+        let Some(sink) = self.sink.as_deref_mut() else {
+            return Ok(false);
+        };
+        let taken = sink
+            .sequence_run(seq, &d[start..q], self.memo_generation)
+            .map_err(|m| PickleError {
+                offset: start as u64,
+                kind: PickleErrorKind::Invalid,
+                message: m,
+            })?;
+        if taken {
+            self.marks.pop();
+            (self.op_at, self.p) = (q, q + 1);
+        }
+        Ok(taken)
     }
 
     fn append_items(&mut self, list: Val, items_from: usize) -> R<()> {
@@ -1278,8 +1336,8 @@ impl<'a> Vm<'a, '_> {
                 }
                 // ---- memo ----
                 0x94 => {
-                    let i = self.memo.len();
-                    self.memo_put(i)?;
+                    let v = self.top()?;
+                    self.memo.push(v);
                 }
                 b'q' => {
                     let i = self.byte()? as usize;

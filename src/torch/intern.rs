@@ -197,6 +197,9 @@ impl StackTable {
     }
 }
 
+/// Per device list: its entries (oldest first) and how many older ones were dropped.
+pub(crate) type TraceLists = Vec<(Vec<TraceEntry>, u64)>;
+
 /// What the decoding thread hands over, in order.
 enum Msg {
     /// A frame object and its id (sent before the first list that contains it).
@@ -204,6 +207,13 @@ enum Msg {
     /// Items of list number `list` (appended to its stack when it already has one: lists over
     /// 1000 items arrive in several batches); its `len` frame objects follow in `Batch::items`.
     List { list: u32, len: u32 },
+    /// List number `list` has the content list number `of` had when `of` was filled, because
+    /// both were filled by the same run of memo references; the run's `len` bytes follow in
+    /// `Batch::raw`, to be checked against the run recorded for `of`.
+    Alias { list: u32, of: u32, len: u32 },
+    /// List number `list` is filled by the run whose `len` bytes follow in `Batch::raw`:
+    /// recorded for checking later aliases.
+    Run { list: u32, len: u32 },
 }
 
 #[derive(Default)]
@@ -212,6 +222,8 @@ struct Batch {
     items: Vec<Val>,
     /// Trace entries (device list number, entry whose stack is still a frames list number).
     entries: Vec<(u32, TraceEntry)>,
+    /// Raw runs of memo references ([`Msg::Alias`], [`Msg::Run`]).
+    raw: Vec<u8>,
 }
 
 impl Batch {
@@ -219,6 +231,7 @@ impl Batch {
         self.msgs.clear();
         self.items.clear();
         self.entries.clear();
+        self.raw.clear();
     }
 }
 
@@ -233,6 +246,10 @@ struct Worker {
     max_events: Option<usize>,
     /// Capacity to reserve for the first device list.
     first_capacity: usize,
+    /// The run of memo references that filled a list ([`Msg::Run`]).
+    runs: FxHashMap<u32, Box<[u8]>>,
+    /// An alias whose run differed from the recorded one (a 64-bit hash collision).
+    collision: bool,
 }
 
 impl Worker {
@@ -263,7 +280,7 @@ impl Worker {
     }
 
     /// The device lists with stack ids in place of frames list numbers.
-    fn into_traces(mut self) -> (StackTable, Vec<(Vec<TraceEntry>, u64)>) {
+    fn into_traces(mut self) -> (StackTable, TraceLists) {
         let by_list = std::mem::take(&mut self.by_list);
         let traces = std::mem::take(&mut self.traces)
             .into_iter()
@@ -286,6 +303,7 @@ impl Worker {
         for (list, e) in b.entries.drain(..) {
             self.store(list, e);
         }
+        let mut raw_at = 0usize;
         let mut at = 0usize;
         for m in &b.msgs {
             match *m {
@@ -300,6 +318,23 @@ impl Worker {
                     let prefix = Some(self.by_list[k]).filter(|&p| p != u32::MAX);
                     let id = self.table.intern(prefix, items);
                     self.by_list[k] = id.unwrap_or(u32::MAX);
+                }
+                Msg::Run { list, len } => {
+                    let raw = &b.raw[raw_at..raw_at + len as usize];
+                    raw_at += len as usize;
+                    self.runs.insert(list, raw.into());
+                }
+                Msg::Alias { list, of, len } => {
+                    let raw = &b.raw[raw_at..raw_at + len as usize];
+                    raw_at += len as usize;
+                    if self.runs.get(&of).is_none_or(|r| &r[..] != raw) {
+                        self.collision = true;
+                    }
+                    let k = list as usize;
+                    if self.by_list.len() <= k {
+                        self.by_list.resize(k + 1, u32::MAX);
+                    }
+                    self.by_list[k] = self.by_list.get(of as usize).copied().unwrap_or(u32::MAX);
                 }
             }
         }
@@ -323,6 +358,38 @@ pub(crate) struct Pipeline {
     /// Frame objects already sent, by node id (a bit each) and, for inline values, by value.
     seen: Vec<u64>,
     seen_val: FxHashSet<Val>,
+    /// Lists that received items (a bit per list number), and those that received items in more
+    /// than one batch (their content changed after they were first filled).
+    filled: Vec<u64>,
+    extended: FxHashSet<u32>,
+    /// Runs of memo references already seen, by hash: the memo generation they were read
+    /// under and the list they filled (the worker keeps the bytes and checks every reuse).
+    runs: Option<FxHashMap<u64, (u64, u32)>>,
+    run_bytes: usize,
+}
+
+/// Memory for remembered runs (a frames list is ~200 bytes of opcodes; snapshots repeat a few
+/// thousand distinct stacks, so this is never reached by real files).
+const RUN_CACHE_BYTES: usize = 32 << 20;
+
+#[cfg(test)]
+thread_local! {
+    /// Tests: every run hashes to 0, so different runs collide.
+    pub(crate) static COLLIDE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// [`Pipeline::finish`] found two different runs of memo references with one hash: decode again
+/// with [`Pipeline::new`]`(…, runs: false)`.
+pub(crate) const RUN_COLLISION: &str = "run cache collision";
+
+fn test_and_set(bits: &mut Vec<u64>, n: u32) -> bool {
+    let (w, bit) = ((n / 64) as usize, 1u64 << (n % 64));
+    if bits.len() <= w {
+        bits.resize(w + 1, 0);
+    }
+    let was = bits[w] & bit != 0;
+    bits[w] |= bit;
+    was
 }
 
 enum Mode {
@@ -337,10 +404,14 @@ enum Mode {
 impl Pipeline {
     /// A pipeline, threaded when `threaded` and a thread can be started; trace lists keep their
     /// newest `max_events` entries, the first one is reserved `first_capacity` entries.
+    ///
+    /// With `runs`, identical runs of memo references fill lists without being decoded again
+    /// ([`Pipeline::known_run`]).
     pub(crate) fn new(
         threaded: bool,
         max_events: Option<usize>,
         first_capacity: usize,
+        runs: bool,
     ) -> Pipeline {
         let worker = Worker {
             max_events,
@@ -358,6 +429,10 @@ impl Pipeline {
             lists: 0,
             seen: Vec::new(),
             seen_val: FxHashSet::default(),
+            filled: Vec::new(),
+            extended: FxHashSet::default(),
+            runs: runs.then(FxHashMap::default),
+            run_bytes: 0,
         }
     }
 
@@ -406,6 +481,41 @@ impl Pipeline {
         Ok(n)
     }
 
+    /// Fill still-empty list `list` from an identical run of memo references seen before
+    /// (see [`crate::pickle::Sink::sequence_run`]); `false` when this run is new, which is
+    /// remembered for the next time. Runs are matched by a 64-bit hash here and compared byte
+    /// for byte on the worker; a mismatch makes [`Pipeline::finish`] fail with
+    /// [`RUN_COLLISION`].
+    pub(crate) fn known_run(&mut self, list: u32, raw: &[u8], generation: u64) -> bool {
+        let Some(runs) = self.runs.as_mut() else {
+            return false;
+        };
+        let h = {
+            use std::hash::{BuildHasher, Hasher};
+            let mut hs = rustc_hash::FxBuildHasher.build_hasher();
+            hs.write(raw);
+            hs.finish()
+        };
+        #[cfg(test)]
+        let h = if COLLIDE.with(|c| c.get()) { 0 } else { h };
+        let len = raw.len() as u32;
+        if let Some(&(g, of)) = runs.get(&h) {
+            if g == generation && !self.extended.contains(&of) {
+                self.batch.msgs.push(Msg::Alias { list, of, len });
+                self.batch.raw.extend_from_slice(raw);
+                test_and_set(&mut self.filled, list);
+                return true;
+            }
+        }
+        if self.run_bytes + raw.len() <= RUN_CACHE_BYTES {
+            self.run_bytes += raw.len();
+            runs.insert(h, (generation, list));
+            self.batch.msgs.push(Msg::Run { list, len });
+            self.batch.raw.extend_from_slice(raw);
+        }
+        false
+    }
+
     /// Hand over the items of frames list `list` (a list may come in several batches).
     pub(crate) fn list(
         &mut self,
@@ -421,6 +531,9 @@ impl Pipeline {
             }
         }
         let len = u32::try_from(items.len()).map_err(|_| "a frames list over 2^32 items")?;
+        if test_and_set(&mut self.filled, list) {
+            self.extended.insert(list);
+        }
         self.batch.msgs.push(Msg::List { list, len });
         self.batch.items.extend_from_slice(items);
         if self.batch.items.len() >= BATCH_ITEMS || self.batch.msgs.len() >= BATCH_MSGS {
@@ -472,7 +585,7 @@ impl Pipeline {
     }
 
     /// Wait for the worker: the stack table and the device trace lists (with stack ids).
-    pub(crate) fn finish(mut self) -> Result<(StackTable, Vec<(Vec<TraceEntry>, u64)>), String> {
+    pub(crate) fn finish(mut self) -> Result<(StackTable, TraceLists), String> {
         self.flush()?;
         let w = match self.mode {
             Mode::Inline(w) => *w,
@@ -485,6 +598,9 @@ impl Pipeline {
         };
         if w.table.overflow {
             return Err("more than 2^32 - 1 distinct stacks".into());
+        }
+        if w.collision {
+            return Err(RUN_COLLISION.into());
         }
         Ok(w.into_traces())
     }
@@ -519,7 +635,7 @@ mod tests {
             .collect();
         let run = |threaded: bool| {
             let mut interner = Interner::default();
-            let mut p = Pipeline::new(threaded, None, 0);
+            let mut p = Pipeline::new(threaded, None, 0, true);
             for (i, l) in lists.iter().enumerate() {
                 // Every tenth list arrives in two batches.
                 let k = p.new_list().unwrap();
@@ -533,8 +649,11 @@ mod tests {
                 p.entry((i % 2) as u32, e).unwrap();
             }
             let empty = p.new_list().unwrap();
-            p.entry(0, TraceEntry::new(Action::Oom, 0, 1, 0).with_stack(Some(empty)))
-                .unwrap();
+            p.entry(
+                0,
+                TraceEntry::new(Action::Oom, 0, 1, 0).with_stack(Some(empty)),
+            )
+            .unwrap();
             let (table, traces) = p.finish().unwrap();
             assert_eq!(traces[0].0.last().unwrap().stack(), None, "an empty list");
             let stacks: Vec<Vec<FrameId>> = (0..lists.len())
@@ -559,7 +678,7 @@ mod tests {
         let (mut t, f) = tree_with_frames();
         let bad = t.new_float(1.5);
         let mut interner = Interner::default();
-        let mut p = Pipeline::new(true, None, 0);
+        let mut p = Pipeline::new(true, None, 0, true);
         let k = p.new_list().unwrap();
         let e = p.list(&t, &mut interner, k, &[f[0], bad]).unwrap_err();
         assert_eq!(e, "a stack frame is a float, expected a dict");

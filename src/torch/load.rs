@@ -11,7 +11,7 @@ use rustc_hash::FxHashMap;
 
 use crate::error::{CaptureError, ErrorKind};
 use crate::pickle::{self, Kind, Limits, PickleErrorKind, Tree, Val};
-use crate::torch::intern::{Interner, Pipeline, THREAD_FROM};
+use crate::torch::intern::{Interner, Pipeline, RUN_COLLISION, THREAD_FROM};
 use crate::torch::model::{
     Action, AllocatorSettings, Block, BlockState, Segment, Snapshot, SnapshotFormat, StackId,
     TraceEntry,
@@ -114,49 +114,73 @@ fn decode_inner(
             let tree = tree_from_json(path, bytes)?;
             build(path, &tree, opts, Interner::default(), None)
         }
-        _ => {
-            let limits = Limits {
-                refuse_globals: true,
-                ..Limits::default()
-            };
-            let threaded = bytes.len() >= THREAD_FROM
-                && std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
-            let mut sink = TraceSink {
-                interner: Interner::default(),
-                pipeline: Some(Pipeline::new(
-                    threaded,
-                    opts.max_trace_events,
-                    bytes.len() / 64,
-                )),
-                list_by_val: FxHashMap::default(),
-                last_keys: Vec::new(),
-                last_slots: Vec::new(),
-                actions: Vec::new(),
-                map,
-                error_at: None,
-                released: 0,
-            };
-            let decoded = pickle::decode_streaming(bytes, &limits, Some(&mut sink));
-            let tree = decoded.map_err(|e| {
-                let (kind, hint) = match e.kind {
-                    PickleErrorKind::Truncated => (
-                        ErrorKind::Truncated,
-                        "the snapshot may still be being written; otherwise the file was cut short — dump it again",
-                    ),
-                    PickleErrorKind::Invalid => (ErrorKind::Invalid, "this is not a pickle written by torch.cuda.memory._dump_snapshot()"),
-                    PickleErrorKind::Refused => (ErrorKind::Unsupported, "only data pickles from _dump_snapshot() are read"),
-                    PickleErrorKind::Limit => (ErrorKind::Limit, "this does not look like a memory snapshot"),
-                };
-                CaptureError::new(path, kind, Some(e.offset), e.message, hint)
-            })?;
-            let streamed = sink
-                .finish()
-                .map_err(|m| CaptureError::new(path, ErrorKind::Limit, None, m, ""))?;
-            let mut snap = build(path, &tree, opts, sink.interner, streamed)?;
-            snap.pickle_protocol = tree.protocol;
-            Ok(snap)
-        }
+        _ => match decode_pickle(path, bytes, opts, map, true)? {
+            Some(snap) => Ok(snap),
+            // Two different frames lists looked alike to the run cache: decode again without it.
+            None => decode_pickle(path, bytes, opts, map, false)?.ok_or_else(|| {
+                CaptureError::new(path, ErrorKind::Invalid, None, RUN_COLLISION, "")
+            }),
+        },
     }
+}
+
+/// Decode a pickle snapshot; `Ok(None)` when the run cache (`runs`) met a hash collision.
+fn decode_pickle(
+    path: &Path,
+    bytes: &[u8],
+    opts: &LoadOptions,
+    map: Option<&memmap2::Mmap>,
+    runs: bool,
+) -> Result<Option<Snapshot>, CaptureError> {
+    let limits = Limits {
+        refuse_globals: true,
+        ..Limits::default()
+    };
+    let threaded = bytes.len() >= THREAD_FROM
+        && std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
+    let mut sink = TraceSink {
+        interner: Interner::default(),
+        pipeline: Some(Pipeline::new(
+            threaded,
+            opts.max_trace_events,
+            bytes.len() / 64,
+            runs,
+        )),
+        list_by_val: FxHashMap::default(),
+        last_keys: Vec::new(),
+        last_slots: Vec::new(),
+        actions: Vec::new(),
+        map,
+        error_at: None,
+        released: 0,
+    };
+    let decoded = pickle::decode_streaming(bytes, &limits, Some(&mut sink));
+    let tree = decoded.map_err(|e| {
+        let (kind, hint) = match e.kind {
+            PickleErrorKind::Truncated => (
+                ErrorKind::Truncated,
+                "the snapshot may still be being written; otherwise the file was cut short — dump it again",
+            ),
+            PickleErrorKind::Invalid => (
+                ErrorKind::Invalid,
+                "this is not a pickle written by torch.cuda.memory._dump_snapshot()",
+            ),
+            PickleErrorKind::Refused => (
+                ErrorKind::Unsupported,
+                "only data pickles from _dump_snapshot() are read",
+            ),
+            PickleErrorKind::Limit => (ErrorKind::Limit, "this does not look like a memory snapshot"),
+        };
+        CaptureError::new(path, kind, Some(e.offset), e.message, hint)
+    })?;
+    let streamed = match sink.finish() {
+        Ok(s) => s,
+        Err(m) if m == RUN_COLLISION => return Ok(None),
+        Err(m) => return Err(CaptureError::new(path, ErrorKind::Limit, None, m, "")),
+    };
+    let mut snap = build(path, &tree, opts, sink.interner, streamed)?;
+    snap.pickle_protocol = tree.protocol;
+    Ok(Some(snap))
 }
 
 /// Parse the JSON form into the same object graph the pickle VM produces.
@@ -396,6 +420,11 @@ impl pickle::Sink for TraceSink<'_> {
             .as_mut()
             .ok_or("decoding already finished")?
             .new_list()
+    }
+
+    fn sequence_run(&mut self, seq: u32, raw: &[u8], generation: u64) -> Result<bool, String> {
+        let p = self.pipeline.as_mut().ok_or("decoding already finished")?;
+        Ok(p.known_run(seq, raw, generation))
     }
 
     fn sequence(&mut self, t: &Tree<'_>, seq: u32, items: &[Val]) -> Result<(), String> {
@@ -939,6 +968,43 @@ sys.stdout.buffer.write(pickle.dumps({'segments': [], 'device_traces': [tr]}, pr
         assert_eq!(long[1499].name, "c10::alloc()");
         assert_eq!(long[0].filename, "/w/m.py");
         assert_eq!(tr[13].stack(), None, "an empty frames list is no stack");
+    }
+
+    #[test]
+    fn repeated_frames_lists_reuse_their_stack_and_a_hash_collision_decodes_again() {
+        // Three distinct stacks, each allocated many times: from the second time on, a list's
+        // run of memo references is recognised and not decoded again.
+        let script = r#"
+import pickle, sys
+fs = [{'name': f'f{i}', 'filename': f'/w/m{i}.py', 'line': i} for i in range(6)]
+shapes = [[fs[0], fs[1]], [fs[2], fs[3], fs[4]], [fs[5], fs[0]]]
+tr = []
+for i in range(300):
+    st = list(shapes[i % 3])
+    tr.append({'action': 'alloc', 'addr': i, 'size': 512, 'stream': 0, 'frames': st})
+sys.stdout.buffer.write(pickle.dumps({'segments': [], 'device_traces': [tr]}, protocol=4))
+"#;
+        let names = |s: &Snapshot| -> Vec<Vec<String>> {
+            s.device_traces.as_ref().unwrap()[0]
+                .iter()
+                .map(|e| s.stack_frames(e.stack()).map(|f| f.name.clone()).collect())
+                .collect()
+        };
+        let plain = load_py(script).unwrap();
+        let got = names(&plain);
+        assert_eq!(got.len(), 300);
+        assert_eq!(got[0], ["f0", "f1"]);
+        assert_eq!(got[1], ["f2", "f3", "f4"]);
+        assert_eq!(got[299], ["f5", "f0"]);
+        assert_eq!(plain.stacks.len(), 3);
+        crate::torch::intern::COLLIDE.with(|c| c.set(true));
+        let collided = load_py(script);
+        crate::torch::intern::COLLIDE.with(|c| c.set(false));
+        assert_eq!(
+            names(&collided.unwrap()),
+            got,
+            "decoded again without the cache"
+        );
     }
 
     #[test]
