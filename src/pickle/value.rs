@@ -88,6 +88,7 @@ impl Val {
     pub(crate) fn node_id(self) -> Option<u32> {
         (self.0 & TAG_MASK == TAG_NODE).then_some((self.0 >> TAG_BITS) as u32)
     }
+    #[inline]
     fn inline_int(self) -> Option<i64> {
         (self.0 & TAG_MASK == TAG_INT).then_some((self.0 as i64) >> TAG_BITS)
     }
@@ -286,7 +287,15 @@ impl<'a> Tree<'a> {
     }
 
     /// Any int as i128 (`None` beyond 128 bits).
+    #[inline]
     pub fn int128(&self, v: Val) -> Option<i128> {
+        if let Some(i) = v.inline_int() {
+            return Some(i as i128);
+        }
+        self.int128_node(v)
+    }
+
+    fn int128_node(&self, v: Val) -> Option<i128> {
         match self.kind(v) {
             Kind::Int(i) => Some(i as i128),
             Kind::Bool(b) => Some(b as i128),

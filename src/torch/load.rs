@@ -362,26 +362,25 @@ impl pickle::Sink for TraceSink<'_> {
         // Every entry of a snapshot has the same key objects in the same order: map them once.
         let same_keys = pairs.len() == 2 * self.last_keys.len()
             && pairs
-                .iter()
-                .step_by(2)
+                .chunks_exact(2)
                 .zip(&self.last_keys)
-                .all(|(a, b)| a == b);
+                .all(|(p, k)| p[0] == *k);
         if !same_keys {
             self.last_keys.clear();
             self.last_slots.clear();
-            for k in pairs.iter().step_by(2) {
+            for p in pairs.chunks_exact(2) {
                 let slot = t
-                    .str(*k)
+                    .str(p[0])
                     .and_then(|name| TRACE_KEYS.iter().position(|w| *w == name))
                     .map_or(u8::MAX, |i| i as u8);
-                self.last_keys.push(*k);
+                self.last_keys.push(p[0]);
                 self.last_slots.push(slot);
             }
         }
         let mut fields = [None; 7];
-        for (slot, v) in self.last_slots.iter().zip(pairs.iter().skip(1).step_by(2)) {
+        for (slot, p) in self.last_slots.iter().zip(pairs.chunks_exact(2)) {
             if let Some(f) = fields.get_mut(*slot as usize) {
-                *f = Some(*v);
+                *f = Some(p[1]);
             }
         }
         let action = match fields[0] {
