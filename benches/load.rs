@@ -3,7 +3,7 @@
 //! `cargo bench --bench load [-- FILE]`. Without FILE it generates a ≥ 200 MB snapshot with
 //! PyTorch's sharing pattern (`benches/gen_snapshot.py`) under `target/bench/`. Each measurement
 //! runs in its own process so peak RSS (VmHWM) belongs to that phase alone; the numbers are the
-//! median of 3 runs.
+//! median of 5 rounds, each running every phase and CPython once.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -27,34 +27,54 @@ fn main() {
     let mb = size as f64 / 1e6;
     println!("snapshot: {} ({:.1} MB)", file.display(), mb);
     let exe = std::env::current_exe().unwrap();
-    let mut rows = Vec::new();
-    for phase in ["decode", "vm", "load", "report"] {
-        let (secs, rss) = median3(|| phase_in_child(&exe, phase, &file));
-        rows.push((format!("memlsp {phase}"), secs, rss));
+    // Rounds interleave every phase with CPython, so that a machine that slows down for a while
+    // (a shared VM) slows both sides of the ratio; each number is the median over the rounds.
+    const ROUNDS: usize = 5;
+    let phases = ["decode", "vm", "load", "report"];
+    let mut runs: Vec<Vec<(f64, u64)>> = vec![Vec::new(); phases.len() + 1];
+    for _ in 0..ROUNDS {
+        for (i, phase) in phases.iter().enumerate() {
+            runs[i].push(phase_in_child(&exe, phase, &file));
+        }
+        runs[phases.len()].push(python_load(&file));
     }
-    let (py_secs, py_rss) = median3(|| python_load(&file));
-    rows.push(("CPython pickle.load".to_string(), py_secs, py_rss));
+    let mut rows: Vec<(String, f64, u64)> = phases
+        .iter()
+        .map(|p| format!("memlsp {p}"))
+        .chain(["CPython pickle.load".to_string()])
+        .zip(runs.iter_mut())
+        .map(|(what, r)| {
+            let (secs, rss) = median(r);
+            (what, secs, rss)
+        })
+        .collect();
+    let py_secs = rows[phases.len()].1;
     println!(
         "{:<24} {:>9} {:>10} {:>12} {:>10} {:>10}",
         "what", "seconds", "MB/s", "peak RSS MB", "RSS/file", "vs pickle"
     );
-    for (what, secs, rss) in &rows {
+    for (what, secs, rss) in rows.drain(..) {
         println!(
             "{:<24} {:>9.3} {:>10.0} {:>12.0} {:>10.2} {:>9.1}x",
             what,
             secs,
             mb / secs,
-            *rss as f64 / 1e6,
-            *rss as f64 / size as f64,
+            rss as f64 / 1e6,
+            rss as f64 / size as f64,
             py_secs / secs
         );
     }
+    println!(
+        "(median of {ROUNDS} interleaved rounds; decode = the whole pickle as a generic object graph, \
+         vm = the decoder streaming trace entries to a sink that drops them, load = the snapshot \
+         model, report = load + every analysis)"
+    );
 }
 
-fn median3(mut f: impl FnMut() -> (f64, u64)) -> (f64, u64) {
-    let mut runs: Vec<(f64, u64)> = (0..3).map(|_| f()).collect();
+/// The run with the median time (its own peak RSS with it).
+fn median(runs: &mut [(f64, u64)]) -> (f64, u64) {
     runs.sort_by(|a, b| a.0.total_cmp(&b.0));
-    runs[1]
+    runs[runs.len() / 2]
 }
 
 fn phase_in_child(exe: &Path, phase: &str, file: &Path) -> (f64, u64) {
