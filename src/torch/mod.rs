@@ -44,14 +44,28 @@ pub struct Analysis {
 /// Run every analysis over a loaded snapshot.
 pub fn analyze_snapshot(snap: &Snapshot, opts: &Options) -> Analysis {
     let stacks = StackIndex::new(snap, &opts.frames);
-    let totals = totals::compute(snap, &stacks);
-    let all_sites = sites::compute(snap, &stacks, None);
-    let device_sites = totals
-        .devices
-        .iter()
-        .map(|d| sites::compute(snap, &stacks, Some(d.device)))
-        .collect();
-    let timeline = timeline::compute(snap, &stacks);
+    let others = |stacks: &StackIndex| {
+        let totals = totals::compute(snap, stacks);
+        let all_sites = sites::compute(snap, stacks, None);
+        let device_sites: Vec<_> = totals
+            .devices
+            .iter()
+            .map(|d| sites::compute(snap, stacks, Some(d.device)))
+            .collect();
+        (totals, all_sites, device_sites)
+    };
+    // The timeline replays the whole trace; on a large one it runs beside the other analyses.
+    let entries: usize = snap.device_traces.iter().flatten().map(Vec::len).sum();
+    let ((totals, all_sites, device_sites), timeline) = if entries >= PARALLEL_FROM {
+        std::thread::scope(|sc| {
+            let tl = sc.spawn(|| timeline::compute(snap, &stacks));
+            let rest = others(&stacks);
+            let tl = tl.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+            (rest, tl)
+        })
+    } else {
+        (others(&stacks), timeline::compute(snap, &stacks))
+    };
     let fragmentation = fragmentation::diagnose(snap, &totals, &timeline);
     let mut a = Analysis {
         totals,
@@ -66,6 +80,9 @@ pub fn analyze_snapshot(snap: &Snapshot, opts: &Options) -> Analysis {
     sort_findings(&mut a.findings);
     a
 }
+
+/// Traces with at least this many entries get the timeline on a second thread.
+const PARALLEL_FROM: usize = 200_000;
 
 /// Most severe first; within a severity, more bytes first (stable otherwise).
 pub fn sort_findings(f: &mut [Finding]) {
