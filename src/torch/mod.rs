@@ -247,6 +247,35 @@ mod tests {
     use super::*;
     use crate::torch::model::{Action, Block, BlockState, Frame, Segment, TraceEntry};
 
+    #[test]
+    fn a_large_trace_analysed_on_two_threads_matches_one_thread() {
+        let mut trace = Vec::new();
+        for i in 0..(PARALLEL_FROM as u64 / 2 + 1) {
+            let st = Some((i % 3) as u32);
+            trace.push(TraceEntry::new(Action::Alloc, i, 512, 0).with_stack(st));
+            if i % 4 != 0 {
+                trace.push(TraceEntry::new(Action::FreeCompleted, i, 512, 0).with_stack(st));
+            }
+        }
+        let frame = |n: &str| Frame {
+            name: n.into(),
+            filename: "/w/train.py".into(),
+            line: 3,
+        };
+        let snap = Snapshot {
+            device_traces: Some(vec![trace]),
+            frames: vec![frame("a"), frame("b"), frame("c")],
+            stacks: vec![vec![0], vec![1], vec![2]],
+            ..Snapshot::default()
+        };
+        let opts = Options::default();
+        let a = analyze_snapshot(&snap, &opts);
+        let stacks = StackIndex::new(&snap, &opts.frames);
+        assert_eq!(a.timeline, timeline::compute(&snap, &stacks));
+        assert_eq!(a.totals, totals::compute(&snap, &stacks));
+        assert_eq!(a.timeline.devices[0].allocs, PARALLEL_FROM as u64 / 2 + 1);
+    }
+
     /// Values a corrupt or hostile file can carry: sizes at u64::MAX, stack ids past the table,
     /// negative devices, frees of unknown addresses, an OOM on an empty device.
     #[test]
