@@ -31,6 +31,54 @@ mod tests {
     }
 
     #[test]
+    fn scalars_after_a_memo_reference_decode_like_anywhere_else() {
+        // k='key'; [k, v0, k, v1, k, …] for ints of every width, strings, None, bools, a float:
+        // each value follows a BINGET, the VM's fast path.
+        let data = b"\x80\x04\x95\xae\x00\x00\x00\x00\x00\x00\x00]\x94(\x8c\x03key\x94K\x01h\x01K\xffh\x01M\x00\x01h\x01M\xff\xffh\x01J\x00\x00\x01\x00h\x01J\xff\xff\xff\xffh\x01J\x7f\xff\xff\xffh\x01J\xff\xff\xff\x7fh\x01J\x00\x00\x00\x80h\x01\x8a\x06\x00\x00\x00\x00\x00\x01h\x01\x8a\x06\x00\x00\x00\x00\x00\xffh\x01\x8a\x07\xff\xff\xff\xff\xff\xff\x7fh\x01\x8a\x07\x00\x00\x00\x00\x00\x00\x80h\x01\x8a\x08\x00\x00\x00\x00\x00\x00\x00@h\x01\x8a\t\x00\x00\x00\x00\x00\x00\x00\x00\x01h\x01\x8c\x03abc\x94h\x01\x8c\x02\xc3\xa9\x94h\x01\x8c\x03N/A\x94h\x01Nh\x01\x88h\x01\x89h\x01G@\x0c\x00\x00\x00\x00\x00\x00h\x01e.";
+        let t = decode(data).unwrap();
+        let items = t.items(t.root);
+        assert_eq!(items.len(), 45);
+        let vals: Vec<Val> = items.iter().skip(1).step_by(2).copied().collect();
+        let ints: Vec<Option<i128>> = vals[..15].iter().map(|&v| t.int128(v)).collect();
+        let want: Vec<i128> = vec![
+            1,
+            255,
+            256,
+            65535,
+            65536,
+            -1,
+            -129,
+            (1 << 31) - 1,
+            -(1 << 31),
+            1 << 40,
+            -(1 << 40),
+            (1 << 55) - 1,
+            -(1 << 55),
+            1 << 62,
+            1 << 64,
+        ];
+        assert_eq!(ints, want.into_iter().map(Some).collect::<Vec<_>>());
+        assert_eq!(t.str(vals[15]), Some("abc"));
+        assert_eq!(t.str(vals[16]), Some("é"));
+        assert_eq!(t.str(vals[17]), Some("N/A"));
+        assert_eq!(t.kind(vals[18]), Kind::None);
+        assert_eq!(
+            (t.bool(vals[19]), t.bool(vals[20])),
+            (Some(true), Some(false))
+        );
+        assert_eq!(t.float(vals[21]), Some(3.5));
+        assert!(
+            items.iter().step_by(2).all(|&k| k == items[0]),
+            "every key is one object"
+        );
+        // Cut short anywhere inside the fast path: an error with an offset, never a panic.
+        for cut in 14..data.len() - 1 {
+            let e = decode(&data[..cut]).unwrap_err();
+            assert!(e.offset as usize <= cut, "{cut}: {e}");
+        }
+    }
+
+    #[test]
     fn big_ints_and_negative_ints_decode() {
         // pickle.dumps([2**64-1, -1, 2**100], protocol=2)
         let data = b"\x80\x02]q\x00(\x8a\t\xff\xff\xff\xff\xff\xff\xff\xff\x00J\xff\xff\xff\xff\x8a\r\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x10e.";

@@ -184,6 +184,10 @@ struct Vm<'a, 's> {
     limits: Limits,
 }
 
+/// Most opcodes [`Vm::fast_ops`] runs before it returns to the main loop (which reports
+/// progress every few MiB).
+const FAST_OPS_MAX: usize = 256;
+
 /// Owned dicts with at least this many entries get a hash index; smaller ones are scanned.
 const INDEX_FROM: usize = 32;
 
@@ -538,6 +542,113 @@ impl<'a> Vm<'a, '_> {
                 self.memo_get(i)
             }
         }
+    }
+
+    /// After a memo reference: the simple opcodes that follow (more memo references, small ints
+    /// and strings, `MEMOIZE`), run in one loop without the main loop's bookkeeping — the keys
+    /// and scalar values of a trace entry. Stops before the first opcode it does not handle, or
+    /// that would fail, and leaves that one to the main loop (which reports any error).
+    #[inline]
+    fn fast_ops(&mut self) {
+        let d = self.d;
+        let mut p = self.p;
+        for _ in 0..FAST_OPS_MAX {
+            let Some(&op) = d.get(p) else { break };
+            let arg = p + 1;
+            let (v, next) = match op {
+                b'h' | b'j' => {
+                    let (idx, next) = if op == b'h' {
+                        match d.get(arg) {
+                            Some(&b) => (b as usize, arg + 1),
+                            None => break,
+                        }
+                    } else {
+                        match d.get(arg..arg + 4) {
+                            Some(s) => (
+                                u32::from_le_bytes([s[0], s[1], s[2], s[3]]) as usize,
+                                arg + 4,
+                            ),
+                            None => break,
+                        }
+                    };
+                    match self.memo.get(idx) {
+                        Some(&v) => (v, next),
+                        None => break,
+                    }
+                }
+                b'K' => match d.get(arg) {
+                    Some(&b) => (Val::small_int(b as i64).unwrap_or(Val::NONE), arg + 1),
+                    None => break,
+                },
+                b'M' => match d.get(arg..arg + 2) {
+                    Some(s) => (
+                        Val::small_int(u16::from_le_bytes([s[0], s[1]]) as i64)
+                            .unwrap_or(Val::NONE),
+                        arg + 2,
+                    ),
+                    None => break,
+                },
+                b'J' => match d.get(arg..arg + 4) {
+                    Some(s) => (
+                        Val::small_int(i32::from_le_bytes([s[0], s[1], s[2], s[3]]) as i64)
+                            .unwrap_or(Val::NONE),
+                        arg + 4,
+                    ),
+                    None => break,
+                },
+                0x8a => {
+                    // LONG1 of 1..=7 bytes always fits an inline int.
+                    let n = match d.get(arg) {
+                        Some(&n) if (1..=7).contains(&n) => n as usize,
+                        _ => break,
+                    };
+                    let Some(b) = d.get(arg + 1..arg + 1 + n) else {
+                        break;
+                    };
+                    let mut buf = [0u8; 8];
+                    buf[..n].copy_from_slice(b);
+                    let mut v = i64::from_le_bytes(buf);
+                    if b[n - 1] & 0x80 != 0 {
+                        v -= 1i64 << (8 * n);
+                    }
+                    match Val::small_int(v) {
+                        Some(v) => (v, arg + 1 + n),
+                        None => break,
+                    }
+                }
+                0x8c => {
+                    let n = match d.get(arg) {
+                        Some(&n) => n as usize,
+                        None => break,
+                    };
+                    match d.get(arg + 1..arg + 1 + n) {
+                        Some(b) if b.is_ascii() => match Val::inline_str(arg + 1, n) {
+                            Some(v) => (v, arg + 1 + n),
+                            None => break,
+                        },
+                        _ => break,
+                    }
+                }
+                0x94 => {
+                    // MEMOIZE the top of the stack (not across a MARK).
+                    match self.stack.last() {
+                        Some(&v) if self.marks.last().is_none_or(|&m| m < self.stack.len()) => {
+                            self.memo.push(v);
+                            p = arg;
+                            continue;
+                        }
+                        _ => break,
+                    }
+                }
+                _ => break,
+            };
+            if self.stack.len() >= self.limits.max_stack {
+                break;
+            }
+            self.stack.push(v);
+            p = next;
+        }
+        self.p = p;
     }
 
     /// At the first `BINGET` right after the `MARK` of a sunk list: offer the whole run up to
@@ -1351,7 +1462,10 @@ impl<'a> Vm<'a, '_> {
                     let i = self.text_index("PUT")?;
                     self.memo_put(i)?;
                 }
-                b'h' | b'j' => self.memo_get_run(op)?,
+                b'h' | b'j' => {
+                    self.memo_get_run(op)?;
+                    self.fast_ops();
+                }
                 b'g' => {
                     let i = self.text_index("GET")?;
                     self.memo_get(i)?;
