@@ -1007,6 +1007,20 @@ sys.stdout.buffer.write(pickle.dumps({'segments': [], 'device_traces': [tr]}, pr
     }
 
     #[test]
+    fn a_frames_list_appended_to_after_its_entry_has_its_final_content_as_in_python() {
+        // Hand-written: entry 1 has L = [f0]; then `L.append(f0)` through a memo reference; entry
+        // 2 refers to L. pickle.loads gives both entries [f0, f0].
+        let data = b"\x80\x04}\x94\x8c\rdevice_traces\x94]\x94]\x94(}\x94(\x8c\x06frames\x94]\x94(}\x94(\x8c\x04name\x94\x8c\x02f0\x94ue\x8c\x06action\x94\x8c\x05alloc\x94uh\x06h\x07a0}\x94(h\x05h\x06h\nh\x0bueas.";
+        let s = decode_snapshot(Path::new("t.pickle"), data, &LoadOptions::default()).unwrap();
+        let tr = &s.device_traces.as_ref().unwrap()[0];
+        assert_eq!(tr.len(), 2);
+        for e in tr {
+            let names: Vec<_> = s.stack_frames(e.stack()).map(|f| f.name.as_str()).collect();
+            assert_eq!(names, ["f0", "f0"]);
+        }
+    }
+
+    #[test]
     fn json_form_loads_like_the_pickle() {
         let json = br#"{"segments":[{"device":0,"address":4096,"total_size":2097152,"allocated_size":512,
             "active_size":512,"requested_size":100,"stream":0,"segment_type":"small","segment_pool_id":[0,0],
