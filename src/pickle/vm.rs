@@ -193,6 +193,15 @@ const INDEX_FROM: usize = 32;
 
 type R<T> = Result<T, PickleError>;
 
+/// A sink's refusal, at the opcode at `at`.
+fn sink_error(at: usize, message: String) -> PickleError {
+    PickleError {
+        offset: at as u64,
+        kind: PickleErrorKind::Invalid,
+        message,
+    }
+}
+
 impl<'a> Vm<'a, '_> {
     fn err(&self, kind: PickleErrorKind, message: impl Into<String>) -> PickleError {
         PickleError {
@@ -680,11 +689,7 @@ impl<'a> Vm<'a, '_> {
         };
         let taken = sink
             .sequence_run(seq, &d[start..q], self.memo_generation)
-            .map_err(|m| PickleError {
-                offset: start as u64,
-                kind: PickleErrorKind::Invalid,
-                message: m,
-            })?;
+            .map_err(|m| sink_error(start, m))?;
         if taken {
             self.marks.pop();
             (self.op_at, self.p) = (q, q + 1);
@@ -752,13 +757,19 @@ impl<'a> Vm<'a, '_> {
         if items_from >= self.stack.len() {
             return Ok(()); // an empty APPENDS batch
         }
+        self.give_stack(items_from, |sink, t, items| sink.sequence(t, seq, items))
+    }
+
+    /// Hand the stack items from `items_from` to the sink with `give`, then drop them; a sink
+    /// error stops decoding at the current opcode.
+    fn give_stack(
+        &mut self,
+        items_from: usize,
+        give: impl FnOnce(&mut dyn Sink, &Tree<'a>, &[Val]) -> Result<(), String>,
+    ) -> R<()> {
+        let at = self.op_at;
         if let Some(sink) = self.sink.as_deref_mut() {
-            sink.sequence(&self.tree, seq, &self.stack[items_from..])
-                .map_err(|m| PickleError {
-                    offset: self.op_at as u64,
-                    kind: PickleErrorKind::Invalid,
-                    message: m,
-                })?;
+            give(sink, &self.tree, &self.stack[items_from..]).map_err(|m| sink_error(at, m))?;
         }
         self.stack.truncate(items_from);
         Ok(())
@@ -878,29 +889,19 @@ impl<'a> Vm<'a, '_> {
     }
 
     fn emit(&mut self, ordinal: u32, pairs: &[Val]) -> R<()> {
-        let Some(sink) = self.sink.as_deref_mut() else {
-            return Ok(());
-        };
-        sink.entry(&self.tree, ordinal, pairs)
-            .map_err(|m| PickleError {
-                offset: self.op_at as u64,
-                kind: PickleErrorKind::Invalid,
-                message: m,
-            })
+        let at = self.op_at;
+        match self.sink.as_deref_mut() {
+            Some(sink) => sink
+                .entry(&self.tree, ordinal, pairs)
+                .map_err(|m| sink_error(at, m)),
+            None => Ok(()),
+        }
     }
 
-    /// Hand the items on the stack from `items_from` to the sink as streamed dict `dict`.
+    /// Hand the items on the stack from `items_from` to the sink as a dict of streamed list
+    /// number `ordinal`.
     fn emit_stack(&mut self, ordinal: u32, items_from: usize) -> R<()> {
-        if let Some(sink) = self.sink.as_deref_mut() {
-            sink.entry(&self.tree, ordinal, &self.stack[items_from..])
-                .map_err(|m| PickleError {
-                    offset: self.op_at as u64,
-                    kind: PickleErrorKind::Invalid,
-                    message: m,
-                })?;
-        }
-        self.stack.truncate(items_from);
-        Ok(())
+        self.give_stack(items_from, |sink, t, items| sink.entry(t, ordinal, items))
     }
 
     fn set_items(&mut self, dict: Val, items_from: usize) -> R<()> {
