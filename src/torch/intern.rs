@@ -1,13 +1,15 @@
-//! Frame and stack interning for the snapshot loader.
+//! Frame and stack interning, and trace-entry storage, for the snapshot loader.
 //!
 //! PyTorch shares frame dicts between stacks but gives every `alloc` and `free_requested` trace
 //! entry a fresh frames list, so a large snapshot holds millions of lists whose content repeats.
 //! Each is reduced to a [`StackId`] by content. Looking a stack up by content touches a table far
-//! larger than the CPU caches, so while the pickle VM decodes, that half of the work runs on a
-//! worker thread ([`Pipeline`]): the decoding thread only resolves frame objects it has not seen
-//! yet (the tree lives there) and hands over the frame objects of each list, numbered in order;
-//! the worker turns them into stack ids. [`Pipeline::finish`] joins it and returns, for each
-//! list number, its stack id. With one core, or a small file, the same work runs inline.
+//! larger than the CPU caches, so while the pickle VM decodes, that work — and storing the
+//! entries — runs on a worker thread ([`Pipeline`]): the decoding thread only resolves frame
+//! objects it has not seen yet (the tree lives there), numbers the lists and hands over their
+//! frame objects and the entries; the worker interns the stacks, keeps each device's entries and,
+//! at [`Pipeline::finish`], replaces list numbers by stack ids. A list filled by the same bytes as
+//! an earlier one becomes an alias of it ([`Pipeline::known_run`]), checked byte for byte on the
+//! worker. With one core, or a small file, the same work runs inline.
 
 use std::collections::VecDeque;
 use std::sync::mpsc;
