@@ -371,8 +371,9 @@ pub(crate) struct Pipeline {
 }
 
 /// Memory for remembered runs (a frames list is ~200 bytes of opcodes; snapshots repeat a few
-/// thousand distinct stacks, so this is never reached by real files).
+/// thousand distinct stacks, so neither bound is reached by real files).
 const RUN_CACHE_BYTES: usize = 32 << 20;
+const RUN_CACHE_RUNS: usize = 1 << 20;
 
 #[cfg(test)]
 thread_local! {
@@ -509,7 +510,7 @@ impl Pipeline {
                 return true;
             }
         }
-        if self.run_bytes + raw.len() <= RUN_CACHE_BYTES {
+        if self.run_bytes + raw.len() <= RUN_CACHE_BYTES && runs.len() < RUN_CACHE_RUNS {
             self.run_bytes += raw.len();
             runs.insert(h, (generation, list));
             self.batch.msgs.push(Msg::Run { list, len });
