@@ -151,7 +151,6 @@ fn decode_pickle(
         last_slots: Vec::new(),
         actions: Vec::new(),
         map,
-        error_at: None,
         released: 0,
     };
     let decoded = pickle::decode_streaming(bytes, &limits, Some(&mut sink));
@@ -308,7 +307,6 @@ struct TraceSink<'m> {
     /// Action str object → action, for the last few action objects seen.
     actions: Vec<(Val, Action)>,
     map: Option<&'m memmap2::Mmap>,
-    error_at: Option<String>,
     /// Input bytes before this offset were given back to the kernel.
     released: usize,
 }
@@ -316,7 +314,6 @@ struct TraceSink<'m> {
 impl TraceSink<'_> {
     /// Wait for the pipeline: the device trace lists, with stack ids.
     fn finish(&mut self) -> Result<Streamed, String> {
-        let _ = &self.error_at;
         let Some(pipeline) = self.pipeline.take() else {
             return Ok(None);
         };
