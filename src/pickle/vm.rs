@@ -496,66 +496,9 @@ impl<'a> Vm<'a, '_> {
         }
     }
 
-    /// `BINGET` / `LONG_BINGET`, and the ones right after it: a frames list is dozens of them in
-    /// a row (two thirds of a snapshot's opcodes), so they run in a tight loop over locals.
-    #[inline]
-    fn memo_get_run(&mut self, first: u8) -> R<()> {
-        if self.sink_sequences && self.skip_known_run()? {
-            return Ok(());
-        }
-        let d = self.d;
-        let (mut op, mut at, mut p) = (first, self.op_at, self.p);
-        let result = loop {
-            let idx = if op == b'h' {
-                match d.get(p) {
-                    Some(&b) => {
-                        p += 1;
-                        b as usize
-                    }
-                    None => break Err(()),
-                }
-            } else {
-                match d.get(p..p + 4) {
-                    Some(s) => {
-                        p += 4;
-                        u32::from_le_bytes([s[0], s[1], s[2], s[3]]) as usize
-                    }
-                    None => break Err(()),
-                }
-            };
-            match self.memo.get(idx) {
-                Some(&v) if self.stack.len() < self.limits.max_stack => self.stack.push(v),
-                _ => break Err(()),
-            }
-            match d.get(p) {
-                Some(&next @ (b'h' | b'j')) => {
-                    (op, at) = (next, p);
-                    p += 1;
-                }
-                _ => break Ok(()),
-            }
-        };
-        match result {
-            Ok(()) => {
-                (self.op_at, self.p) = (at, p);
-                Ok(())
-            }
-            Err(()) => {
-                // Redo the failing opcode the slow way for its error.
-                (self.op_at, self.p) = (at, at + 1);
-                let i = if op == b'h' {
-                    self.byte()? as usize
-                } else {
-                    self.u32()? as usize
-                };
-                self.memo_get(i)
-            }
-        }
-    }
-
-    /// After a memo reference: the simple opcodes that follow (more memo references, small ints
-    /// and strings, `MEMOIZE`), run in one loop without the main loop's bookkeeping — the keys
-    /// and scalar values of a trace entry. Stops before the first opcode it does not handle, or
+    /// After a memo reference: the simple opcodes that follow (more memo references — a frames
+    /// list is dozens in a row —, small ints and strings, `MEMOIZE`), run in one loop without the
+    /// main loop's bookkeeping; also the keys and scalar values of a trace entry. Stops before the first opcode it does not handle, or
     /// that would fail, and leaves that one to the main loop (which reports any error).
     #[inline]
     fn fast_ops(&mut self) {
@@ -1464,8 +1407,17 @@ impl<'a> Vm<'a, '_> {
                     self.memo_put(i)?;
                 }
                 b'h' | b'j' => {
-                    self.memo_get_run(op)?;
-                    self.fast_ops();
+                    // A frames list seen before is skipped whole; otherwise this reference and
+                    // the simple opcodes after it run in the fast loop.
+                    if !(self.sink_sequences && self.skip_known_run()?) {
+                        let i = if op == b'h' {
+                            self.byte()? as usize
+                        } else {
+                            self.u32()? as usize
+                        };
+                        self.memo_get(i)?;
+                        self.fast_ops();
+                    }
                 }
                 b'g' => {
                     let i = self.text_index("GET")?;
