@@ -138,6 +138,8 @@ fn decode_pickle(
     };
     let threaded = bytes.len() >= THREAD_FROM
         && std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
+    #[cfg(test)]
+    let threaded = threaded && !tests::INLINE.with(|c| c.get());
     let mut sink = TraceSink {
         interner: Interner::default(),
         pipeline: Some(Pipeline::new(
@@ -860,6 +862,11 @@ impl<'t, 'a> Builder<'t, 'a> {
 mod tests {
     use super::*;
 
+    thread_local! {
+        /// Tests: never start the interning thread.
+        pub(super) static INLINE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
     fn load_py(script: &str) -> Result<Snapshot, CaptureError> {
         let out = std::process::Command::new("python3")
             .arg("-c")
@@ -1015,6 +1022,56 @@ sys.stdout.buffer.write(pickle.dumps({'segments': [], 'device_traces': [tr]}, pr
             let names: Vec<_> = s.stack_frames(e.stack()).map(|f| f.name.as_str()).collect();
             assert_eq!(names, ["f0", "f0"]);
         }
+    }
+
+    #[test]
+    fn a_large_snapshot_loads_the_same_threaded_inline_and_without_the_run_cache() {
+        // The benchmark's generator at ~10 MB: above THREAD_FROM, so the worker thread runs.
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/gen_snapshot.py");
+        let out = std::process::Command::new("python3")
+            .args([script, "/dev/stdout", "45000"])
+            .output()
+            .expect("python3");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.stdout.len() >= THREAD_FROM,
+            "{} bytes",
+            out.stdout.len()
+        );
+        let load = || {
+            decode_snapshot(
+                Path::new("big.pickle"),
+                &out.stdout,
+                &LoadOptions::default(),
+            )
+        };
+        let view = |s: &Snapshot| -> Vec<(Action, u64, u64, Option<i64>, Vec<String>)> {
+            s.device_traces.as_ref().unwrap()[0]
+                .iter()
+                .map(|e| {
+                    let frames = s.stack_frames(e.stack()).map(|f| f.name.clone()).collect();
+                    (e.action, e.addr, e.size, e.time_us(), frames)
+                })
+                .collect()
+        };
+        let threaded = view(&load().unwrap());
+        assert_eq!(threaded.len(), 45_000);
+        assert!(
+            threaded.iter().all(|e| !e.4.is_empty()),
+            "every entry has its stack"
+        );
+        INLINE.with(|c| c.set(true));
+        let inline = view(&load().unwrap());
+        crate::torch::intern::COLLIDE.with(|c| c.set(true));
+        let no_cache = view(&load().unwrap());
+        crate::torch::intern::COLLIDE.with(|c| c.set(false));
+        INLINE.with(|c| c.set(false));
+        assert!(threaded == inline, "threaded and inline loads differ");
+        assert!(threaded == no_cache, "the run cache changed a stack");
     }
 
     #[test]
