@@ -1049,7 +1049,8 @@ sys.stdout.buffer.write(pickle.dumps({'segments': [], 'device_traces': [tr]}, pr
                 &LoadOptions::default(),
             )
         };
-        let view = |s: &Snapshot| -> Vec<(Action, u64, u64, Option<i64>, Vec<String>)> {
+        type Row = (Action, u64, u64, Option<i64>, Vec<String>);
+        let view = |s: &Snapshot| -> Vec<Row> {
             s.device_traces.as_ref().unwrap()[0]
                 .iter()
                 .map(|e| {
