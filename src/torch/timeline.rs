@@ -6,7 +6,7 @@
 //! an index (OOM, peak) by replaying the trace backwards from the snapshot's block state — exact
 //! whatever was dropped from the front of the window.
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use serde_json::{Value, json};
 
 use crate::torch::model::{Action, BlockState, Snapshot, StackId, TraceEntry};
@@ -506,10 +506,16 @@ pub fn live_at(
     k: usize,
 ) -> LiveSet {
     let k = k.min(list.len());
-    // Stacks of allocations made before k, by address (latest wins).
+    // Stacks of allocations made before k, by address (latest wins) — only for the addresses
+    // freed after k, the ones the backward replay below needs (k is usually near the end).
+    let freed_after: FxHashSet<u64> = list[k..]
+        .iter()
+        .filter(|e| e.action == Action::FreeCompleted)
+        .map(|e| e.addr)
+        .collect();
     let mut alloc_stack: FxHashMap<u64, Option<StackId>> = FxHashMap::default();
     for e in &list[..k] {
-        if e.action == Action::Alloc {
+        if e.action == Action::Alloc && freed_after.contains(&e.addr) {
             alloc_stack.insert(e.addr, e.stack());
         }
     }
