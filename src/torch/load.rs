@@ -867,10 +867,10 @@ mod tests {
         pub(super) static INLINE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     }
 
-    fn load_py(script: &str) -> Result<Snapshot, CaptureError> {
+    /// What `python3 ARGS…` writes to stdout (the test fails if it fails).
+    fn python(args: &[&str]) -> Vec<u8> {
         let out = std::process::Command::new("python3")
-            .arg("-c")
-            .arg(script)
+            .args(args)
             .output()
             .expect("python3");
         assert!(
@@ -878,7 +878,12 @@ mod tests {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        decode_snapshot(Path::new("t.pickle"), &out.stdout, &LoadOptions::default())
+        out.stdout
+    }
+
+    fn load_py(script: &str) -> Result<Snapshot, CaptureError> {
+        let bytes = python(&["-c", script]);
+        decode_snapshot(Path::new("t.pickle"), &bytes, &LoadOptions::default())
     }
 
     #[test]
@@ -919,14 +924,13 @@ sys.stdout.buffer.write(pickle.dumps({'segments': [], 'device_traces': [tr, []]}
         .unwrap();
         assert_eq!(s.stacks.len(), 1);
         assert_eq!(s.frames.len(), 2);
-        let out = std::process::Command::new("python3")
-            .arg("-c")
-            .arg("import pickle,sys; tr=[{'action':'alloc','addr':i,'size':1,'stream':0} for i in range(10)]; sys.stdout.buffer.write(pickle.dumps({'segments':[],'device_traces':[tr]}))")
-            .output()
-            .unwrap();
+        let bytes = python(&[
+            "-c",
+            "import pickle,sys; tr=[{'action':'alloc','addr':i,'size':1,'stream':0} for i in range(10)]; sys.stdout.buffer.write(pickle.dumps({'segments':[],'device_traces':[tr]}))",
+        ]);
         let s = decode_snapshot(
             Path::new("t"),
-            &out.stdout,
+            &bytes,
             &LoadOptions {
                 max_trace_events: Some(3),
             },
@@ -1028,27 +1032,9 @@ sys.stdout.buffer.write(pickle.dumps({'segments': [], 'device_traces': [tr]}, pr
     fn a_large_snapshot_loads_the_same_threaded_inline_and_without_the_run_cache() {
         // The benchmark's generator at ~10 MB: above THREAD_FROM, so the worker thread runs.
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/gen_snapshot.py");
-        let out = std::process::Command::new("python3")
-            .args([script, "/dev/stdout", "45000"])
-            .output()
-            .expect("python3");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(
-            out.stdout.len() >= THREAD_FROM,
-            "{} bytes",
-            out.stdout.len()
-        );
-        let load = || {
-            decode_snapshot(
-                Path::new("big.pickle"),
-                &out.stdout,
-                &LoadOptions::default(),
-            )
-        };
+        let bytes = python(&[script, "/dev/stdout", "45000"]);
+        assert!(bytes.len() >= THREAD_FROM, "{} bytes", bytes.len());
+        let load = || decode_snapshot(Path::new("big.pickle"), &bytes, &LoadOptions::default());
         type Row = (Action, u64, u64, Option<i64>, Vec<String>);
         let view = |s: &Snapshot| -> Vec<Row> {
             s.device_traces.as_ref().unwrap()[0]
