@@ -118,7 +118,14 @@ fn decode_inner(
             Some(snap) => Ok(snap),
             // Two different frames lists looked alike to the run cache: decode again without it.
             None => decode_pickle(path, bytes, opts, map, false)?.ok_or_else(|| {
-                CaptureError::new(path, ErrorKind::Invalid, None, RUN_COLLISION, "")
+                // Unreachable: without the run cache there is nothing to collide.
+                CaptureError::new(
+                    path,
+                    ErrorKind::Invalid,
+                    None,
+                    RUN_COLLISION,
+                    "please report this with the file",
+                )
             }),
         },
     }
@@ -177,7 +184,15 @@ fn decode_pickle(
     let streamed = match sink.finish() {
         Ok(s) => s,
         Err(m) if m == RUN_COLLISION => return Ok(None),
-        Err(m) => return Err(CaptureError::new(path, ErrorKind::Limit, None, m, "")),
+        Err(m) => {
+            return Err(CaptureError::new(
+                path,
+                ErrorKind::Limit,
+                None,
+                m,
+                "this does not look like a memory snapshot; if it is one, please report it with the file",
+            ));
+        }
     };
     let mut snap = build(path, &tree, opts, sink.interner, streamed)?;
     snap.pickle_protocol = tree.protocol;
