@@ -125,7 +125,7 @@ pub fn decode_streaming<'a>(
         memo_generation: 0,
         sink,
         stream_key: key,
-        streamed: Vec::new(),
+        streamed: 0,
         next_progress: PROGRESS_STEP,
         d: data,
         p: 0,
@@ -164,8 +164,8 @@ struct Vm<'a, 's> {
     /// Bumped whenever an existing memo slot is overwritten ([`Sink::sequence_run`]).
     memo_generation: u64,
     stream_key: Option<Vec<u8>>,
-    /// Node ids of streamed lists, in creation order (the sink's list number is the index).
-    streamed: Vec<u32>,
+    /// Streamed lists created so far (the next one's list number).
+    streamed: u32,
     next_progress: usize,
     d: &'a [u8],
     p: usize,
@@ -751,7 +751,7 @@ impl<'a> Vm<'a, '_> {
 
     /// [`Vm::streamed_parent`], looking only at the first `nmarks` marks.
     fn streamed_parent_below(&self, di: usize, nmarks: usize) -> Option<u32> {
-        if self.streamed.is_empty() {
+        if self.streamed == 0 {
             return None;
         }
         // The node carries its list number: O(1), however many lists a hostile file streams.
@@ -1281,9 +1281,9 @@ impl<'a> Vm<'a, '_> {
                 b']' => {
                     let streamed = self.starts_streamed_list();
                     let v = if streamed {
-                        let ordinal = self.streamed.len() as u32;
+                        let ordinal = self.streamed;
                         let v = self.new_node(Node::StreamedList { count: 0, ordinal })?;
-                        self.streamed.push(v.node_id().unwrap_or(u32::MAX));
+                        self.streamed = self.streamed.saturating_add(1);
                         v
                     } else if self.sink_sequences && self.in_streamed_dict() {
                         let seq = match self.sink.as_deref_mut() {
