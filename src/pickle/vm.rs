@@ -718,45 +718,26 @@ impl<'a> Vm<'a, '_> {
         Ok(())
     }
 
-    /// Whether a list created now (pushed at the stack top) is a value of a fresh dict that is an
-    /// item of a streamed list, i.e. is being filled by its `SETITEMS` batch.
+    /// Whether a list created now (pushed at the stack top) is a value of a streamed dict, i.e.
+    /// is being filled by its `SETITEMS` batch. (A streamed dict is never an arena node: `}` in a
+    /// streamed list makes it a [`Val::stream_dict`].)
     fn in_streamed_dict(&self) -> bool {
-        let n = self.marks.len();
-        let Some(&m) = self.marks.last() else {
-            return false;
-        };
-        if m == 0 || m > self.stack.len() {
-            return false;
+        match self.marks.last() {
+            Some(&m) if m >= 1 && m <= self.stack.len() => {
+                self.stack[m - 1].stream_dict_ordinal().is_some()
+            }
+            _ => false,
         }
-        let di = m - 1;
-        if self.stack[di].stream_dict_ordinal().is_some() {
-            return true;
-        }
-        let fresh = matches!(
-            self.tree
-                .nodes
-                .get(self.stack[di].node_id().unwrap_or(u32::MAX) as usize),
-            Some(Node::Dict {
-                shape: u32::MAX,
-                ..
-            })
-        );
-        fresh && self.streamed_parent_below(di, n - 1).is_some()
     }
 
     /// Which streamed list (by number) the dict at stack index `di` is an item of, if any.
     fn streamed_parent(&self, di: usize) -> Option<u32> {
-        self.streamed_parent_below(di, self.marks.len())
-    }
-
-    /// [`Vm::streamed_parent`], looking only at the first `nmarks` marks.
-    fn streamed_parent_below(&self, di: usize, nmarks: usize) -> Option<u32> {
         if self.streamed == 0 {
             return None;
         }
         // The node carries its list number: O(1), however many lists a hostile file streams.
         let lookup = |v: Val| self.tree.streamed_ordinal(v);
-        let top_mark = nmarks.checked_sub(1).map(|i| self.marks[i]);
+        let top_mark = self.marks.last().copied();
         if let Some(m) = top_mark {
             if m >= 1 && m <= di {
                 if let Some(k) = lookup(self.stack[m - 1]) {
