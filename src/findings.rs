@@ -13,10 +13,14 @@ use serde::Serialize;
 pub enum Label {
     /// Counted from events or state in the capture (allocator blocks, trace entries, BFC events).
     Measured,
-    /// Read verbatim from a field of the capture (a compiled plan's byte counts, a stat).
+    /// Read verbatim from a field of the capture, or the reference tool's own mapping (a compiled
+    /// plan's byte counts, xprof's line for a buffer).
     Read,
-    /// Derived by reasoning (a role guess, an estimated saving, a cause).
+    /// Derived by reasoning (a role guess, a bound on a saving, an attribution of ours).
     Inferred,
+    /// The recorded events replayed with a change through an allocator model that reproduces
+    /// the recorded events of the same capture.
+    Simulated,
 }
 
 impl Label {
@@ -25,7 +29,216 @@ impl Label {
             Label::Measured => "measured",
             Label::Read => "read",
             Label::Inferred => "inferred",
+            Label::Simulated => "simulated",
         }
+    }
+}
+
+/// What a finding is for: an attribution (where memory is, inlay-hint material) or a diagnosis
+/// (a pattern, a cause, something to act on).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Attribution,
+    Diagnosis,
+}
+
+/// Which engine emits a code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Family {
+    Torch,
+    Jax,
+    Both,
+}
+
+/// Every finding code memlsp emits. The one place that spells a code: its pattern name, default
+/// severity, kind and documentation page live here; everything else matches on the enum.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Code {
+    PT001,
+    PT002,
+    PT003,
+    PT004,
+    PT005,
+    PT006,
+    PT007,
+    PT008,
+    PT009,
+    PT010,
+    PT011,
+    JX001,
+    JX002,
+    JX003,
+    JX004,
+    JX005,
+    JX006,
+    JX007,
+    JX008,
+    JX009,
+}
+
+impl Code {
+    /// Every code, in documentation order.
+    pub const ALL: [Code; 20] = [
+        Code::PT001,
+        Code::PT002,
+        Code::PT003,
+        Code::PT004,
+        Code::PT005,
+        Code::PT006,
+        Code::PT007,
+        Code::PT008,
+        Code::PT009,
+        Code::PT010,
+        Code::PT011,
+        Code::JX001,
+        Code::JX002,
+        Code::JX003,
+        Code::JX004,
+        Code::JX005,
+        Code::JX006,
+        Code::JX007,
+        Code::JX008,
+        Code::JX009,
+    ];
+
+    /// The stable code as users see it, e.g. `PT002`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Code::PT001 => "PT001",
+            Code::PT002 => "PT002",
+            Code::PT003 => "PT003",
+            Code::PT004 => "PT004",
+            Code::PT005 => "PT005",
+            Code::PT006 => "PT006",
+            Code::PT007 => "PT007",
+            Code::PT008 => "PT008",
+            Code::PT009 => "PT009",
+            Code::PT010 => "PT010",
+            Code::PT011 => "PT011",
+            Code::JX001 => "JX001",
+            Code::JX002 => "JX002",
+            Code::JX003 => "JX003",
+            Code::JX004 => "JX004",
+            Code::JX005 => "JX005",
+            Code::JX006 => "JX006",
+            Code::JX007 => "JX007",
+            Code::JX008 => "JX008",
+            Code::JX009 => "JX009",
+        }
+    }
+
+    /// The code a string names (`PT002`), if any.
+    pub fn parse(s: &str) -> Option<Code> {
+        Code::ALL.into_iter().find(|c| c.as_str() == s)
+    }
+
+    /// Short pattern name, e.g. `retained autograd graph`.
+    pub fn pattern(self) -> &'static str {
+        match self {
+            Code::PT001 => "top live-memory site",
+            Code::PT002 => "retained autograd graph",
+            Code::PT003 => "growing Python container",
+            Code::PT004 => "first-step optimizer state",
+            Code::PT005 => "activation pressure",
+            Code::PT006 => "replicated gradients/params under DDP",
+            Code::PT007 => "reference cycle",
+            Code::PT008 => "fragmentation OOM",
+            Code::PT009 => "OOM event",
+            Code::PT010 => "delayed free",
+            Code::PT011 => "growth between snapshots",
+            Code::JX001 => "plan exceeds capacity",
+            Code::JX002 => "forward activations kept for backward",
+            Code::JX003 => "backward dominates",
+            Code::JX004 => "growth per execution",
+            Code::JX005 => "no parameter donated",
+            Code::JX006 => "other live arrays",
+            Code::JX007 => "allocator retry / OOM",
+            Code::JX008 => "XLA already rematerialized",
+            Code::JX009 => "top buffer at peak",
+        }
+    }
+
+    /// The severity a finding of this code has unless the evidence says otherwise (DESIGN.md:
+    /// error for an OOM cause, warning for a leak or waste with a fix, information for expected
+    /// retention, hint for attribution).
+    pub fn default_severity(self) -> Severity {
+        match self {
+            Code::PT008 | Code::PT009 | Code::JX001 | Code::JX007 => Severity::Error,
+            Code::PT002
+            | Code::PT003
+            | Code::PT006
+            | Code::PT007
+            | Code::PT011
+            | Code::JX004
+            | Code::JX005
+            | Code::JX006 => Severity::Warning,
+            Code::PT004 | Code::PT005 | Code::PT010 | Code::JX002 | Code::JX003 | Code::JX008 => {
+                Severity::Information
+            }
+            Code::PT001 | Code::JX009 => Severity::Hint,
+        }
+    }
+
+    pub fn kind(self) -> Kind {
+        match self {
+            Code::PT001 | Code::JX009 => Kind::Attribution,
+            _ => Kind::Diagnosis,
+        }
+    }
+
+    pub fn family(self) -> Family {
+        match self {
+            Code::PT001
+            | Code::PT002
+            | Code::PT003
+            | Code::PT004
+            | Code::PT005
+            | Code::PT006
+            | Code::PT007
+            | Code::PT008
+            | Code::PT009
+            | Code::PT010
+            | Code::PT011 => Family::Torch,
+            Code::JX001
+            | Code::JX002
+            | Code::JX003
+            | Code::JX004
+            | Code::JX005
+            | Code::JX006
+            | Code::JX007
+            | Code::JX008
+            | Code::JX009 => Family::Jax,
+        }
+    }
+
+    /// A pattern of memory kept across steps (a leak to confirm with a second snapshot).
+    pub fn is_leak(self) -> bool {
+        matches!(self, Code::PT002 | Code::PT003 | Code::PT007)
+    }
+
+    /// Path of the documentation page, relative to the repository root.
+    pub fn docs_path(self) -> String {
+        format!("docs/findings/{}.md", self.as_str())
+    }
+
+    /// Documentation page (the `codeDescription` link in editors, SARIF `helpUri`).
+    pub fn docs_url(self) -> String {
+        format!(
+            "https://github.com/memlsp/memlsp/blob/main/{}",
+            self.docs_path()
+        )
+    }
+}
+
+impl std::fmt::Display for Code {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for Code {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
     }
 }
 
@@ -186,10 +399,8 @@ impl Fix {
 /// A diagnosis pinned (when possible) to a source line.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Finding {
-    /// Stable code, e.g. `PT002`, `JX005`.
-    pub code: &'static str,
-    /// Short pattern name, e.g. `retained autograd graph`.
-    pub pattern: &'static str,
+    /// Stable code, e.g. `PT002`, `JX005`; its pattern name is `code.pattern()`.
+    pub code: Code,
     pub severity: Severity,
     /// One sentence in the seed's terms.
     pub message: String,
@@ -206,15 +417,9 @@ pub struct Finding {
 }
 
 impl Finding {
-    pub fn new(
-        code: &'static str,
-        pattern: &'static str,
-        severity: Severity,
-        message: impl Into<String>,
-    ) -> Self {
+    pub fn new(code: Code, severity: Severity, message: impl Into<String>) -> Self {
         Finding {
             code,
-            pattern,
             severity,
             message: message.into(),
             location: None,
@@ -246,9 +451,20 @@ impl Finding {
     }
 }
 
-/// Documentation page of a finding code (the `codeDescription` link in editors).
-pub fn docs_url(code: &str) -> String {
-    format!("https://github.com/memlsp/memlsp/blob/main/docs/findings/{code}.md")
+/// Most severe first; within a severity, more bytes first; otherwise in the order found.
+pub fn sort(findings: &mut [Finding]) {
+    findings.sort_by(|a, b| {
+        b.severity
+            .cmp(&a.severity)
+            .then(b.bytes.unwrap_or(0).cmp(&a.bytes.unwrap_or(0)))
+    });
+}
+
+/// The finding a headline leads with: the first (most severe) diagnosis at information or above.
+pub fn lead(findings: &[Finding]) -> Option<&Finding> {
+    findings
+        .iter()
+        .find(|f| f.code.kind() == Kind::Diagnosis && f.severity >= Severity::Information)
 }
 
 /// Human-readable byte count: `1.50 GiB`, `512 B`.

@@ -66,7 +66,7 @@ fn no_donation_is_pinned_to_the_jit_line_with_a_working_fix() {
     assert_eq!(d["severity"], 2, "JX005 is a waste with a fix: warning");
     assert_eq!(
         d["codeDescription"]["href"],
-        memlsp::findings::docs_url("JX005")
+        memlsp::findings::Code::JX005.docs_url()
     );
     let msg = d["message"].as_str().unwrap();
     assert!(msg.contains("capture b_mlp_nodonate.xplane.pb"), "{msg}");

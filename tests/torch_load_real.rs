@@ -20,7 +20,7 @@ fn every_real_snapshot_decodes_to_the_oracle_counts() {
         .map(|e| e.path())
         .collect();
     files.sort();
-    assert_eq!(files.len(), 25, "expected the 25 real snapshots");
+    assert_eq!(files.len(), 39, "expected the 39 real snapshots");
     for path in files {
         let name = path.file_name().unwrap().to_str().unwrap().to_string();
         let oracle: Value = serde_json::from_slice(

@@ -40,7 +40,7 @@ fn engine(r: &CaptureReport) -> &Value {
 fn find<'a>(r: &'a CaptureReport, code: &str) -> &'a Finding {
     r.findings
         .iter()
-        .find(|f| f.code == code)
+        .find(|f| f.code.as_str() == code)
         .unwrap_or_else(|| {
             panic!(
                 "{}: no {code}; findings: {:?}",
@@ -51,7 +51,7 @@ fn find<'a>(r: &'a CaptureReport, code: &str) -> &'a Finding {
 }
 
 fn codes(r: &CaptureReport) -> Vec<&'static str> {
-    r.findings.iter().map(|f| f.code).collect()
+    r.findings.iter().map(|f| f.code.as_str()).collect()
 }
 
 fn assert_at(f: &Finding, text: &str) {
@@ -137,7 +137,7 @@ fn pt002_retained_graph_points_at_the_accumulation() {
     assert!(f.fixes[0].saving_bytes.unwrap_or(0) > 0);
     assert!(r.headline.starts_with("Autograd graphs are kept alive"));
     assert!(!codes(&r).contains(&"PT003"), "one diagnosis for one leak");
-    assert_eq!(r.findings[0].code, "PT002", "most severe first");
+    assert_eq!(r.findings[0].code.as_str(), "PT002", "most severe first");
 }
 
 #[test]
@@ -234,7 +234,7 @@ fn pt007_gc_batched_frees_suggest_warn_tensor_cycles() {
 fn pt008_fragmentation_oom_recommends_allocator_settings_in_order() {
     let r = report("pt008_fragmentation_oom.pickle");
     consistent(&r);
-    assert_eq!(r.findings[0].code, "PT008", "the cause leads");
+    assert_eq!(r.findings[0].code.as_str(), "PT008", "the cause leads");
     let f = &r.findings[0];
     assert_eq!(f.severity, Severity::Error);
     assert_at(f, "seq = torch.randn(");

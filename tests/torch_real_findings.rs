@@ -30,7 +30,7 @@ fn real_snapshots_raise_warnings_only_where_memory_went_wrong() {
             .findings
             .iter()
             .filter(|f| f.severity >= Severity::Warning)
-            .map(|f| (f.code, f.severity))
+            .map(|f| (f.code.as_str(), f.severity))
             .collect();
         if name == "Constructor-Sun__memory_snapshot.pickle" {
             // 4.94 GiB requested on device 1 while activations filled it: an OOM, not fragmentation.
@@ -66,7 +66,7 @@ fn real_snapshots_raise_warnings_only_where_memory_went_wrong() {
             .unwrap()
             .iter()
             .find(|s| s["kind"] != "no_stack");
-        let hint = r.findings.iter().find(|f| f.code == "PT001");
+        let hint = r.findings.iter().find(|f| f.code.as_str() == "PT001");
         match (top_user, hint) {
             (Some(s), Some(h)) => {
                 let l = h.location.as_ref().unwrap();

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use memlsp::analyze::Options;
 use memlsp::error::ErrorKind;
-use memlsp::findings::{Finding, FixKind, Severity};
+use memlsp::findings::{Code, Finding, FixKind, Severity};
 use memlsp::report::{CaptureReport, EngineData};
 use serde_json::Value;
 
@@ -42,14 +42,14 @@ fn xla(r: &CaptureReport) -> &Value {
 }
 
 fn find<'a>(r: &'a CaptureReport, code: &str) -> Option<&'a Finding> {
-    r.findings.iter().find(|f| f.code == code)
+    r.findings.iter().find(|f| f.code.as_str() == code)
 }
 
 fn warnings(r: &CaptureReport) -> Vec<&'static str> {
     r.findings
         .iter()
         .filter(|f| f.severity >= Severity::Warning)
-        .map(|f| f.code)
+        .map(|f| f.code.as_str())
         .collect()
 }
 
@@ -80,7 +80,7 @@ fn missing_donation_points_at_the_jit_line_with_argnums() {
         fix.saving_bytes,
         Some(o["parameter_bytes"].as_u64().unwrap() - batch)
     );
-    assert_eq!(r.findings[0].code, "JX005");
+    assert_eq!(r.findings[0].code, Code::JX005);
     assert!(
         r.headline.contains("donate_argnums=(0, 1)"),
         "{}",

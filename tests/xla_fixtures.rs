@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use memlsp::analyze::Options;
-use memlsp::findings::{FixKind, Severity};
+use memlsp::findings::{Code, FixKind, Severity};
 use memlsp::report::{CaptureReport, EngineData};
 
 fn fixture(name: &str) -> PathBuf {
@@ -37,7 +37,7 @@ fn bare_jit_decorator_without_donation_is_the_culprit_line() {
     let f = r
         .findings
         .iter()
-        .find(|f| f.code == "JX005")
+        .find(|f| f.code == Code::JX005)
         .expect("JX005");
     assert_eq!(f.severity, Severity::Warning);
     let loc = f.location.as_ref().unwrap();
@@ -56,7 +56,7 @@ fn bare_jit_decorator_without_donation_is_the_culprit_line() {
     assert_eq!(f.fixes[0].saving_bytes, Some(4 * 1024 * 1024 * 4));
     // JAX's own list.append calls between steps are not growth.
     assert!(
-        r.findings.iter().all(|f| f.code != "JX004"),
+        r.findings.iter().all(|f| f.code != Code::JX004),
         "{}",
         r.headline
     );
@@ -65,11 +65,14 @@ fn bare_jit_decorator_without_donation_is_the_culprit_line() {
 #[test]
 fn scan_stacked_activations_point_at_the_scan_line() {
     let r = analyze("scan_layers");
-    assert!(r.findings.iter().all(|f| f.code != "JX005"), "donated step");
+    assert!(
+        r.findings.iter().all(|f| f.code != Code::JX005),
+        "donated step"
+    );
     let f = r
         .findings
         .iter()
-        .find(|f| f.code == "JX002")
+        .find(|f| f.code == Code::JX002)
         .expect("JX002");
     assert_eq!(
         f.location.as_ref().unwrap().line,
@@ -90,7 +93,7 @@ fn gradients_appended_every_step_point_at_the_append_line() {
     let f = r
         .findings
         .iter()
-        .find(|f| f.code == "JX004")
+        .find(|f| f.code == Code::JX004)
         .expect("JX004");
     assert_eq!(f.severity, Severity::Warning);
     let loc = f.location.as_ref().unwrap();
@@ -115,7 +118,7 @@ fn gradients_appended_every_step_point_at_the_append_line() {
         "{new}"
     );
     assert!(
-        r.findings.iter().all(|f| f.code != "JX005"),
+        r.findings.iter().all(|f| f.code != Code::JX005),
         "the step donates w"
     );
 }

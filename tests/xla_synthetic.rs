@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use memlsp::analyze::Options;
-use memlsp::findings::{FixKind, Severity};
+use memlsp::findings::{Code, FixKind, Severity};
 use memlsp::report::{CaptureReport, EngineData};
 use memlsp::xla::pb::profiler::{
     XEvent, XEventMetadata, XLine, XPlane, XSpace, XStat, XStatMetadata, x_event, x_stat,
@@ -416,7 +416,7 @@ fn growth_per_execution_equals_the_non_aliased_outputs() {
     let f = r
         .findings
         .iter()
-        .find(|f| f.code == "JX004")
+        .find(|f| f.code == Code::JX004)
         .expect("JX004");
     assert_eq!(f.severity, Severity::Warning);
     assert!(
@@ -446,7 +446,7 @@ fn growth_per_execution_equals_the_non_aliased_outputs() {
     let remat = r
         .findings
         .iter()
-        .find(|f| f.code == "JX008")
+        .find(|f| f.code == Code::JX008)
         .expect("JX008");
     assert_eq!(remat.severity, Severity::Information);
     assert!(
@@ -460,7 +460,7 @@ fn growth_per_execution_equals_the_non_aliased_outputs() {
     assert!(
         r.findings
             .iter()
-            .all(|f| f.code != "JX001" && f.code != "JX007")
+            .all(|f| f.code != Code::JX001 && f.code != Code::JX007)
     );
     assert!(!r.text.contains("XLA_PYTHON_CLIENT_MEM_FRACTION"));
     // Runtime temp block joined to the plan's temporary allocation.
@@ -495,7 +495,7 @@ fn oom_with_allocator_retry_is_an_error_on_the_failed_module() {
         "{}",
         r.text
     );
-    let codes: Vec<&str> = r.findings.iter().map(|f| f.code).collect();
+    let codes: Vec<&str> = r.findings.iter().map(|f| f.code.as_str()).collect();
     assert_eq!(&codes[..2], ["JX007", "JX001"], "{codes:?}");
     let jx007 = &r.findings[0];
     assert_eq!(jx007.severity, Severity::Error);
@@ -525,7 +525,7 @@ fn oom_with_allocator_retry_is_an_error_on_the_failed_module() {
             .any(|f| f.title.contains("XLA_PYTHON_CLIENT_MEM_FRACTION"))
     );
     // The forward activation fix is checked against the capacity: 16 − 4 = 12 MiB fits.
-    let jx002 = r.findings.iter().find(|f| f.code == "JX002").unwrap();
+    let jx002 = r.findings.iter().find(|f| f.code == Code::JX002).unwrap();
     assert_eq!(jx002.location.as_ref().unwrap().line, 10);
     assert!(
         r.headline
@@ -548,7 +548,7 @@ fn other_live_arrays_are_named_by_the_event_that_made_them() {
     let f = r
         .findings
         .iter()
-        .find(|f| f.code == "JX006")
+        .find(|f| f.code == Code::JX006)
         .unwrap_or_else(|| panic!("{}\n{}", r.headline, r.text));
     assert_eq!(f.severity, Severity::Warning);
     assert!(
@@ -564,8 +564,8 @@ fn other_live_arrays_are_named_by_the_event_that_made_them() {
         f.message
     );
     // The plan alone fits (16 MiB ≤ 40 MiB): the OOM is not the step's fault.
-    assert!(r.findings.iter().all(|f| f.code != "JX001"));
-    assert_eq!(r.findings[0].code, "JX007");
+    assert!(r.findings.iter().all(|f| f.code != Code::JX001));
+    assert_eq!(r.findings[0].code, Code::JX007);
 }
 
 #[test]

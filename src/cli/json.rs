@@ -115,7 +115,7 @@ fn site(s: &Site, resolver: &Resolver) -> Value {
 fn finding(f: &Finding, resolver: &Resolver) -> Value {
     let mut m = Map::new();
     m.insert("code".into(), json!(f.code));
-    m.insert("pattern".into(), json!(f.pattern));
+    m.insert("pattern".into(), json!(f.code.pattern()));
     m.insert("severity".into(), json!(f.severity.as_str()));
     m.insert("message".into(), json!(f.message));
     place(&mut m, f.location.as_ref(), resolver);
@@ -136,7 +136,7 @@ fn finding(f: &Finding, resolver: &Resolver) -> Value {
         f.fixes.iter().map(|x| fix(x, resolver)).collect(),
     );
     m.insert("stack".into(), stack(&f.stack, resolver));
-    m.insert("docs".into(), json!(crate::findings::docs_url(f.code)));
+    m.insert("docs".into(), json!(f.code.docs_url()));
     Value::Object(m)
 }
 

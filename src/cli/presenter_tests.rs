@@ -4,7 +4,7 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use crate::findings::{Evidence, Finding, Fix, FixKind, Location, Severity, docs_url};
+use crate::findings::{Code, Evidence, Finding, Fix, FixKind, Location, Severity};
 use crate::report::{CaptureKind, CaptureReport, EngineData, Site};
 use crate::source::paths::Resolver;
 use crate::source::resolve_fixes;
@@ -34,8 +34,7 @@ fn fixture() -> (tempfile::TempDir, Resolver, CaptureReport) {
         "backward",
     );
     let leak = Finding::new(
-        "PT002",
-        "retained autograd graph",
+        Code::PT002,
         Severity::Warning,
         "`loss` keeps the autograd graph alive: 1.00 GiB (40.0%) of live memory",
     )
@@ -58,8 +57,7 @@ fn fixture() -> (tempfile::TempDir, Resolver, CaptureReport) {
     )
     .fix(Fix::advice("Look for retain_graph=True"));
     let oom = Finding::new(
-        "PT009",
-        "OOM event",
+        Code::PT009,
         Severity::Error,
         "allocation of 2.00 GiB failed with 512.00 MiB free",
     )
@@ -182,7 +180,7 @@ fn sarif_has_rules_results_flows_and_fixes() {
     let rules = run["tool"]["driver"]["rules"].as_array().unwrap();
     let ids: Vec<&str> = rules.iter().map(|r| r["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["PT002", "PT009"]);
-    assert_eq!(rules[0]["helpUri"], docs_url("PT002"));
+    assert_eq!(rules[0]["helpUri"], Code::PT002.docs_url());
     let root = run["originalUriBaseIds"]["%SRCROOT%"]["uri"]
         .as_str()
         .unwrap();
@@ -319,12 +317,7 @@ fn fail_on_decides_the_exit_code() {
     assert_eq!(exit_code(both, false, Severity::Error), 1);
     assert_eq!(exit_code(both, true, Severity::Warning), 2);
     let mut hint_only = fixture().2;
-    hint_only.findings = vec![Finding::new(
-        "PT001",
-        "top live-memory site",
-        Severity::Hint,
-        "x",
-    )];
+    hint_only.findings = vec![Finding::new(Code::PT001, Severity::Hint, "x")];
     let hint = std::slice::from_ref(&hint_only);
     assert_eq!(exit_code(hint, false, Severity::Warning), 0);
     assert_eq!(exit_code(hint, false, Severity::Information), 0);

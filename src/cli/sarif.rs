@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 
 use crate::error::CaptureError;
-use crate::findings::{Finding, Location, Severity, TextEdit, docs_url};
+use crate::findings::{Finding, Location, Severity, TextEdit};
 use crate::report::CaptureReport;
 use crate::source::paths::Resolver;
 
@@ -28,14 +28,14 @@ pub(super) fn document(
 ) -> Value {
     let mut rules: BTreeMap<&str, &Finding> = BTreeMap::new();
     for f in reports.iter().flat_map(|r| &r.findings) {
-        rules.entry(f.code).or_insert(f);
+        rules.entry(f.code.as_str()).or_insert(f);
     }
     let rule_index: HashMap<&str, usize> = rules.keys().enumerate().map(|(i, c)| (*c, i)).collect();
     let mut lines = LineCache::default();
     let results: Vec<Value> = reports
         .iter()
         .flat_map(|r| r.findings.iter().map(move |f| (r, f)))
-        .map(|(r, f)| result(r, f, rule_index[f.code], resolver, &mut lines))
+        .map(|(r, f)| result(r, f, rule_index[f.code.as_str()], resolver, &mut lines))
         .collect();
     let root = resolver.roots.first().map(|r| dir_uri(r));
     let mut run = json!({
@@ -73,10 +73,10 @@ fn level(s: Severity) -> &'static str {
 fn rule(f: &Finding) -> Value {
     json!({
         "id": f.code,
-        "name": f.pattern,
-        "shortDescription": {"text": f.pattern},
-        "helpUri": docs_url(f.code),
-        "help": {"text": format!("See {}", docs_url(f.code))},
+        "name": f.code.pattern(),
+        "shortDescription": {"text": f.code.pattern()},
+        "helpUri": f.code.docs_url(),
+        "help": {"text": format!("See {}", f.code.docs_url())},
     })
 }
 
@@ -100,7 +100,7 @@ fn result(
         "message": {"text": f.message},
         "locations": [location],
         "properties": {
-            "pattern": f.pattern,
+            "pattern": f.code.pattern(),
             "severity": f.severity.as_str(),
             "capture": capture_path(r, resolver),
             "bytes": f.bytes,

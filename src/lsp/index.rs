@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::findings::{Finding, Location};
+use crate::findings::{Code, Finding, Location};
 use crate::report::{CaptureReport, Site};
 use crate::source::paths::Resolver;
 
@@ -121,7 +121,7 @@ impl Index {
                 .clone()
         };
         // (file, line, code, scope) → index into the line's findings.
-        let mut seen_findings: HashMap<(PathBuf, u32, &'static str, Option<String>), usize> =
+        let mut seen_findings: HashMap<(PathBuf, u32, Code, Option<String>), usize> =
             HashMap::new();
         let mut seen_sites: HashMap<(PathBuf, u32, Option<String>), ()> = HashMap::new();
 
@@ -243,8 +243,7 @@ pub(crate) mod tests {
             loc("/job/proj/main.py", 20, "main"),
         ];
         let finding = Finding::new(
-            "PT002",
-            "retained autograd graph",
+            Code::PT002,
             Severity::Warning,
             "`loss` keeps the autograd graph alive: 1.20 GiB (38%) live at the snapshot",
         )
@@ -310,7 +309,7 @@ pub(crate) mod tests {
         let idx = Index::build_with(&caps, &resolve);
         let line = idx.line(Path::new("/ws/train.py"), 8).expect("line 8");
         assert_eq!(line.findings.len(), 1);
-        assert_eq!(line.findings[0].finding.code, "PT002");
+        assert_eq!(line.findings[0].finding.code, Code::PT002);
         assert_eq!(line.top_site().map(|s| s.site.percent), Some(38.2));
         // The torch frame does not resolve and is counted; the user frames do.
         assert_eq!(idx.unresolved.len(), 0);

@@ -13,7 +13,7 @@ use tower_lsp_server::jsonrpc::Result;
 use tower_lsp_server::ls_types::*;
 use tower_lsp_server::{Client, LanguageServer};
 
-use crate::findings::{self, FixKind};
+use crate::findings::FixKind;
 use crate::lsp::index::Frame;
 use crate::lsp::main_loop::{Event, Owner};
 use crate::lsp::to_proto::{self, Encoding};
@@ -355,7 +355,7 @@ impl LanguageServer for Backend {
                             arguments: Some(vec![json!({
                                 "code": f.code,
                                 "title": fix.title,
-                                "url": findings::docs_url(f.code),
+                                "url": f.code.docs_url(),
                             })]),
                         });
                         out.push(CodeActionOrCommand::CodeAction(action));

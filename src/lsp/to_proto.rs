@@ -184,7 +184,7 @@ pub fn diagnostic(lf: &LineFinding, line_text: Option<&str>, enc: Encoding) -> l
         range: line_range(line0, line_text, enc),
         severity: Some(severity(f.severity)),
         code: Some(lsp::NumberOrString::String(f.code.to_string())),
-        code_description: lsp::Uri::from_str(&findings::docs_url(f.code))
+        code_description: lsp::Uri::from_str(&f.code.docs_url())
             .ok()
             .map(|href| lsp::CodeDescription { href }),
         source: Some("memlsp".into()),
@@ -288,7 +288,7 @@ pub fn hover_markdown(entry: &LineEntry, filter: &FrameFilter, roots: &[PathBuf]
         md.push_str(&format!(
             "**{} {}** ({}), capture `{}`",
             f.code,
-            f.pattern,
+            f.code.pattern(),
             f.severity.as_str(),
             lf.capture_name()
         ));
@@ -325,11 +325,7 @@ pub fn hover_markdown(entry: &LineEntry, filter: &FrameFilter, roots: &[PathBuf]
             md.push_str(&stack_block(&lf.frames, filter, roots));
             md.push_str("```\n");
         }
-        md.push_str(&format!(
-            "\n[{}]({})\n\n---\n\n",
-            f.code,
-            findings::docs_url(f.code)
-        ));
+        md.push_str(&format!("\n[{}]({})\n\n---\n\n", f.code, f.code.docs_url()));
     }
     for ls in &entry.sites {
         let s = &ls.site;
@@ -457,7 +453,7 @@ mod conversion_tests {
         assert_eq!(d.code, Some(lsp::NumberOrString::String("PT002".into())));
         assert_eq!(
             d.code_description.unwrap().href.as_str(),
-            findings::docs_url("PT002")
+            findings::Code::PT002.docs_url()
         );
         assert!(
             d.message.ends_with("(capture step_100.pickle, rank 0)"),

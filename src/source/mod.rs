@@ -83,7 +83,7 @@ fn read_source(path: &Path) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::findings::{Fix, Severity};
+    use crate::findings::{Code, Fix, Severity};
     use crate::report::{CaptureKind, EngineData};
 
     fn loc(file: &str, line: u32) -> Location {
@@ -118,7 +118,7 @@ mod tests {
             loc("/job/train.py", 3),
             loc("<frozen runpy>", 88),
         ];
-        let finding = Finding::new("PT008", "fragmentation OOM", Severity::Error, "m")
+        let finding = Finding::new(Code::PT008, Severity::Error, "m")
             .at(Some(culprit), stack)
             .fix(Fix::new(
                 "allocator",
@@ -161,7 +161,7 @@ mod tests {
             engine: EngineData::None,
             sites: vec![],
             findings: vec![
-                Finding::new("PT003", "growing Python container", Severity::Warning, "m")
+                Finding::new(Code::PT003, Severity::Warning, "m")
                     .at(Some(loc("/nowhere/x.py", 1)), vec![])
                     .fix(Fix::new("cpu", FixKind::DetachCpuAppend)),
             ],

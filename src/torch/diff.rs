@@ -8,7 +8,7 @@ use std::path::Path;
 use rustc_hash::FxHashMap;
 use serde_json::{Value, json};
 
-use crate::findings::{Evidence, Finding, Fix, Severity, fmt_bytes, fmt_signed_bytes};
+use crate::findings::{Code, Evidence, Finding, Fix, Severity, fmt_bytes, fmt_signed_bytes};
 use crate::torch::Analysis;
 use crate::torch::model::{Snapshot, StackId};
 use crate::torch::patterns::culprit;
@@ -125,8 +125,7 @@ pub fn findings(after: &Snapshot, d: &Diff) -> Vec<Finding> {
             Severity::Warning
         };
         let mut f = Finding::new(
-            "PT011",
-            "growth between snapshots",
+            Code::PT011,
             severity,
             format!(
                 "{} grew by {} and {} blocks between the two snapshots{}.",
@@ -233,7 +232,7 @@ mod tests {
         assert_eq!(d.grown[0].block_delta(), 3);
         let f = findings(&after, &d);
         assert_eq!(f.len(), 1);
-        assert_eq!(f[0].code, "PT011");
+        assert_eq!(f[0].code, Code::PT011);
         assert_eq!(f[0].location.as_ref().map(|l| l.line), Some(10));
         assert_eq!(d.shrunk[0].site, "/u/train.py:30:main");
     }

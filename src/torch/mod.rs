@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 
 use crate::analyze::Options;
 use crate::error::CaptureError;
-use crate::findings::{Finding, Location};
+use crate::findings::{Code, Finding, Location};
 use crate::report::{CaptureKind, CaptureReport, EngineData, Site};
 use crate::torch::load::{LoadOptions, load_snapshot};
 use crate::torch::model::Snapshot;
@@ -189,10 +189,9 @@ pub fn report_sites(snap: &Snapshot, a: &Analysis, top: usize) -> Vec<Site> {
 
 /// A site's role, with "user container" when a pattern found it growing like one.
 pub fn site_role(a: &Analysis, s: &sites::SiteStat) -> &'static str {
-    let grows = a
-        .findings
-        .iter()
-        .any(|f| f.code == "PT003" && f.location.is_some() && same_site(f.location.as_ref(), s));
+    let grows = a.findings.iter().any(|f| {
+        f.code == Code::PT003 && f.location.is_some() && same_site(f.location.as_ref(), s)
+    });
     if grows {
         return "user container";
     }
@@ -339,7 +338,7 @@ mod tests {
         let a = analyze_snapshot(&snap, &opts);
         let r = build_report(Path::new("x.pickle"), &snap, &a, &opts);
         assert!(!r.headline.is_empty());
-        assert!(r.findings.iter().any(|f| f.code == "PT009"));
+        assert!(r.findings.iter().any(|f| f.code == Code::PT009));
         let d = diff::diff(&snap, &a, &snap, &a);
         assert!(d.grown.is_empty(), "a snapshot never grows against itself");
     }

@@ -4,7 +4,7 @@
 //! blocks or trace entries), read (a field of the file) or inferred (a role guess, a cause, an
 //! estimated saving). Expected retention is said to be expected.
 
-use crate::findings::{Evidence, Finding, Fix, FixKind, Location, Severity, fmt_bytes};
+use crate::findings::{Code, Evidence, Finding, Fix, FixKind, Location, Severity, fmt_bytes};
 use crate::torch::Analysis;
 use crate::torch::fragmentation::Verdict;
 use crate::torch::model::{BlockState, Snapshot, StackId};
@@ -76,8 +76,7 @@ fn oom_findings(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
             .map(|f| format!(" with {} free on the device", fmt_bytes(f)))
             .unwrap_or_default();
         let mut f = Finding::new(
-            "PT009",
-            "OOM event",
+            Code::PT009,
             Severity::Error,
             format!(
                 "Out of memory on device {}: a request of {}{} failed at {}.",
@@ -134,8 +133,7 @@ fn oom_findings(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
         // The cause (PT008) leads; the event (PT009) follows.
         if diag.verdict == Verdict::Fragmentation {
             let mut g = Finding::new(
-                "PT008",
-                "fragmentation OOM",
+                Code::PT008,
                 Severity::Error,
                 format!(
                     "Fragmentation caused the OOM on device {}: {} requested, but the largest \
@@ -271,8 +269,7 @@ fn retained_per_step(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mu
         let (loc, stack) = culprit(snap, lead.key, lead.stack);
         let total = act_bytes.saturating_add(lead.retained_bytes);
         let mut f = Finding::new(
-            "PT002",
-            "retained autograd graph",
+            Code::PT002,
             Severity::Warning,
             format!(
                 "Autograd graphs are kept alive across steps: {} of forward activations allocated \
@@ -356,9 +353,7 @@ fn retained_per_step(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mu
     for s in containers.take(2) {
         let (loc, stack) = culprit(snap, s.key, s.stack);
         let per_part = s.retained as f64 / f64::from(s.retained_parts().max(1));
-        let mut f = Finding::new(
-            "PT003",
-            "growing Python container",
+        let mut f = Finding::new(Code::PT003,
             Severity::Warning,
             format!(
                 "{} keeps allocating tensors that are never freed: {} blocks ({}) in {} of {} parts \
@@ -422,9 +417,7 @@ fn batched_frees(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mut Ve
         return;
     }
     let (loc, stack) = culprit(snap, b.site, b.stack);
-    let mut f = Finding::new(
-        "PT007",
-        "reference cycle",
+    let mut f = Finding::new(Code::PT007,
         Severity::Warning,
         format!(
             "Frees arrive in batches: {} blocks ({}) allocated over {} parts of the trace were freed \
@@ -525,7 +518,7 @@ fn pending_frees(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
             fmt_bytes(delayed_bytes)
         )
     };
-    let mut f = Finding::new("PT010", "delayed free", severity, message)
+    let mut f = Finding::new(Code::PT010, severity, message)
         .at(loc, st)
         .bytes(waiting.max(delayed_bytes), None);
     if snap_pending > 0 {
@@ -623,9 +616,7 @@ fn optimizer_state(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
         .filter(|s| s.role() == Role::OptimizerState)
         .map(|s| s.blocks)
         .sum();
-    let mut f = Finding::new(
-        "PT004",
-        "first-step optimizer state",
+    let mut f = Finding::new(Code::PT004,
         Severity::Information,
         format!(
             "{} ({}) of live memory is optimizer state created by the first optimizer.step() at {} — \
@@ -768,7 +759,7 @@ fn activation_pressure(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
             pct_text(percent(act, set.bytes)),
         )
     };
-    let mut f = Finding::new("PT005", "activation pressure", severity, message)
+    let mut f = Finding::new(Code::PT005, severity, message)
         .at(loc, st)
         .bytes(act, percent(act, set.bytes))
         .evidence(Evidence::measured(format!(
@@ -844,9 +835,7 @@ fn ddp_replication(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
     } else {
         Severity::Information
     };
-    let f = Finding::new(
-        "PT006",
-        "replicated gradients/params under DDP",
+    let f = Finding::new(Code::PT006,
         severity,
         format!(
             "DDP keeps a full replica on this rank: {} of gradient buckets next to {} of parameters \
@@ -889,8 +878,7 @@ fn top_site(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
     let p = s.percent_of(allocated);
     let role = crate::torch::site_role(a, s);
     let mut f = Finding::new(
-        "PT001",
-        "top live-memory site",
+        Code::PT001,
         Severity::Hint,
         format!(
             "{} of live memory ({}) was allocated at {}{}.",
@@ -926,7 +914,7 @@ mod tests {
     use crate::torch::totals::tests::{block, entry, segment};
 
     fn codes(f: &[Finding]) -> Vec<&'static str> {
-        f.iter().map(|f| f.code).collect()
+        f.iter().map(|f| f.code.as_str()).collect()
     }
 
     /// The stack of an `nn.Linear` forward called from the user's `model.py:30`.
@@ -1084,7 +1072,7 @@ mod tests {
         });
         snap.device_traces = Some(vec![list]);
         let a = analyze_snapshot(&snap, &Options::default());
-        let f = a.findings.iter().find(|f| f.code == "PT002");
+        let f = a.findings.iter().find(|f| f.code == Code::PT002);
         let f = f.unwrap_or_else(|| panic!("no PT002 in {:?}", codes(&a.findings)));
         assert_eq!(f.location.as_ref().map(|l| l.line), Some(51));
         assert!(!codes(&a.findings).contains(&"PT003"));
@@ -1109,7 +1097,7 @@ mod tests {
         snap.segments = vec![segment(0, 0x900_0000, live)];
         snap.device_traces = Some(vec![list]);
         let a = analyze_snapshot(&snap, &Options::default());
-        let f = a.findings.iter().find(|f| f.code == "PT003");
+        let f = a.findings.iter().find(|f| f.code == Code::PT003);
         let f = f.unwrap_or_else(|| panic!("no PT003 in {:?}", codes(&a.findings)));
         assert_eq!(f.location.as_ref().map(|l| l.line), Some(44));
         assert_eq!(f.fixes[0].kind, FixKind::DetachCpuAppend);

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use crate::analyze::Options;
 use crate::error::CaptureError;
-use crate::findings::{Evidence, fmt_bytes};
+use crate::findings::{Code, Evidence, fmt_bytes};
 use crate::report::{CaptureReport, EngineData};
 use crate::torch::load::{LoadOptions, load_snapshot};
 use crate::torch::{Analysis, analyze_snapshot, build_report, text};
@@ -156,7 +156,7 @@ pub fn analyze(paths: &[&Path], opts: &Options) -> Result<Vec<CaptureReport>, Ca
     for (i, (path, snap, mut a)) in loaded.into_iter().enumerate() {
         for f in a.findings.iter_mut() {
             f.scope = Some(format!("rank {i}"));
-            if f.code == "PT006" && cmp.uniform() {
+            if f.code == Code::PT006 && cmp.uniform() {
                 f.evidence.push(Evidence::measured(format!(
                     "all {} ranks hold the same live memory within 5%: the model state is replicated, not sharded",
                     cmp.rows.len()

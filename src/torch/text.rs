@@ -1,6 +1,7 @@
 //! The human report body, in the seed's order: totals; top sites; free timeline; diagnosis;
 //! next steps; uncertainty. Every number is tagged measured, read or inferred.
 
+use crate::findings::Code;
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -414,7 +415,11 @@ fn diff_section(s: &mut String, d: &Diff, earlier: &Path) {
 
 fn diagnosis(s: &mut String, a: &Analysis) {
     let _ = writeln!(s, "Diagnosis");
-    let real: Vec<_> = a.findings.iter().filter(|f| f.code != "PT001").collect();
+    let real: Vec<_> = a
+        .findings
+        .iter()
+        .filter(|f| f.code != Code::PT001)
+        .collect();
     if real.is_empty() {
         let _ = writeln!(
             s,
@@ -426,7 +431,7 @@ fn diagnosis(s: &mut String, a: &Analysis) {
             s,
             "  {} {} ({}): {} {I}",
             f.code,
-            f.pattern,
+            f.code.pattern(),
             f.severity.as_str(),
             f.message
         );
@@ -440,7 +445,7 @@ fn diagnosis(s: &mut String, a: &Analysis) {
 fn next_steps(s: &mut String, a: &Analysis, have_diff: bool) {
     let _ = writeln!(s, "Next steps");
     let mut n = 0;
-    for f in a.findings.iter().filter(|f| f.code != "PT001") {
+    for f in a.findings.iter().filter(|f| f.code != Code::PT001) {
         let at = f
             .location
             .as_ref()
@@ -465,10 +470,7 @@ fn next_steps(s: &mut String, a: &Analysis, have_diff: bool) {
             );
         }
     }
-    let leaky = a
-        .findings
-        .iter()
-        .any(|f| matches!(f.code, "PT002" | "PT003" | "PT007"));
+    let leaky = a.findings.iter().any(|f| f.code.is_leak());
     if !a.totals.trace_present || a.totals.trace_entries() <= 1 {
         n += 1;
         let _ = writeln!(

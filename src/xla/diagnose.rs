@@ -3,7 +3,7 @@
 //! Every number a finding quotes is labelled: plan bytes are `read` from the buffer assignment,
 //! allocator and event counts are `measured`, roles, causes and savings are `inferred`.
 
-use crate::findings::{Evidence, Finding, Fix, FixKind, Location, Severity, fmt_bytes};
+use crate::findings::{Code, Evidence, Finding, Fix, FixKind, Location, Severity, fmt_bytes};
 
 use super::plan::{PeakBuffer, Plan, Role};
 use super::runtime::{Execution, LiveGroup, Runtime};
@@ -175,9 +175,7 @@ pub fn diagnose(ctx: &Context) -> Vec<Finding> {
             .unwrap_or(0);
         let last = ctx.execs.last();
         let none = last.is_some_and(|e| e.kernels == Some(0));
-        let mut f = Finding::new(
-            "JX007",
-            "allocator retry / OOM",
+        let mut f = Finding::new(Code::JX007,
             Severity::Error,
             format!(
                 "AllocatorRetry waited {} time(s), longest {:.1} s{}: the allocator ran out of memory inside the capture",
@@ -219,9 +217,7 @@ pub fn diagnose(ctx: &Context) -> Vec<Finding> {
 
     // JX001: the plan alone exceeds the pool.
     if let (true, Some(cap)) = (no_fit, ctx.capacity) {
-        let mut f = Finding::new(
-            "JX001",
-            "plan exceeds capacity",
+        let mut f = Finding::new(Code::JX001,
             Severity::Error,
             format!(
                 "the step itself doesn't fit: {} needs {} > capacity {}",
@@ -277,9 +273,7 @@ pub fn diagnose(ctx: &Context) -> Vec<Finding> {
             let others = in_use.saturating_sub(p.parameter_bytes);
             if in_use.saturating_add(step_new) > cap && others > 0 && !no_fit {
                 let largest = ctx.live_at_last.first();
-                let mut f = Finding::new(
-                    "JX006",
-                    "other live arrays",
+                let mut f = Finding::new(Code::JX006,
                     Severity::Warning,
                     format!(
                         "other live arrays take the room: {} was in use when {} started, the step needs {} more than its parameters, capacity {}{}",
@@ -351,9 +345,7 @@ pub fn diagnose(ctx: &Context) -> Vec<Finding> {
             } else {
                 Severity::Information
             };
-            let mut f = Finding::new(
-                "JX002",
-                "forward activations kept for backward",
+            let mut f = Finding::new(Code::JX002,
                 sev,
                 format!(
                     "mostly forward, kept for the backward pass: {} ({:.1}% of the heap peak); the largest share, {} in {} buffer(s) ({}), comes from this line{}",
@@ -465,9 +457,7 @@ pub fn diagnose(ctx: &Context) -> Vec<Finding> {
             .first()
             .map(|g| (g.0.clone(), g.1.clone()))
             .unwrap_or_default();
-        let mut f = Finding::new(
-            "JX003",
-            "backward dominates",
+        let mut f = Finding::new(Code::JX003,
             if no_fit { Severity::Warning } else { Severity::Information },
             format!(
                 "mostly backward: gradients and their temporaries hold {} ({:.1}% of the heap peak)",
@@ -500,9 +490,7 @@ pub fn diagnose(ctx: &Context) -> Vec<Finding> {
 
     // JX008: XLA already rematerialized.
     if p.xla_remat_instructions > 0 {
-        let mut f = Finding::new(
-            "JX008",
-            "XLA already rematerialized",
+        let mut f = Finding::new(Code::JX008,
             Severity::Information,
             format!(
                 "XLA already rematerialized {} instructions to fit: expect the fix from the program, not from XLA",
@@ -526,8 +514,7 @@ pub fn diagnose(ctx: &Context) -> Vec<Finding> {
             ("peak", pct(b.size, p.total_peak_bytes))
         };
         let mut f = Finding::new(
-            "JX009",
-            "top buffer at peak",
+            Code::JX009,
             Severity::Hint,
             format!(
                 "{} {} ({}, {}) live at the peak: {:.1}% of the {base}",
@@ -621,9 +608,7 @@ fn growth_finding(ctx: &Context) -> Option<Finding> {
         } else {
             0.0
         };
-        let mut f = Finding::new(
-            "JX004",
-            "growth per execution",
+        let mut f = Finding::new(Code::JX004,
             Severity::Warning,
             format!(
                 "memory in use grows by {} per execution of {} ({:.2}x the non-aliased outputs): the program keeps each step's outputs alive, a leak across steps",
@@ -667,9 +652,7 @@ fn growth_finding(ctx: &Context) -> Option<Finding> {
     let gaps = g.appends_per_gap.len();
     if gaps >= 2 && g.appends_per_gap.iter().all(|&n| n > 0) && ctx.rt.main().is_none() {
         let per = p.non_aliased_output_bytes;
-        let mut f = Finding::new(
-            "JX004",
-            "growth per execution",
+        let mut f = Finding::new(Code::JX004,
             Severity::Warning,
             format!(
                 "list.append runs after every execution of {} ({} of {} executions): if it keeps the step's outputs, memory grows by up to {} per execution (the non-aliased outputs)",
@@ -791,9 +774,7 @@ fn donation_finding(ctx: &Context) -> Option<Finding> {
         tuple
     };
     let loc = ctx.jit_site.clone();
-    let mut f = Finding::new(
-        "JX005",
-        "no parameter donated",
+    let mut f = Finding::new(Code::JX005,
         Severity::Warning,
         format!(
             "no parameter is donated: {} come in and same-shaped outputs ({}) are written to new buffers; donate_argnums=({tuple}) can save up to {}",

@@ -12,7 +12,7 @@ use super::plan::{Plan, Role, SMALL_BUFFER_BYTES};
 use super::runtime::{Execution, Runtime};
 use crate::analyze::Options;
 use crate::error::{CaptureError, ErrorKind};
-use crate::findings::{Finding, Label, Location, fmt_bytes};
+use crate::findings::{Code, Finding, Label, Location, fmt_bytes};
 use crate::report::{CaptureKind, CaptureReport, EngineData, Site};
 
 /// Program text for a recorded path: the workspace file it resolves to (`opts.workspace` and
@@ -567,7 +567,7 @@ fn headline(plan: &Plan, findings: &[Finding]) -> String {
             fmt_bytes(plan.indefinite_in_peak),
             findings
                 .iter()
-                .find(|f| f.code == "JX009")
+                .find(|f| f.code == Code::JX009)
                 .map(|f| format!(
                     "; largest: {}{}",
                     f.message.split(" live at").next().unwrap_or(""),
@@ -677,6 +677,7 @@ fn tag(l: Label) -> &'static str {
         Label::Measured => "[measured]",
         Label::Read => "[read]",
         Label::Inferred => "[inferred]",
+        Label::Simulated => "[simulated]",
     }
 }
 
@@ -941,7 +942,11 @@ fn render(r: &RenderInput) -> String {
     }
 
     let _ = writeln!(w, "\nDiagnosis:");
-    let shown: Vec<&Finding> = r.findings.iter().filter(|f| f.code != "JX009").collect();
+    let shown: Vec<&Finding> = r
+        .findings
+        .iter()
+        .filter(|f| f.code != Code::JX009)
+        .collect();
     if shown.is_empty() {
         let _ = writeln!(
             w,
