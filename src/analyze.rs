@@ -1,50 +1,24 @@
-//! The one entry point every front end uses: path → `CaptureReport`s.
+//! The pipeline every front end runs: **decode → model → analyse → locate**.
 //!
-//! Detects the capture kind, runs the engine (decode → model → analyse), then `crate::source`
-//! resolves fix edits when the caller gives a workspace. The CLI and the language server both call
-//! this; batch mode is not a second implementation.
+//! [`analyze_path`], [`analyze_file`] and [`analyze_diff`] detect the capture kind, decode it,
+//! run the engine and hand back engine-only `CaptureReport`s (what the language server caches);
+//! [`run`] and [`run_diff`] also locate them against the workspace, which is what `report`,
+//! `--check` and every later front end show. The server locates its cached reports with the same
+//! [`crate::source::locate::Locator`]. Batch mode is not a second implementation.
 
 use std::path::{Path, PathBuf};
 
 use crate::error::{CaptureError, ErrorKind};
-use crate::report::{CaptureKind, CaptureReport};
-use crate::source::frames::FrameFilter;
+use crate::findings;
+use crate::options::Options;
+use crate::report::{CaptureKind, CaptureReport, Engine};
+use crate::source::locate::Locator;
+use crate::source::workspace::{DEFAULT_CAPTURE_GLOBS, capture_globset, find_captures};
+use crate::torch::load::load_snapshot;
+use crate::torch::ranks::{RankComparison, RankRow};
+use crate::{torch, xla};
 
-/// Options shared by `report`, `--check` and the server.
-#[derive(Clone, Debug)]
-pub struct Options {
-    /// Number of top sites to list.
-    pub top: usize,
-    /// Keep only the newest N trace events per device (None = no cap).
-    pub max_trace_events: Option<usize>,
-    /// JAX: module to analyse (`jit_train_step(36)` or the bare HLO name).
-    pub module: Option<String>,
-    /// Which frames count as the user's.
-    pub frames: FrameFilter,
-    /// Files larger than this are refused (bytes).
-    pub max_file_bytes: u64,
-    /// Workspace roots, where an engine that needs program text (the JAX engine, to find the
-    /// `jax.jit` line) looks for recorded files; see `crate::source::paths::Resolver`.
-    pub workspace: Vec<PathBuf>,
-    /// `(recorded prefix, local prefix)` path mappings for the same lookup.
-    pub path_mappings: Vec<(String, PathBuf)>,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            top: 10,
-            max_trace_events: None,
-            module: None,
-            frames: FrameFilter::default(),
-            max_file_bytes: 4 << 30,
-            workspace: Vec::new(),
-            path_mappings: Vec::new(),
-        }
-    }
-}
-
-/// What kind of capture a file name denotes, if any.
+/// What kind of capture a file name denotes, if any (the same rule as the capture globs).
 pub fn detect_kind(path: &Path) -> Option<CaptureKind> {
     let name = path.file_name()?.to_str()?.to_ascii_lowercase();
     if name.ends_with(".xplane.pb") {
@@ -59,55 +33,85 @@ pub fn detect_kind(path: &Path) -> Option<CaptureKind> {
     }
 }
 
+/// Analyse and locate: what `report` and `--check` show.
+pub fn run(path: &Path, opts: &Options) -> Result<Vec<CaptureReport>, CaptureError> {
+    let mut reports = analyze_path(path, opts)?;
+    locate(&mut reports, opts);
+    Ok(reports)
+}
+
+/// One capture file, analysed and located.
+pub fn run_file(path: &Path, opts: &Options) -> Result<CaptureReport, CaptureError> {
+    let mut report = analyze_file(path, opts)?;
+    locate(std::slice::from_mut(&mut report), opts);
+    Ok(report)
+}
+
+/// `report --diff`, analysed and located.
+pub fn run_diff(
+    earlier: &Path,
+    later: &Path,
+    opts: &Options,
+) -> Result<CaptureReport, CaptureError> {
+    let mut report = analyze_diff(earlier, later, opts)?;
+    locate(std::slice::from_mut(&mut report), opts);
+    Ok(report)
+}
+
+/// The locate step over `opts.locate`'s workspace.
+pub fn locate(reports: &mut [CaptureReport], opts: &Options) {
+    let locator = Locator::new(&opts.locate, opts.analysis.frames.clone());
+    for r in reports {
+        locator.locate(r);
+    }
+}
+
 /// Analyse one file or one capture directory (per-rank snapshots, `plugins/profile/<run>/`).
 pub fn analyze_path(path: &Path, opts: &Options) -> Result<Vec<CaptureReport>, CaptureError> {
     let meta = std::fs::metadata(path).map_err(|e| CaptureError::io(path, &e))?;
-    if meta.is_dir() {
-        let files = captures_in_dir(path);
-        if files.is_empty() {
-            return Err(CaptureError::new(
-                path,
-                ErrorKind::Empty,
-                None,
-                "directory holds no capture (*.pickle, *.pkl, *snapshot*.json, *.xplane.pb)",
-                "pass a snapshot file or a directory of per-rank snapshots",
-            ));
-        }
-        let torch: Vec<&PathBuf> = files
-            .iter()
-            .filter(|p| detect_kind(p) == Some(CaptureKind::TorchSnapshot))
-            .collect();
-        let mut out = Vec::new();
-        if torch.len() > 1 {
-            out.extend(crate::torch::analyze_ranks(
-                &torch.iter().map(|p| p.as_path()).collect::<Vec<_>>(),
-                opts,
-            )?);
-        } else if let Some(p) = torch.first() {
-            out.push(analyze_file(p, opts)?);
-        }
-        for p in files
-            .iter()
-            .filter(|p| detect_kind(p) == Some(CaptureKind::XlaCapture))
-        {
-            out.push(analyze_file(p, opts)?);
-        }
-        return Ok(out);
+    if !meta.is_dir() {
+        return Ok(vec![analyze_file(path, opts)?]);
     }
-    Ok(vec![analyze_file(path, opts)?])
+    let files = captures_in_dir(path);
+    if files.is_empty() {
+        return Err(CaptureError::new(
+            path,
+            ErrorKind::Empty,
+            None,
+            "directory holds no capture (*.pickle, *.pkl, *snapshot*.json, *.xplane.pb)",
+            "pass a snapshot file or a directory of per-rank snapshots",
+        ));
+    }
+    let torch: Vec<&PathBuf> = files
+        .iter()
+        .filter(|p| detect_kind(p) == Some(CaptureKind::TorchSnapshot))
+        .collect();
+    let mut out = Vec::new();
+    if torch.len() > 1 {
+        out.extend(analyze_ranks(&torch, opts)?);
+    } else if let Some(p) = torch.first() {
+        out.push(analyze_file(p, opts)?);
+    }
+    for p in files
+        .iter()
+        .filter(|p| detect_kind(p) == Some(CaptureKind::XlaCapture))
+    {
+        out.push(analyze_file(p, opts)?);
+    }
+    Ok(out)
 }
 
 /// Analyse one capture file.
 pub fn analyze_file(path: &Path, opts: &Options) -> Result<CaptureReport, CaptureError> {
     check_size(path, opts)?;
     match detect_kind(path) {
-        Some(CaptureKind::XlaCapture) => crate::xla::analyze_file(path, opts),
-        Some(CaptureKind::TorchSnapshot) => crate::torch::analyze_file(path, opts),
+        Some(CaptureKind::XlaCapture) => xla_file(path, opts),
+        Some(CaptureKind::TorchSnapshot) => torch_file(path, opts),
         None => sniff(path, opts),
     }
 }
 
-/// `report --diff`: two snapshots of the same run, earlier first.
+/// `report --diff`: two snapshots of the same run, earlier first; the report is about the later.
 pub fn analyze_diff(
     earlier: &Path,
     later: &Path,
@@ -115,7 +119,72 @@ pub fn analyze_diff(
 ) -> Result<CaptureReport, CaptureError> {
     check_size(earlier, opts)?;
     check_size(later, opts)?;
-    crate::torch::analyze_diff(earlier, later, opts)
+    let before = load_snapshot(earlier, &opts.decode)?;
+    let a_before = torch::analyse(&before, &opts.analysis);
+    let after = load_snapshot(later, &opts.decode)?;
+    let mut a_after = torch::analyse(&after, &opts.analysis);
+    let d = torch::diff::diff(&before, &a_before, &after, &a_after);
+    a_after.findings.extend(torch::diff::findings(&after, &d));
+    findings::sort(&mut a_after.findings);
+    let mut out = torch::output(&after, &a_after, &opts.analysis);
+    out.summary.diff = Some(torch::summary::diff(&d, earlier, later));
+    Ok(torch_report(later, out))
+}
+
+fn torch_report(path: &Path, out: torch::Output) -> CaptureReport {
+    CaptureReport {
+        path: path.to_path_buf(),
+        engine: Engine::Torch(Box::new(out.summary)),
+        sites: out.sites,
+        findings: out.findings,
+        shown_path: None,
+    }
+}
+
+fn torch_file(path: &Path, opts: &Options) -> Result<CaptureReport, CaptureError> {
+    let snap = load_snapshot(path, &opts.decode)?;
+    let a = torch::analyse(&snap, &opts.analysis);
+    Ok(torch_report(path, torch::output(&snap, &a, &opts.analysis)))
+}
+
+fn xla_file(path: &Path, opts: &Options) -> Result<CaptureReport, CaptureError> {
+    let cap = xla::Capture::open(path)?;
+    let out = xla::analyse(&cap, &opts.analysis)?;
+    Ok(CaptureReport {
+        path: path.to_path_buf(),
+        engine: Engine::Xla(Box::new(out.summary)),
+        sites: out.sites,
+        findings: out.findings,
+        shown_path: None,
+    })
+}
+
+/// Per-rank snapshots: each analysed alone, then every report carries the comparison of all.
+/// A rank's snapshot is dropped once its output and comparison row exist.
+pub fn analyze_ranks(
+    paths: &[&PathBuf],
+    opts: &Options,
+) -> Result<Vec<CaptureReport>, CaptureError> {
+    let mut outputs = Vec::new();
+    let mut rows = Vec::new();
+    for p in paths {
+        check_size(p, opts)?;
+        let snap = load_snapshot(p, &opts.decode)?;
+        let a = torch::analyse(&snap, &opts.analysis);
+        rows.push(RankRow::of(p, &a));
+        outputs.push(((*p).clone(), torch::output(&snap, &a, &opts.analysis)));
+    }
+    let cmp = RankComparison::with_rows(rows);
+    Ok(outputs
+        .into_iter()
+        .enumerate()
+        .map(|(i, (path, mut out))| {
+            cmp.annotate(i, &mut out.findings);
+            out.summary.rank = Some(i);
+            out.summary.rank_comparison = Some(cmp.clone());
+            torch_report(&path, out)
+        })
+        .collect())
 }
 
 fn check_size(path: &Path, opts: &Options) -> Result<(), CaptureError> {
@@ -130,7 +199,7 @@ fn check_size(path: &Path, opts: &Options) -> Result<(), CaptureError> {
             "pass the capture file itself",
         ));
     }
-    if meta.len() > opts.max_file_bytes {
+    if meta.len() > opts.decode.max_file_bytes {
         return Err(CaptureError::new(
             path,
             ErrorKind::Limit,
@@ -138,7 +207,7 @@ fn check_size(path: &Path, opts: &Options) -> Result<(), CaptureError> {
             format!(
                 "file is {} bytes, above the limit of {} bytes",
                 meta.len(),
-                opts.max_file_bytes
+                opts.decode.max_file_bytes
             ),
             "raise maxFileBytes / --max-file-bytes if this really is a capture",
         ));
@@ -154,7 +223,7 @@ fn sniff(path: &Path, opts: &Options) -> Result<CaptureReport, CaptureError> {
         .and_then(|mut f| f.read(&mut head))
         .map_err(|e| CaptureError::io(path, &e))?;
     match &head[..n] {
-        [0x80, ..] | [b'{', ..] | [b'[', ..] => crate::torch::analyze_file(path, opts),
+        [0x80, ..] | [b'{', ..] | [b'[', ..] => torch_file(path, opts),
         _ => Err(CaptureError::new(
             path,
             ErrorKind::Unsupported,
@@ -165,24 +234,13 @@ fn sniff(path: &Path, opts: &Options) -> Result<CaptureReport, CaptureError> {
     }
 }
 
-/// Capture files directly in `dir` or in `plugins/profile/<run>/` below it, sorted by name.
+/// Capture files below `dir` (the capture globs; `.gitignore`d files and environment folders
+/// skipped), sorted by path.
 pub fn captures_in_dir(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![(dir.to_path_buf(), 0usize)];
-    while let Some((d, depth)) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            let p = e.path();
-            let Ok(ft) = e.file_type() else { continue };
-            if ft.is_dir() && depth < 3 {
-                stack.push((p, depth + 1));
-            } else if ft.is_file() && detect_kind(&p).is_some() {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    out
+    let Ok(globs) = capture_globset(&DEFAULT_CAPTURE_GLOBS) else {
+        return Vec::new();
+    };
+    let mut files = find_captures(dir, &globs);
+    files.sort();
+    files
 }

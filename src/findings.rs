@@ -5,7 +5,10 @@
 //! fixes. A fix names *what* to change (`FixKind`); `crate::source` turns it into a text edit
 //! against the real file when that file exists.
 
+use std::path::PathBuf;
+
 use serde::Serialize;
+use serde::ser::SerializeMap;
 
 /// How a number was obtained. Every number shown to a user carries one of these.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -301,12 +304,67 @@ impl Severity {
     }
 }
 
-/// A source position as recorded in the capture (path as the capture wrote it, 1-based line).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+/// A source position as recorded in the capture (path as the capture wrote it, 1-based line),
+/// and, once the locate step ran, the workspace file it is.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Location {
     pub file: String,
     pub line: u32,
     pub function: String,
+    /// Set by `crate::source::locate` when the recorded path is a workspace file.
+    pub resolved: Option<Resolved>,
+}
+
+/// The workspace file a recorded path resolved to.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Resolved {
+    /// Absolute local path.
+    pub local: PathBuf,
+    /// As users see it: relative to the workspace root.
+    pub shown: String,
+}
+
+impl Location {
+    pub fn new(file: impl Into<String>, line: u32, function: impl Into<String>) -> Location {
+        Location {
+            file: file.into(),
+            line,
+            function: function.into(),
+            resolved: None,
+        }
+    }
+
+    /// The path users see: workspace-relative when it resolved, else as recorded.
+    pub fn shown(&self) -> &str {
+        self.resolved
+            .as_ref()
+            .map_or(self.file.as_str(), |r| r.shown.as_str())
+    }
+
+    /// The local file, when the recorded path resolved to one.
+    pub fn local(&self) -> Option<&std::path::Path> {
+        self.resolved.as_ref().map(|r| r.local.as_path())
+    }
+
+    /// Same recorded place (ignores how it was resolved).
+    pub fn same_place(&self, other: &Location) -> bool {
+        self.file == other.file && self.line == other.line && self.function == other.function
+    }
+}
+
+/// `file`, `line`, `function` of a place, `null`s when there is none (the JSON contract).
+pub fn serialize_place<M: SerializeMap>(m: &mut M, loc: Option<&Location>) -> Result<(), M::Error> {
+    m.serialize_entry("file", &loc.map(Location::shown))?;
+    m.serialize_entry("line", &loc.map(|l| l.line))?;
+    m.serialize_entry("function", &loc.map(|l| l.function.as_str()))
+}
+
+impl Serialize for Location {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(3))?;
+        serialize_place(&mut m, Some(self))?;
+        m.end()
+    }
 }
 
 /// What a fix changes. The analysis names the change; `crate::source::edits` computes the text
@@ -320,7 +378,13 @@ pub enum FixKind {
     /// PT003: `.append(x)` → `.append(x.detach().cpu())` on the culprit line.
     DetachCpuAppend,
     /// JX005: add `donate_argnums=(…)` to the `jax.jit(...)` call or decorator on/near the line.
-    DonateArgnums { argnums: Vec<u32> },
+    /// `args` names each donated argument with its position as the plan's parameter order
+    /// suggests; the locate step corrects positions from the function's signature.
+    DonateArgnums {
+        argnums: Vec<u32>,
+        #[serde(skip)]
+        args: Vec<(Option<String>, u32)>,
+    },
     /// JX002: put `@jax.checkpoint` on the function that owns the line.
     JaxCheckpoint,
     /// JX004: `list.append(x)` of step outputs → `append(jax.device_get(x))`.
@@ -333,32 +397,70 @@ pub enum FixKind {
 
 /// A concrete text edit: replace `[start_col, end_col)` (0-based UTF-8 byte columns) on
 /// `line` (1-based) of `file` with `new_text`. An insertion has `start_col == end_col`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TextEdit {
+    /// The local file.
     pub file: String,
     pub line: u32,
     pub start_col: u32,
     pub end_col: u32,
     pub new_text: String,
+    /// `file` as users see it (workspace-relative), set by the locate step.
+    pub shown: Option<String>,
+}
+
+impl Serialize for TextEdit {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(5))?;
+        m.serialize_entry("file", self.shown.as_deref().unwrap_or(&self.file))?;
+        m.serialize_entry("line", &self.line)?;
+        m.serialize_entry("start_col", &self.start_col)?;
+        m.serialize_entry("end_col", &self.end_col)?;
+        m.serialize_entry("new_text", &self.new_text)?;
+        m.end()
+    }
+}
+
+/// Where a fix's edit goes: the culprit line, or for an allocator setting the entry script.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FixTarget {
+    pub file: PathBuf,
+    pub line: u32,
 }
 
 /// One way to act on a finding, with what it is expected to save.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Fix {
     pub title: String,
-    /// Estimated bytes saved (always inferred).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Estimated bytes saved (inferred).
     pub saving_bytes: Option<u64>,
     /// What the fix costs (recompute, smaller batch, …), in words.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub cost: Option<String>,
     pub kind: FixKind,
-    /// Filled in by `crate::source` when the fix is a local edit and the file was found.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Set by the locate step: the file and line the fix edits, when it is a local edit and the
+    /// file resolved.
+    pub target: Option<FixTarget>,
+    /// Set by the locate step: the edit against the file's text when the line still matches.
     pub edit: Option<Vec<TextEdit>>,
     /// Whether an editor should mark this fix as the preferred quick fix.
-    #[serde(skip)]
     pub preferred: bool,
+}
+
+impl Serialize for Fix {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(None)?;
+        m.serialize_entry("title", &self.title)?;
+        if let Some(b) = self.saving_bytes {
+            m.serialize_entry("saving_bytes", &b)?;
+        }
+        if let Some(c) = &self.cost {
+            m.serialize_entry("cost", c)?;
+        }
+        if let Some(e) = &self.edit {
+            m.serialize_entry("edit", e)?;
+        }
+        m.end()
+    }
 }
 
 impl Fix {
@@ -368,6 +470,7 @@ impl Fix {
             saving_bytes: None,
             cost: None,
             kind: FixKind::Advice,
+            target: None,
             edit: None,
             preferred: false,
         }
@@ -378,6 +481,7 @@ impl Fix {
             saving_bytes: None,
             cost: None,
             kind,
+            target: None,
             edit: None,
             preferred: false,
         }
@@ -396,8 +500,20 @@ impl Fix {
     }
 }
 
+/// A finding's location as the engine could give it, to be made exact by the locate step
+/// from the program text (the engines never read source files).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refine {
+    /// The location is the call site of a jitted function: move it to the `jax.jit(...)` call or
+    /// decorator that compiled `function`.
+    JitLine { function: String },
+    /// The location is a function's `def` line: move it to the first line of its body that
+    /// contains `needle`.
+    InFunction { needle: &'static str },
+}
+
 /// A diagnosis pinned (when possible) to a source line.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Finding {
     /// Stable code, e.g. `PT002`, `JX005`; its pattern name is `code.pattern()`.
     pub code: Code,
@@ -414,6 +530,29 @@ pub struct Finding {
     pub fixes: Vec<Fix>,
     /// Which rank / device / module the finding is about, for merging and messages.
     pub scope: Option<String>,
+    /// How the locate step can make `location` exact.
+    pub refine: Option<Refine>,
+}
+
+impl Serialize for Finding {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(None)?;
+        m.serialize_entry("code", &self.code)?;
+        m.serialize_entry("pattern", self.code.pattern())?;
+        m.serialize_entry("severity", &self.severity)?;
+        m.serialize_entry("message", &self.message)?;
+        serialize_place(&mut m, self.location.as_ref())?;
+        m.serialize_entry("bytes", &self.bytes)?;
+        m.serialize_entry("percent", &self.percent)?;
+        if let Some(scope) = &self.scope {
+            m.serialize_entry("scope", scope)?;
+        }
+        m.serialize_entry("evidence", &self.evidence)?;
+        m.serialize_entry("fixes", &self.fixes)?;
+        m.serialize_entry("stack", &self.stack)?;
+        m.serialize_entry("docs", &self.code.docs_url())?;
+        m.end()
+    }
 }
 
 impl Finding {
@@ -429,6 +568,7 @@ impl Finding {
             evidence: Vec::new(),
             fixes: Vec::new(),
             scope: None,
+            refine: None,
         }
     }
     pub fn at(mut self, location: Option<Location>, stack: Vec<Location>) -> Self {

@@ -7,13 +7,14 @@ pub mod analyze;
 pub mod cli;
 pub mod error;
 pub mod findings;
-#[doc(hidden)]
-pub mod fuzzing;
+pub mod frames;
 pub(crate) mod hugepages;
 pub mod lsp;
+pub mod options;
 pub mod pickle;
 pub mod report;
 pub mod sigbus;
+pub mod site;
 pub mod source;
 #[doc(hidden)]
 pub mod testdata;

@@ -7,7 +7,10 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use memlsp::fuzzing::{pickle_vm, report, torch_snapshot, xplane};
+#[path = "../fuzz/harness.rs"]
+mod harness;
+
+use harness::{pickle_vm, report, torch_snapshot, xplane};
 
 fn inputs(target: &str) -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))

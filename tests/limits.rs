@@ -156,7 +156,7 @@ fn protobuf_lengths_of_2_pow_62_allocate_nothing() {
     for (name, bytes) in [("top", top), ("nested", nested), ("u64max", max)] {
         let path = dir.path().join(format!("{name}.xplane.pb"));
         std::fs::write(&path, &bytes).unwrap();
-        let opts = memlsp::analyze::Options::default();
+        let opts = memlsp::options::Options::default();
         let start = Instant::now();
         let (r, largest) = largest_alloc(|| memlsp::analyze::analyze_file(&path, &opts));
         let e = r.err().unwrap_or_else(|| panic!("{name}: accepted"));
@@ -189,11 +189,12 @@ fn max_file_bytes_refuses_before_reading() {
     assert!(r.stderr.contains("1024"), "{}", r.stderr);
     assert!(start.elapsed() < Duration::from_secs(5));
     // The library default is 4 GiB.
-    assert_eq!(memlsp::analyze::Options::default().max_file_bytes, 4 << 30);
-    let opts = memlsp::analyze::Options {
-        max_file_bytes: 1 << 30,
-        ..Default::default()
-    };
+    assert_eq!(
+        memlsp::options::Options::default().decode.max_file_bytes,
+        4 << 30
+    );
+    let mut opts = memlsp::options::Options::default();
+    opts.decode.max_file_bytes = 1 << 30;
     let e = memlsp::analyze::analyze_file(Path::new(&p), &opts).unwrap_err();
     assert!(e.to_string().contains("above the limit"), "{e}");
 }

@@ -13,8 +13,9 @@ use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use common::{arg, memlsp};
+use memlsp::options::DecodeOptions;
 use memlsp::pickle::{Kind, PickleErrorKind, decode};
-use memlsp::torch::load::{LoadOptions, decode_snapshot};
+use memlsp::torch::load::decode_snapshot;
 
 /// `pickle.dumps(Evil(), protocol=2)` where `Evil.__reduce__` returns `(os.system, ('touch MARKER',))`:
 /// GLOBAL at byte 2 (after PROTO).
@@ -76,11 +77,11 @@ fn code_opcodes_are_refused_by_the_snapshot_loader() {
     for (name, data, _) in code_pickles() {
         if name == "BUILD" {
             // BUILD on two dicts names no code; the loader must still not accept a Call as data.
-            let e = decode_snapshot(Path::new("x.pickle"), &data, &LoadOptions::default());
+            let e = decode_snapshot(Path::new("x.pickle"), &data, &DecodeOptions::default());
             assert!(e.is_err(), "{name} accepted as a snapshot");
             continue;
         }
-        let e = decode_snapshot(Path::new("x.pickle"), &data, &LoadOptions::default())
+        let e = decode_snapshot(Path::new("x.pickle"), &data, &DecodeOptions::default())
             .err()
             .unwrap_or_else(|| panic!("{name} accepted as a snapshot"));
         let msg = e.to_string();
@@ -107,7 +108,7 @@ fn persistent_ids_and_extension_registry_are_refused() {
         assert_eq!(e.kind, PickleErrorKind::Refused, "{name}: {e}");
         assert_eq!(e.offset, at, "{name}: the opcode's offset");
         assert!(
-            decode_snapshot(Path::new("x.pickle"), &data, &LoadOptions::default()).is_err(),
+            decode_snapshot(Path::new("x.pickle"), &data, &DecodeOptions::default()).is_err(),
             "{name}"
         );
     }

@@ -5,7 +5,8 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use memlsp::torch::load::{LoadOptions, load_snapshot};
+use memlsp::options::DecodeOptions;
+use memlsp::torch::load::load_snapshot;
 use memlsp::torch::model::BlockState;
 use serde_json::Value;
 
@@ -27,8 +28,8 @@ fn every_real_snapshot_decodes_to_the_oracle_counts() {
             &std::fs::read(dir.join("oracle").join(format!("{name}.json"))).unwrap(),
         )
         .unwrap();
-        let snap =
-            load_snapshot(&path, &LoadOptions::default()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let snap = load_snapshot(&path, &DecodeOptions::default())
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
         check(&name, &oracle, &snap, &path);
     }
 }

@@ -1,12 +1,15 @@
 //! Every real snapshot in `../shared/torch_snapshots/real/`: the report's engine JSON
-//! (`EngineData::Torch`) agrees with `oracle/<file>.json` exactly — memory totals overall and per
+//! (the `torch` value of the JSON contract) agrees with `oracle/<file>.json` exactly — memory totals overall and per
 //! device, trace counts and trace-relative peaks, OOM events, and the top allocation sites
 //! (site, bytes, requested bytes, blocks, percent to the last bit).
 
+mod common;
+
+use common::ReportExt;
+
 use std::path::Path;
 
-use memlsp::analyze::Options;
-use memlsp::report::EngineData;
+use memlsp::options::Options;
 use serde_json::Value;
 
 /// Assert that every key of `expected` (recursively) has the same value in `actual`.
@@ -66,11 +69,9 @@ fn check(path: &Path, oracle_text: &str) -> Vec<String> {
     let name = path.file_name().unwrap().to_string_lossy().into_owned();
     let o: Value = serde_json::from_str(oracle_text).unwrap();
     let opts = Options::default();
-    let report = memlsp::torch::analyze_file(path, &opts)
+    let report = memlsp::analyze::run_file(path, &opts)
         .unwrap_or_else(|e| panic!("{name}: analysis failed: {e}"));
-    let EngineData::Torch(j) = &report.engine else {
-        panic!("{name}: no torch engine data")
-    };
+    let j = &report.engine();
     let mut errors = Vec::new();
 
     // Memory, overall and per device.

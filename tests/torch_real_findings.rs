@@ -1,9 +1,9 @@
-//! What a user sees on the 25 real snapshots: the one OOM is explained (and fragmentation ruled
+//! What a user sees on the real snapshots: the one OOM is explained (and fragmentation ruled
 //! out), healthy training and inference captures raise no warning, and the top-site hint points
 //! at the oracle's top user site.
 
-use memlsp::analyze::Options;
 use memlsp::findings::Severity;
+use memlsp::options::Options;
 use serde_json::Value;
 
 #[test]
@@ -20,10 +20,10 @@ fn real_snapshots_raise_warnings_only_where_memory_went_wrong() {
     let mut problems = Vec::new();
     for path in &files {
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        let r = memlsp::torch::analyze_file(path, &Options::default())
+        let r = memlsp::analyze::run_file(path, &Options::default())
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(
-            !r.headline.is_empty() && !r.headline.contains('\n'),
+            !r.headline().is_empty() && !r.headline().contains('\n'),
             "{name}"
         );
         let loud: Vec<(&str, Severity)> = r
@@ -52,7 +52,7 @@ fn real_snapshots_raise_warnings_only_where_memory_went_wrong() {
                 "{:?}",
                 oom.evidence
             );
-            assert!(r.headline.starts_with("Out of memory on device 1"));
+            assert!(r.headline().starts_with("Out of memory on device 1"));
         } else if !loud.is_empty() {
             problems.push(format!("{name}: {loud:?}"));
         }

@@ -1,12 +1,16 @@
 //! What a user sees for the labelled JAX captures (`shared/jax_cpu_captures/README.md`) and the
 //! third-party ones: module choice, diagnosis codes, culprit lines, fixes, numbers.
 
+mod common;
+
+use common::ReportExt;
+
 use std::path::PathBuf;
 
-use memlsp::analyze::Options;
 use memlsp::error::ErrorKind;
 use memlsp::findings::{Code, Finding, FixKind, Severity};
-use memlsp::report::{CaptureReport, EngineData};
+use memlsp::options::Options;
+use memlsp::report::CaptureReport;
 use serde_json::Value;
 
 fn cpu(name: &str) -> Option<PathBuf> {
@@ -15,11 +19,12 @@ fn cpu(name: &str) -> Option<PathBuf> {
 
 fn report(name: &str, module: Option<&str>) -> Option<CaptureReport> {
     let path = cpu(name)?;
-    let opts = Options {
-        module: module.map(str::to_string),
-        ..Options::default()
+    let opts = {
+        let mut o = Options::default();
+        o.analysis.module = module.map(str::to_string);
+        o
     };
-    Some(memlsp::xla::analyze_file(&path, &opts).unwrap_or_else(|e| panic!("{e}")))
+    Some(memlsp::analyze::run_file(&path, &opts).unwrap_or_else(|e| panic!("{e}")))
 }
 
 fn oracle_module(name: &str, module: &str) -> Value {
@@ -34,11 +39,8 @@ fn oracle_module(name: &str, module: &str) -> Value {
         .unwrap()
 }
 
-fn xla(r: &CaptureReport) -> &Value {
-    match &r.engine {
-        EngineData::Xla(v) => v,
-        _ => panic!("no xla engine data"),
-    }
+fn xla(r: &CaptureReport) -> Value {
+    r.engine()
 }
 
 fn find<'a>(r: &'a CaptureReport, code: &str) -> Option<&'a Finding> {
@@ -67,11 +69,10 @@ fn missing_donation_points_at_the_jit_line_with_argnums() {
         ("/srv/jaxdemo/b_mlp_nodonate.py", 57)
     );
     let fix = &f.fixes[0];
-    assert_eq!(
-        fix.kind,
-        FixKind::DonateArgnums {
-            argnums: vec![0, 1]
-        }
+    assert!(
+        matches!(&fix.kind, FixKind::DonateArgnums { argnums, .. } if argnums == &[0, 1]),
+        "{:?}",
+        fix.kind
     );
     // params + opt_state = every parameter but the batch x, y (f32[256,1024] each).
     let o = oracle_module("b_mlp_nodonate", "jit_train_step(36)");
@@ -82,11 +83,11 @@ fn missing_donation_points_at_the_jit_line_with_argnums() {
     );
     assert_eq!(r.findings[0].code, Code::JX005);
     assert!(
-        r.headline.contains("donate_argnums=(0, 1)"),
+        r.headline().contains("donate_argnums=(0, 1)"),
         "{}",
-        r.headline
+        r.headline()
     );
-    assert!(r.text.contains("b_mlp_nodonate.py:57"), "{}", r.text);
+    assert!(r.text().contains("b_mlp_nodonate.py:57"), "{}", r.text());
 }
 
 #[test]
@@ -97,11 +98,12 @@ fn healthy_captures_report_no_warning() {
             find(&r, "JX005").is_none(),
             "{name}: JX005 on a donated step"
         );
-        assert_eq!(warnings(&r), Vec::<&str>::new(), "{name}: {}", r.headline);
+        assert_eq!(warnings(&r), Vec::<&str>::new(), "{name}: {}", r.headline());
+        // The headline leads with an expected-retention note or says nothing is wrong.
+        let h = r.headline();
         assert!(
-            r.headline.contains("no memory problem found"),
-            "{}",
-            r.headline
+            h.contains("no memory problem found") || h.contains("[JX002]") || h.contains("[JX003]"),
+            "{h}"
         );
         let plan = &xla(&r)["plan"];
         assert!(
@@ -143,7 +145,7 @@ fn attention_scores_are_forward_kept_at_the_softmax_line() {
     // The top site is line 31 with its share of the heap peak.
     let site = &r.sites[0];
     assert_eq!(site.location.as_ref().unwrap().line, 31);
-    assert_eq!(site.percent_of, "heap peak");
+    assert_eq!(site.percent_of.as_str(), "heap peak");
     let heap = o["peak_heap_bytes"].as_u64().unwrap() as f64;
     let want = line31["bytes"].as_u64().unwrap() as f64 * 100.0 / heap;
     assert!(
@@ -186,13 +188,11 @@ fn eval_module_is_chosen_over_the_more_frequent_train_step() {
         let r = report("h_eval_and_train", Some(m)).unwrap();
         assert_eq!(xla(&r)["module"], "jit_train_step(32)");
     }
-    let e = memlsp::xla::analyze_file(
-        &cpu("h_eval_and_train").unwrap(),
-        &Options {
-            module: Some("jit_nope".into()),
-            ..Options::default()
-        },
-    )
+    let e = memlsp::analyze::run_file(&cpu("h_eval_and_train").unwrap(), &{
+        let mut o = Options::default();
+        o.analysis.module = Some("jit_nope".into());
+        o
+    })
     .unwrap_err();
     assert!(e.to_string().contains("jit_eval_step(34)"), "{e}");
 }
@@ -258,10 +258,10 @@ fn every_real_capture_is_reported_without_error() {
     let mut n = 0;
     for e in std::fs::read_dir(dir).unwrap().flatten() {
         for f in memlsp::analyze::captures_in_dir(&e.path()) {
-            let r = memlsp::xla::analyze_file(&f, &Options::default())
+            let r = memlsp::analyze::run_file(&f, &Options::default())
                 .unwrap_or_else(|e| panic!("{e}"));
-            assert!(!r.headline.is_empty());
-            assert!(r.text.contains("[measured]") || r.text.contains("[read]"));
+            assert!(!r.headline().is_empty());
+            assert!(r.text().contains("[measured]") || r.text().contains("[read]"));
             n += 1;
         }
     }
@@ -274,8 +274,8 @@ fn tensorflow_capture_without_hlo_reports_the_allocator_only() {
         return;
     };
     let f = memlsp::analyze::captures_in_dir(&d).remove(0);
-    let r = memlsp::xla::analyze_file(&f, &Options::default()).unwrap();
-    assert!(r.headline.starts_with("no HLO plan"), "{}", r.headline);
+    let r = memlsp::analyze::run_file(&f, &Options::default()).unwrap();
+    assert!(r.headline().starts_with("no HLO plan"), "{}", r.headline());
     // xprof memory_profile: GPU_1_bfc peaks at 4013344768 of 15477102400.
     assert_eq!(xla(&r)["runtime"]["peak_bytes_in_use"], 4013344768u64);
     assert_eq!(xla(&r)["runtime"]["capacity_bytes"], 15477102400u64);
@@ -293,7 +293,7 @@ fn truncated_and_garbage_files_are_errors_with_offsets() {
     for k in 1..64 {
         let len = bytes.len() * k / 64;
         std::fs::write(&cut, &bytes[..len]).unwrap();
-        match memlsp::xla::analyze_file(&cut, &Options::default()) {
+        match memlsp::analyze::run_file(&cut, &Options::default()) {
             Err(e) => {
                 assert!(e.offset.is_some_and(|o| o <= len as u64), "{e}");
                 if e.kind == ErrorKind::Truncated {
@@ -304,7 +304,7 @@ fn truncated_and_garbage_files_are_errors_with_offsets() {
             Ok(r) => panic!(
                 "a cut at {len} of {} bytes was accepted: {}",
                 bytes.len(),
-                r.headline
+                r.headline()
             ),
         }
     }
@@ -313,10 +313,10 @@ fn truncated_and_garbage_files_are_errors_with_offsets() {
         "only {truncated} cuts reported as truncated"
     );
     std::fs::write(&cut, b"\x0a\xff\xff\xff\xff\x0fgarbage").unwrap();
-    let e = memlsp::xla::analyze_file(&cut, &Options::default()).unwrap_err();
+    let e = memlsp::analyze::run_file(&cut, &Options::default()).unwrap_err();
     assert_eq!(e.kind, ErrorKind::Truncated);
     assert_eq!(e.offset, Some(0));
     std::fs::write(&cut, b"\x07\x07\x07").unwrap();
-    let e = memlsp::xla::analyze_file(&cut, &Options::default()).unwrap_err();
+    let e = memlsp::analyze::run_file(&cut, &Options::default()).unwrap_err();
     assert_eq!(e.kind, ErrorKind::Invalid, "{e}");
 }

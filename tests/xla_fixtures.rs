@@ -3,11 +3,15 @@
 //! jit line exercises the lookup beside the capture. Expected lines come from the programs'
 //! `# CULPRIT(...)` comments.
 
+mod common;
+
+use common::ReportExt;
+
 use std::path::{Path, PathBuf};
 
-use memlsp::analyze::Options;
 use memlsp::findings::{Code, FixKind, Severity};
-use memlsp::report::{CaptureReport, EngineData};
+use memlsp::options::Options;
+use memlsp::report::CaptureReport;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("fixtures/jax/{name}.xplane.pb"))
@@ -20,7 +24,7 @@ fn culprit_line(name: &str, tag: &str) -> u32 {
 }
 
 fn analyze(name: &str) -> CaptureReport {
-    memlsp::xla::analyze_file(&fixture(name), &Options::default()).unwrap_or_else(|e| panic!("{e}"))
+    memlsp::analyze::run_file(&fixture(name), &Options::default()).unwrap_or_else(|e| panic!("{e}"))
 }
 
 #[test]
@@ -46,11 +50,10 @@ fn bare_jit_decorator_without_donation_is_the_culprit_line() {
         loc.line,
         culprit_line("decorator_nodonate", "CULPRIT(no-donation)")
     );
-    assert_eq!(
-        f.fixes[0].kind,
-        FixKind::DonateArgnums {
-            argnums: vec![0, 1]
-        }
+    assert!(
+        matches!(&f.fixes[0].kind, FixKind::DonateArgnums { argnums, .. } if argnums == &[0, 1]),
+        "{:?}",
+        f.fixes[0].kind
     );
     // params and momentum: four f32[1024,1024] leaves.
     assert_eq!(f.fixes[0].saving_bytes, Some(4 * 1024 * 1024 * 4));
@@ -58,7 +61,7 @@ fn bare_jit_decorator_without_donation_is_the_culprit_line() {
     assert!(
         r.findings.iter().all(|f| f.code != Code::JX004),
         "{}",
-        r.headline
+        r.headline()
     );
 }
 
@@ -80,10 +83,8 @@ fn scan_stacked_activations_point_at_the_scan_line() {
     );
     // Three f32[16,512,256] stacks (16 layers × the batch's activations) carried by the loop.
     assert_eq!(f.bytes, Some(3 * 16 * 512 * 256 * 4));
-    assert!(r.text.contains("(carried by while."), "{}", r.text);
-    let EngineData::Xla(x) = &r.engine else {
-        panic!()
-    };
+    assert!(r.text().contains("(carried by while."), "{}", r.text());
+    let x = r.engine();
     assert!(x["plan"]["roles"]["forward"].as_u64().unwrap() >= 3 * 16 * 512 * 256 * 4);
 }
 
@@ -108,9 +109,7 @@ fn gradients_appended_every_step_point_at_the_append_line() {
         "{}",
         f.evidence[0].text
     );
-    let EngineData::Xla(x) = &r.engine else {
-        panic!()
-    };
+    let x = r.engine();
     let new = x["plan"]["non_aliased_output_bytes"].as_u64().unwrap();
     assert_eq!(f.bytes, Some(new));
     assert!(
@@ -132,9 +131,9 @@ fn a_profile_directory_yields_one_report_per_host_file() {
     let reports = memlsp::analyze::analyze_path(dir.path(), &Options::default()).unwrap();
     assert_eq!(reports.len(), 1);
     assert!(
-        reports[0].headline.starts_with("jit_sgd("),
+        reports[0].headline().starts_with("jit_sgd("),
         "{}",
-        reports[0].headline
+        reports[0].headline()
     );
 }
 
@@ -171,9 +170,9 @@ fn corrupted_bytes_never_panic() {
             m[at] = (x >> 13) as u8;
         }
         std::fs::write(&path, &m).unwrap();
-        match memlsp::xla::analyze_file(&path, &Options::default()) {
+        match memlsp::analyze::run_file(&path, &Options::default()) {
             Ok(r) => {
-                assert!(!r.headline.is_empty());
+                assert!(!r.headline().is_empty());
                 reported += 1;
             }
             Err(e) => {

@@ -2,6 +2,9 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 
+#[path = "../harness.rs"]
+mod harness;
+
 fuzz_target!(|data: &[u8]| {
-    memlsp::fuzzing::pickle_vm(data);
+    harness::pickle_vm(data);
 });

@@ -3,8 +3,11 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 
+#[path = "../harness.rs"]
+mod harness;
+
 fuzz_target!(|data: &[u8]| {
     let dir = std::env::temp_dir().join(format!("memlsp-fuzz-report-{}", std::process::id()));
     let _ = std::fs::create_dir_all(&dir);
-    memlsp::fuzzing::report(data, &dir);
+    harness::report(data, &dir);
 });

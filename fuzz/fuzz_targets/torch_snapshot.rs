@@ -2,6 +2,9 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 
+#[path = "../harness.rs"]
+mod harness;
+
 fuzz_target!(|data: &[u8]| {
-    memlsp::fuzzing::torch_snapshot(data);
+    harness::torch_snapshot(data);
 });

@@ -3,8 +3,11 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 
+#[path = "../harness.rs"]
+mod harness;
+
 fuzz_target!(|data: &[u8]| {
     let dir = std::env::temp_dir().join(format!("memlsp-fuzz-xplane-{}", std::process::id()));
     let _ = std::fs::create_dir_all(&dir);
-    memlsp::fuzzing::xplane(data, &dir);
+    harness::xplane(data, &dir);
 });

@@ -11,8 +11,7 @@ use crate::analyze::analyze_file;
 use crate::error::{CaptureError, ErrorKind};
 use crate::findings::Severity;
 use crate::report::CaptureReport;
-use crate::source::paths::Resolver;
-use crate::source::resolve_fixes;
+use crate::source::locate::Locator;
 use crate::source::workspace::{DEFAULT_CAPTURE_GLOBS, capture_globset, find_captures};
 
 use super::{CheckFormat, CommonArgs, emit, github, json, sarif, text};
@@ -40,17 +39,15 @@ pub(super) fn run(args: CheckArgs) -> i32 {
     };
     let mut errors: Vec<CaptureError> = Vec::new();
     let files = collect(&paths, &mut errors);
-    let mut opts = args.common.options();
-    opts.workspace = vec![workspace.clone()];
-    opts.path_mappings = args.common.mappings();
-    let resolver = Resolver::new(vec![workspace], args.common.mappings());
+    let opts = args.common.options(workspace.clone());
+    let locator = Locator::new(&opts.locate, opts.analysis.frames.clone());
     let progress = Progress::new(files.len());
     let mut reports: Vec<CaptureReport> = Vec::new();
     for (i, file) in files.iter().enumerate() {
         progress.show(i, file);
         match analyze_file(file, &opts) {
             Ok(mut report) => {
-                resolve_fixes(&mut report, &resolver);
+                locator.locate(&mut report);
                 reports.push(report);
             }
             Err(e) => {
@@ -62,10 +59,10 @@ pub(super) fn run(args: CheckArgs) -> i32 {
     }
     progress.clear();
     let out = match args.format {
-        CheckFormat::Text => text::check(&reports, &resolver, errors.len()),
-        CheckFormat::Json => json::render(&json::document(&reports, &resolver, &errors)),
-        CheckFormat::Sarif => json::render(&sarif::document(&reports, &resolver, &errors)),
-        CheckFormat::Github => github::check(&reports, &resolver),
+        CheckFormat::Text => text::check(&reports, errors.len()),
+        CheckFormat::Json => json::render(&json::document(&reports, &errors)),
+        CheckFormat::Sarif => json::render(&sarif::document(&reports, &workspace, &errors)),
+        CheckFormat::Github => github::check(&reports),
     };
     emit(&out);
     exit_code(&reports, !errors.is_empty(), args.fail_on)

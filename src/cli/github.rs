@@ -4,11 +4,8 @@ use std::fmt::Write;
 
 use crate::findings::Severity;
 use crate::report::CaptureReport;
-use crate::source::paths::Resolver;
 
-use super::json::capture_path;
-
-pub(super) fn check(reports: &[CaptureReport], resolver: &Resolver) -> String {
+pub(super) fn check(reports: &[CaptureReport]) -> String {
     let mut out = String::new();
     for r in reports {
         for f in &r.findings {
@@ -18,12 +15,8 @@ pub(super) fn check(reports: &[CaptureReport], resolver: &Resolver) -> String {
                 Severity::Information | Severity::Hint => "notice",
             };
             let location = match &f.location {
-                Some(l) => format!(
-                    "file={},line={},",
-                    property(&resolver.display_path(&l.file)),
-                    l.line
-                ),
-                None => format!("file={},", property(&capture_path(r, resolver))),
+                Some(l) => format!("file={},line={},", property(l.shown()), l.line),
+                None => format!("file={},", property(&r.display_path())),
             };
             let mut message = f.message.clone();
             for e in &f.evidence {

@@ -18,9 +18,9 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::analyze::Options;
 use crate::findings::Severity;
-use crate::source::frames::FrameFilter;
+use crate::frames::FrameFilter;
+use crate::options::Options;
 
 /// The version written into JSON and SARIF output.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -112,12 +112,15 @@ impl CommonArgs {
         self.path_map.is_empty() && self.max_file_bytes.is_none() && self.exclude_frames.is_empty()
     }
 
-    fn options(&self) -> Options {
+    /// Options for a run whose workspace is `workspace`.
+    fn options(&self, workspace: PathBuf) -> Options {
         let mut opts = Options::default();
         if let Some(max) = self.max_file_bytes {
-            opts.max_file_bytes = max;
+            opts.decode.max_file_bytes = max;
         }
-        opts.frames = FrameFilter::new(self.exclude_frames.clone());
+        opts.analysis.frames = FrameFilter::new(self.exclude_frames.clone());
+        opts.locate.workspace = vec![workspace];
+        opts.locate.path_mappings = self.mappings();
         opts
     }
 
@@ -190,6 +193,16 @@ fn absolute(path: &std::path::Path) -> PathBuf {
     std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
+/// The text report of located reports, as `memlsp report` prints it.
+pub fn render_text(reports: &[crate::report::CaptureReport], top: usize) -> String {
+    text::report(reports, top)
+}
+
+/// The JSON document of located reports, as `memlsp report --format json` prints it.
+pub fn render_json(reports: &[crate::report::CaptureReport]) -> String {
+    json::render(&json::document(reports, &[]))
+}
+
 /// Parse the command line, run, and return the process exit code.
 pub fn main() -> i32 {
     // Captures are memory-mapped; survive one being truncated under the reader.
@@ -200,7 +213,7 @@ pub fn main() -> i32 {
     };
     match cli.command {
         Some(_) if cli.check => usage("--check cannot be combined with a subcommand"),
-        Some(Command::Report(args)) => report::run(args),
+        Some(Command::Report(args)) => report::run_report(args),
         Some(Command::Lsp { .. }) => lsp(),
         None if cli.check => check::run(check::CheckArgs {
             paths: cli.paths,

@@ -4,10 +4,11 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use crate::findings::{Code, Evidence, Finding, Fix, FixKind, Location, Severity};
-use crate::report::{CaptureKind, CaptureReport, EngineData, Site};
-use crate::source::paths::Resolver;
-use crate::source::resolve_fixes;
+use crate::findings::{Code, Evidence, Finding, Fix, FixKind, Label, Location, Severity};
+use crate::frames::FrameFilter;
+use crate::options::LocateOptions;
+use crate::report::{CaptureReport, Engine, PercentOf, Site, SiteFrame, SiteRole};
+use crate::source::locate::Locator;
 
 use super::{check::exit_code, github, json, sarif, text};
 
@@ -15,18 +16,20 @@ const TRAIN: &str =
     "import torch\n\ntotal = 0\nfor x in data:\n    loss = model(x).sum()\n    total += loss\n";
 
 fn loc(file: &str, line: u32, function: &str) -> Location {
-    Location {
-        file: file.into(),
-        line,
-        function: function.into(),
-    }
+    Location::new(file, line, function)
 }
 
 /// A workspace holding `train.py`, and a report whose frames were recorded on another machine.
-fn fixture() -> (tempfile::TempDir, Resolver, CaptureReport) {
+fn fixture() -> (tempfile::TempDir, Locator, CaptureReport) {
     let ws = tempfile::tempdir().unwrap();
     std::fs::write(ws.path().join("train.py"), TRAIN).unwrap();
-    let resolver = Resolver::new(vec![ws.path().to_path_buf()], vec![]);
+    let locator = Locator::new(
+        &LocateOptions {
+            workspace: vec![ws.path().to_path_buf()],
+            path_mappings: vec![],
+        },
+        FrameFilter::default(),
+    );
     let culprit = loc("/home/u/proj/train.py", 6, "<module>");
     let torch_frame = loc(
         "/opt/conda/lib/python3.11/site-packages/torch/_tensor.py",
@@ -63,32 +66,37 @@ fn fixture() -> (tempfile::TempDir, Resolver, CaptureReport) {
     )
     .bytes(2 << 30, None)
     .evidence(Evidence::measured("1 OOM event in the trace"));
+    let snap = crate::torch::model::Snapshot::default();
+    let a = crate::torch::analyse(&snap, &Default::default());
+    let mut summary = crate::torch::summary::summarize(&snap, &a, 10);
+    summary.totals.memory.reserved_bytes = 3 << 30;
     let report = CaptureReport {
         path: ws.path().join("runs/step5.pickle"),
-        kind: CaptureKind::TorchSnapshot,
-        headline: "An OOM at 2.00 GiB; `loss` keeps the graph alive at train.py:6.".into(),
-        engine: EngineData::Torch(json!({"totals": {"reserved_bytes": 3u64 << 30}})),
+        engine: Engine::Torch(Box::new(summary)),
         sites: vec![Site {
             location: Some(culprit.clone()),
             bytes: 1 << 30,
             requested_bytes: Some(1 << 30),
             blocks: 120,
             percent: 40.0,
+            percent_of: PercentOf::LiveMemory,
+            label: Label::Measured,
             stack: vec![torch_frame, culprit],
-            role: Some("activation".into()),
+            callers: vec![],
+            frame: SiteFrame::User,
+            role: Some(SiteRole::Activation),
             scope: None,
-            percent_of: "live memory",
         }],
         findings: vec![oom, leak],
-        text: "Totals\n  reserved 3.00 GiB (measured)\n".into(),
+        shown_path: None,
     };
-    (ws, resolver, report)
+    (ws, locator, report)
 }
 
 #[test]
 fn fixes_get_edits_against_the_workspace_file() {
-    let (ws, resolver, mut report) = fixture();
-    resolve_fixes(&mut report, &resolver);
+    let (ws, locator, mut report) = fixture();
+    locator.locate(&mut report);
     let fixes = &report.findings[1].fixes;
     let edit = fixes[0].edit.as_ref().expect("the detach fix has an edit");
     assert_eq!(edit.len(), 1);
@@ -106,15 +114,15 @@ fn fixes_get_edits_against_the_workspace_file() {
 
 #[test]
 fn json_follows_the_contract() {
-    let (_ws, resolver, mut report) = fixture();
-    resolve_fixes(&mut report, &resolver);
-    let doc = json::document(std::slice::from_ref(&report), &resolver, &[]);
+    let (_ws, locator, mut report) = fixture();
+    locator.locate(&mut report);
+    let doc = json::document(std::slice::from_ref(&report), &[]);
     assert_eq!(doc["memlsp"], env!("CARGO_PKG_VERSION"));
     assert!(doc.get("errors").is_none());
     let c = &doc["captures"][0];
     assert_eq!(c["path"], "runs/step5.pickle");
     assert_eq!(c["kind"], "torch-snapshot");
-    assert_eq!(c["headline"], report.headline);
+    assert_eq!(c["headline"], report.headline());
     assert_eq!(c["torch"]["totals"]["reserved_bytes"], 3u64 << 30);
     assert!(c.get("xla").is_none());
     let site = &c["sites"][0];
@@ -171,9 +179,9 @@ fn json_follows_the_contract() {
 
 #[test]
 fn sarif_has_rules_results_flows_and_fixes() {
-    let (ws, resolver, mut report) = fixture();
-    resolve_fixes(&mut report, &resolver);
-    let doc = sarif::document(std::slice::from_ref(&report), &resolver, &[]);
+    let (ws, locator, mut report) = fixture();
+    locator.locate(&mut report);
+    let doc = sarif::document(std::slice::from_ref(&report), ws.path(), &[]);
     assert_eq!(doc["version"], "2.1.0");
     let run = &doc["runs"][0];
     assert_eq!(run["tool"]["driver"]["name"], "memlsp");
@@ -232,9 +240,9 @@ fn sarif_has_rules_results_flows_and_fixes() {
 
 #[test]
 fn text_reads_like_a_compiler() {
-    let (_ws, resolver, mut report) = fixture();
-    resolve_fixes(&mut report, &resolver);
-    let out = text::check(std::slice::from_ref(&report), &resolver, 0);
+    let (_ws, locator, mut report) = fixture();
+    locator.locate(&mut report);
+    let out = text::check(std::slice::from_ref(&report), 0);
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(
         lines[0],
@@ -257,7 +265,7 @@ fn text_reads_like_a_compiler() {
     assert_eq!(lines[7], "  = capture: runs/step5.pickle");
     // A title that states the saving already is not repeated, but keeps its label.
     report.findings[1].fixes[0].title = "Accumulate `loss.detach()`: saves 1.00 GiB".into();
-    let again = text::check(std::slice::from_ref(&report), &resolver, 0);
+    let again = text::check(std::slice::from_ref(&report), 0);
     assert_eq!(
         again.lines().nth(5),
         Some(
@@ -269,24 +277,56 @@ fn text_reads_like_a_compiler() {
         Some(&"2 findings (1 error, 1 warning) in 1 capture")
     );
     assert_eq!(
-        text::check(&[], &resolver, 2),
+        text::check(&[], 2),
         "no findings in 0 captures (2 more could not be read)\n"
     );
 }
 
 #[test]
-fn report_text_starts_with_the_headline() {
-    let (_ws, _resolver, report) = fixture();
-    assert_eq!(
-        text::report(std::slice::from_ref(&report)),
-        "An OOM at 2.00 GiB; `loss` keeps the graph alive at train.py:6.\n\nTotals\n  reserved 3.00 GiB (measured)\n"
+fn report_text_starts_with_the_headline_and_shares_the_engine_sections() {
+    let (_ws, locator, mut report) = fixture();
+    locator.locate(&mut report);
+    let out = text::report(std::slice::from_ref(&report), 10);
+    assert!(
+        out.starts_with(
+            "allocation of 2.00 GiB failed with 512.00 MiB free [PT009]\n\nTotals\n  reserved (Σ segment total_size)   3.00 GiB (3221225472 B) [measured]\n"
+        ),
+        "{out}"
+    );
+    let order = [
+        "Totals",
+        "Top sites",
+        "Free timeline",
+        "Diagnosis",
+        "Next steps",
+        "Uncertainty",
+    ];
+    let pos: Vec<usize> = order.iter().filter_map(|s| out.find(s)).collect();
+    assert_eq!(pos.len(), order.len(), "{out}");
+    assert!(pos.windows(2).all(|w| w[0] < w[1]), "{out}");
+    assert!(
+        out.contains(
+            "  PT002 retained autograd graph (warning) at /home/u/proj/train.py:6: `loss` keeps"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "  1. PT002 /home/u/proj/train.py:6: Accumulate `loss.detach()` — saves ~1.00 GiB [inferred]\n"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("      [measured] 1 OOM event in the trace\n"),
+        "{out}"
     );
 }
 
 #[test]
 fn github_annotations() {
-    let (_ws, resolver, report) = fixture();
-    let out = github::check(std::slice::from_ref(&report), &resolver);
+    let (_ws, locator, mut report) = fixture();
+    locator.locate(&mut report);
+    let out = github::check(std::slice::from_ref(&report));
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 2);
     assert_eq!(
@@ -311,7 +351,7 @@ fn github_annotations() {
 
 #[test]
 fn fail_on_decides_the_exit_code() {
-    let (_ws, _resolver, report) = fixture();
+    let (_ws, _locator, report) = fixture();
     let both = std::slice::from_ref(&report);
     assert_eq!(exit_code(both, false, Severity::Warning), 1);
     assert_eq!(exit_code(both, false, Severity::Error), 1);

@@ -1,26 +1,22 @@
 //! `memlsp report FILE`: the full report of one capture, as text or JSON.
 
-use crate::analyze::{analyze_diff, analyze_path};
-use crate::source::paths::Resolver;
-use crate::source::resolve_fixes;
+use crate::analyze::{run, run_diff};
 
 use super::{ReportArgs, ReportFormat, emit, json, text};
 
-pub(super) fn run(args: ReportArgs) -> i32 {
-    let mut opts = args.common.options();
-    if let Some(top) = args.top {
-        opts.top = top;
-    }
-    opts.max_trace_events = args.max_trace_events;
-    opts.module = args.module.clone();
+pub(super) fn run_report(args: ReportArgs) -> i32 {
     // The workspace of `report` is the current directory.
-    opts.workspace = std::env::current_dir().into_iter().collect();
-    opts.path_mappings = args.common.mappings();
+    let mut opts = args.common.options(super::absolute(".".as_ref()));
+    if let Some(top) = args.top {
+        opts.analysis.top = top;
+    }
+    opts.decode.max_trace_events = args.max_trace_events;
+    opts.analysis.module = args.module.clone();
     let result = match &args.diff {
-        Some(later) => analyze_diff(&args.file, later, &opts).map(|r| vec![r]),
-        None => analyze_path(&args.file, &opts),
+        Some(later) => run_diff(&args.file, later, &opts).map(|r| vec![r]),
+        None => run(&args.file, &opts),
     };
-    let mut reports = match result {
+    let reports = match result {
         Ok(reports) => reports,
         Err(e) => {
             eprintln!("memlsp: {e}");
@@ -28,16 +24,8 @@ pub(super) fn run(args: ReportArgs) -> i32 {
         }
     };
     let out = match args.format {
-        ReportFormat::Text => text::report(&reports),
-        ReportFormat::Json => {
-            // The workspace of `report` is the current directory.
-            let resolver =
-                Resolver::new(vec![super::absolute(".".as_ref())], args.common.mappings());
-            for r in &mut reports {
-                resolve_fixes(r, &resolver);
-            }
-            json::render(&json::document(&reports, &resolver, &[]))
-        }
+        ReportFormat::Text => text::report(&reports, opts.analysis.top),
+        ReportFormat::Json => json::render(&json::document(&reports, &[])),
     };
     emit(&out);
     0

@@ -13,19 +13,14 @@ use serde_json::{Value, json};
 use crate::error::CaptureError;
 use crate::findings::{Finding, Location, Severity, TextEdit};
 use crate::report::CaptureReport;
-use crate::source::paths::Resolver;
 
 use super::VERSION;
-use super::json::capture_path;
 
 const SCHEMA: &str = "https://json.schemastore.org/sarif-2.1.0.json";
 const SRCROOT: &str = "%SRCROOT%";
 
-pub(super) fn document(
-    reports: &[CaptureReport],
-    resolver: &Resolver,
-    errors: &[CaptureError],
-) -> Value {
+/// The SARIF log; `root` is the workspace that relative paths are relative to.
+pub(super) fn document(reports: &[CaptureReport], root: &Path, errors: &[CaptureError]) -> Value {
     let mut rules: BTreeMap<&str, &Finding> = BTreeMap::new();
     for f in reports.iter().flat_map(|r| &r.findings) {
         rules.entry(f.code.as_str()).or_insert(f);
@@ -35,9 +30,9 @@ pub(super) fn document(
     let results: Vec<Value> = reports
         .iter()
         .flat_map(|r| r.findings.iter().map(move |f| (r, f)))
-        .map(|(r, f)| result(r, f, rule_index[f.code.as_str()], resolver, &mut lines))
+        .map(|(r, f)| result(r, f, rule_index[f.code.as_str()], &mut lines))
         .collect();
-    let root = resolver.roots.first().map(|r| dir_uri(r));
+    let root = dir_uri(root);
     let mut run = json!({
         "tool": {"driver": {
             "name": "memlsp",
@@ -52,13 +47,11 @@ pub(super) fn document(
             "toolExecutionNotifications": errors.iter().map(|e| json!({
                 "level": "error",
                 "message": {"text": e.to_string()},
-                "locations": [{"physicalLocation": {"artifactLocation": artifact(&e.path.to_string_lossy(), resolver)}}],
+                "locations": [{"physicalLocation": {"artifactLocation": artifact(&e.path.to_string_lossy())}}],
             })).collect::<Vec<_>>(),
         }],
     });
-    if let Some(root) = root {
-        run["originalUriBaseIds"] = json!({SRCROOT: {"uri": root}});
-    }
+    run["originalUriBaseIds"] = json!({SRCROOT: {"uri": root}});
     json!({"$schema": SCHEMA, "version": "2.1.0", "runs": [run]})
 }
 
@@ -80,17 +73,11 @@ fn rule(f: &Finding) -> Value {
     })
 }
 
-fn result(
-    r: &CaptureReport,
-    f: &Finding,
-    index: usize,
-    resolver: &Resolver,
-    lines: &mut LineCache,
-) -> Value {
+fn result(r: &CaptureReport, f: &Finding, index: usize, lines: &mut LineCache) -> Value {
     let location = match &f.location {
-        Some(l) => physical(l, resolver),
+        Some(l) => physical(l),
         None => json!({"physicalLocation": {
-            "artifactLocation": artifact(&capture_path(r, resolver), resolver)
+            "artifactLocation": artifact(&r.display_path())
         }}),
     };
     let mut res = json!({
@@ -102,7 +89,7 @@ fn result(
         "properties": {
             "pattern": f.code.pattern(),
             "severity": f.severity.as_str(),
-            "capture": capture_path(r, resolver),
+            "capture": r.display_path(),
             "bytes": f.bytes,
             "percent": f.percent,
             "scope": f.scope,
@@ -115,7 +102,7 @@ fn result(
             .iter()
             .rev()
             .map(|l| {
-                let mut loc = physical(l, resolver);
+                let mut loc = physical(l);
                 loc["message"] = json!({"text": l.function});
                 json!({"location": loc})
             })
@@ -131,14 +118,14 @@ fn result(
             let mut by_file: BTreeMap<&str, Vec<Value>> = BTreeMap::new();
             for e in edits {
                 by_file
-                    .entry(e.file.as_str())
+                    .entry(e.shown.as_deref().unwrap_or(&e.file))
                     .or_default()
                     .push(replacement(e, lines));
             }
             json!({
                 "description": {"text": x.title},
                 "artifactChanges": by_file.into_iter().map(|(file, reps)| json!({
-                    "artifactLocation": artifact(&resolver.relative(Path::new(file)), resolver),
+                    "artifactLocation": artifact(file),
                     "replacements": reps,
                 })).collect::<Vec<_>>(),
             })
@@ -150,18 +137,18 @@ fn result(
     res
 }
 
-fn physical(l: &Location, resolver: &Resolver) -> Value {
+fn physical(l: &Location) -> Value {
     let line = l.line.max(1);
     json!({"physicalLocation": {
-        "artifactLocation": artifact(&resolver.display_path(&l.file), resolver),
+        "artifactLocation": artifact(l.shown()),
         "region": {"startLine": line},
     }})
 }
 
 /// A workspace-relative path becomes a `%SRCROOT%`-based URI; anything else a `file:` URI.
-fn artifact(shown: &str, resolver: &Resolver) -> Value {
+fn artifact(shown: &str) -> Value {
     let p = Path::new(shown);
-    if p.is_absolute() || shown.contains('\\') || resolver.roots.is_empty() {
+    if p.is_absolute() || shown.contains('\\') {
         json!({"uri": file_uri(shown)})
     } else {
         json!({"uri": encode(shown), "uriBaseId": SRCROOT})

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::analyze::Options;
-use crate::source::frames::FrameFilter;
+use crate::frames::FrameFilter;
+use crate::options::Options;
 
 /// Default capture globs (DESIGN.md): PyTorch pickles and JSON snapshots, JAX/XLA captures.
 pub const DEFAULT_GLOBS: [&str; 4] = [
@@ -44,8 +44,8 @@ impl Default for Settings {
             inlay_hints: true,
             inlay_min_percent: 1.0,
             inlay_min_bytes: 1 << 20,
-            max_file_bytes: opts.max_file_bytes,
-            top_sites: opts.top,
+            max_file_bytes: opts.decode.max_file_bytes,
+            top_sites: opts.analysis.top,
         }
     }
 }
@@ -132,24 +132,22 @@ impl Settings {
         (s, problems)
     }
 
-    /// The analysis options these settings imply.
+    /// The decode and analysis options these settings imply (the workspace is the server's).
     pub fn options(&self) -> Options {
-        Options {
-            top: self.top_sites,
-            max_file_bytes: self.max_file_bytes,
-            frames: FrameFilter::new(self.user_frame_excludes.clone()),
-            ..Options::default()
-        }
+        let mut opts = Options::default();
+        opts.analysis.top = self.top_sites;
+        opts.decode.max_file_bytes = self.max_file_bytes;
+        opts.analysis.frames = FrameFilter::new(self.user_frame_excludes.clone());
+        opts
     }
 
-    /// The settings that change analysis results (a change invalidates the cache). Path
-    /// mappings count: the JAX engine reads the program through them to place JX005.
-    pub fn options_key(&self) -> (usize, u64, &[String], &[(String, String)]) {
+    /// The settings that change engine results (a change invalidates the cache). Path mappings
+    /// only change the locate step, which runs again on every publish.
+    pub fn options_key(&self) -> (usize, u64, &[String]) {
         (
             self.top_sites,
             self.max_file_bytes,
             &self.user_frame_excludes,
-            &self.path_mappings,
         )
     }
 
@@ -196,7 +194,7 @@ mod tests {
         assert_eq!(s.capture_globs, vec!["runs/**/*.pickle"]);
         assert!(!s.inlay_hints);
         assert_eq!(s.top_sites, 3);
-        assert_eq!(s.max_file_bytes, Options::default().max_file_bytes);
+        assert_eq!(s.max_file_bytes, Options::default().decode.max_file_bytes);
         let m = s.mappings(&[PathBuf::from("/ws")]);
         assert_eq!(m[0], ("/srv/jaxdemo".into(), PathBuf::from("/ws/jax")));
         assert_eq!(m[1], ("/srv".into(), PathBuf::from("/ws/x")));

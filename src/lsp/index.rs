@@ -10,9 +10,10 @@ use std::time::SystemTime;
 
 use crate::findings::{Code, Finding, Location};
 use crate::report::{CaptureReport, Site};
-use crate::source::paths::Resolver;
+use crate::source::locate::Locator;
 
-/// One capture's last good analysis.
+/// One capture's last good analysis (the engine's reports, not located: the workspace may
+/// change while they are cached).
 #[derive(Debug)]
 pub struct CaptureResult {
     pub path: PathBuf,
@@ -26,19 +27,7 @@ impl CaptureResult {
     }
 }
 
-/// The file name of a capture, as messages show it.
-pub fn capture_name(path: &Path) -> String {
-    path.file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| path.to_string_lossy().into_owned())
-}
-
-/// A stack frame with the workspace file it maps to, if any.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Frame {
-    pub recorded: Location,
-    pub local: Option<PathBuf>,
-}
+pub use crate::report::capture_name;
 
 /// A finding placed on a workspace line.
 #[derive(Debug)]
@@ -48,7 +37,7 @@ pub struct LineFinding {
     /// Other (older) captures that report the same finding on this line.
     pub also_in: Vec<String>,
     /// The whole stack, innermost first, resolved where possible.
-    pub frames: Vec<Frame>,
+    pub frames: Vec<Location>,
 }
 
 impl LineFinding {
@@ -62,7 +51,7 @@ impl LineFinding {
 pub struct LineSite {
     pub site: Site,
     pub capture: PathBuf,
-    pub frames: Vec<Frame>,
+    pub frames: Vec<Location>,
 }
 
 /// Everything on one line.
@@ -97,29 +86,15 @@ pub struct Index {
 }
 
 impl Index {
-    /// Build from every capture's result. Newer captures win: when several captures report the
-    /// same code on the same line for the same scope (rank / module), the newest is shown and
-    /// the others are named in `also_in`.
-    pub fn build(captures: &[Arc<CaptureResult>], resolver: &Resolver) -> Index {
-        Index::build_with(captures, &|f| resolver.resolve(f))
-    }
-
-    /// `build` with any recorded-path → workspace-file function.
-    pub fn build_with(
-        captures: &[Arc<CaptureResult>],
-        resolve_path: &dyn Fn(&str) -> Option<PathBuf>,
-    ) -> Index {
+    /// Build from every capture's result, each report located by `locator`. Newer captures
+    /// win: when several captures report the same code on the same line for the same scope
+    /// (rank / module), the newest is shown and the others are named in `also_in`.
+    pub fn build(captures: &[Arc<CaptureResult>], locator: &Locator) -> Index {
         let mut order: Vec<&Arc<CaptureResult>> = captures.iter().collect();
         order.sort_by(|a, b| b.mtime.cmp(&a.mtime).then_with(|| a.path.cmp(&b.path)));
 
         let mut idx = Index::default();
-        let mut cache: HashMap<String, Option<PathBuf>> = HashMap::new();
-        let mut resolve = |file: &str| -> Option<PathBuf> {
-            cache
-                .entry(file.to_string())
-                .or_insert_with(|| resolve_path(file))
-                .clone()
-        };
+        let resolve = |l: &Location| l.local().map(Path::to_path_buf);
         // (file, line, code, scope) → index into the line's findings.
         let mut seen_findings: HashMap<(PathBuf, u32, Code, Option<String>), usize> =
             HashMap::new();
@@ -128,9 +103,11 @@ impl Index {
         for cap in order {
             let name = cap.name();
             for report in &cap.reports {
+                let mut report = report.clone();
+                locator.locate(&mut report);
                 for f in &report.findings {
                     let Some(loc) = &f.location else { continue };
-                    let Some(local) = resolve(&loc.file) else {
+                    let Some(local) = resolve(loc) else {
                         *idx.unresolved.entry(loc.file.clone()).or_default() += 1;
                         continue;
                     };
@@ -152,14 +129,7 @@ impl Index {
                         }
                         continue;
                     }
-                    let frames = f
-                        .stack
-                        .iter()
-                        .map(|l| Frame {
-                            recorded: l.clone(),
-                            local: resolve(&l.file),
-                        })
-                        .collect();
+                    let frames = f.stack.clone();
                     seen_findings.insert(key, line.findings.len());
                     line.findings.push(Arc::new(LineFinding {
                         finding: f.clone(),
@@ -170,7 +140,7 @@ impl Index {
                 }
                 for s in &report.sites {
                     let Some(loc) = &s.location else { continue };
-                    let Some(local) = resolve(&loc.file) else {
+                    let Some(local) = resolve(loc) else {
                         *idx.unresolved.entry(loc.file.clone()).or_default() += 1;
                         continue;
                     };
@@ -178,14 +148,7 @@ impl Index {
                     if seen_sites.insert(key, ()).is_some() {
                         continue;
                     }
-                    let frames = s
-                        .stack
-                        .iter()
-                        .map(|l| Frame {
-                            recorded: l.clone(),
-                            local: resolve(&l.file),
-                        })
-                        .collect();
+                    let frames = s.stack.clone();
                     idx.files
                         .entry(local)
                         .or_default()
@@ -219,16 +182,34 @@ impl Index {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::findings::{Evidence, Fix, FixKind, Severity};
-    use crate::report::{CaptureKind, EngineData};
+    use crate::findings::{Evidence, Fix, FixKind, Label, Severity};
+    use crate::frames::FrameFilter;
+    use crate::report::{Engine, PercentOf, SiteFrame};
+    use crate::source::paths::Resolver;
     use std::time::Duration;
 
     pub fn loc(file: &str, line: u32, function: &str) -> Location {
-        Location {
-            file: file.into(),
-            line,
-            function: function.into(),
-        }
+        Location::new(file, line, function)
+    }
+
+    /// A workspace `/ws` holding `train.py` and `main.py`, recorded under `/job/proj/`.
+    pub fn locator(files: bool) -> Locator {
+        let files = if files {
+            vec![
+                (PathBuf::from("/ws/train.py"), PathBuf::from("train.py")),
+                (PathBuf::from("/ws/main.py"), PathBuf::from("main.py")),
+            ]
+        } else {
+            vec![]
+        };
+        Locator::with_resolver(
+            Arc::new(Resolver::with_files(
+                vec![PathBuf::from("/ws")],
+                vec![],
+                files,
+            )),
+            FrameFilter::default(),
+        )
     }
 
     /// A PyTorch-shaped report: one PT002 finding and one site on `train.py:8`.
@@ -265,30 +246,29 @@ pub(crate) mod tests {
         );
         let mut finding = finding;
         finding.scope = scope.map(str::to_string);
+        let snap = crate::torch::model::Snapshot::default();
+        let opts = crate::options::AnalysisOptions::default();
+        let a = crate::torch::analyse(&snap, &opts);
         CaptureReport {
             path: PathBuf::from(capture),
-            kind: CaptureKind::TorchSnapshot,
-            headline: "h".into(),
-            engine: EngineData::None,
+            engine: Engine::Torch(Box::new(crate::torch::summary::summarize(&snap, &a, 10))),
             sites: vec![Site {
                 location: Some(loc("/job/proj/train.py", 8, "step")),
                 bytes: 1_288_490_188,
                 requested_bytes: None,
                 blocks: 12,
                 percent: 38.2,
+                percent_of: PercentOf::LiveMemory,
+                label: Label::Measured,
                 stack,
+                callers: vec![],
+                frame: SiteFrame::User,
                 role: None,
                 scope: scope.map(str::to_string),
-                percent_of: "live memory",
             }],
             findings: vec![finding],
-            text: String::new(),
+            shown_path: None,
         }
-    }
-
-    fn resolve(f: &str) -> Option<PathBuf> {
-        f.strip_prefix("/job/proj/")
-            .map(|rel| PathBuf::from("/ws").join(rel))
     }
 
     fn capture(path: &str, age_s: u64, reports: Vec<CaptureReport>) -> Arc<CaptureResult> {
@@ -306,7 +286,7 @@ pub(crate) mod tests {
             0,
             vec![report("/ws/runs/a.pickle", None)],
         )];
-        let idx = Index::build_with(&caps, &resolve);
+        let idx = Index::build(&caps, &locator(true));
         let line = idx.line(Path::new("/ws/train.py"), 8).expect("line 8");
         assert_eq!(line.findings.len(), 1);
         assert_eq!(line.findings[0].finding.code, Code::PT002);
@@ -314,7 +294,7 @@ pub(crate) mod tests {
         // The torch frame does not resolve and is counted; the user frames do.
         assert_eq!(idx.unresolved.len(), 0);
         let frames = &line.findings[0].frames;
-        assert_eq!(frames[1].local.as_deref(), Some(Path::new("/ws/main.py")));
+        assert_eq!(frames[1].local(), Some(Path::new("/ws/main.py")));
     }
 
     #[test]
@@ -336,7 +316,7 @@ pub(crate) mod tests {
                 vec![report("/ws/r1.pickle", Some("rank 1"))],
             ),
         ];
-        let idx = Index::build_with(&caps, &resolve);
+        let idx = Index::build(&caps, &locator(true));
         let line = idx.line(Path::new("/ws/train.py"), 8).expect("line 8");
         assert_eq!(line.findings.len(), 2, "one per scope");
         let r0 = line
@@ -356,7 +336,7 @@ pub(crate) mod tests {
             0,
             vec![report("/ws/a.pickle", None)],
         )];
-        let idx = Index::build_with(&caps, &|_| None);
+        let idx = Index::build(&caps, &locator(false));
         assert!(idx.files.is_empty());
         assert_eq!(idx.unresolved.get("/job/proj/train.py"), Some(&2));
     }

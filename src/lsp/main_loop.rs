@@ -15,14 +15,16 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use tower_lsp_server::Client;
 use tower_lsp_server::ls_types as lsp;
 
-use crate::analyze::{self, Options};
+use crate::analyze;
 use crate::error::CaptureError;
 use crate::lsp::config::Settings;
 use crate::lsp::index::{CaptureResult, FileEntry, Index, capture_name};
 use crate::lsp::to_proto;
 use crate::lsp::workspace::{CaptureMatcher, Watcher};
 use crate::lsp::{Caps, Doc, Shared, View};
+use crate::options::Options;
 use crate::report::CaptureReport;
+use crate::source::locate::Locator;
 use crate::source::paths::Resolver;
 
 /// How long to wait for a quiet file before the watcher reports it.
@@ -525,8 +527,8 @@ impl Owner {
 
     fn spawn_analysis(&mut self, path: PathBuf, key: FileKey) {
         let mut opts: Options = self.settings.options();
-        opts.workspace = self.roots.clone();
-        opts.path_mappings = self.settings.mappings(&self.roots);
+        opts.locate.workspace = self.roots.clone();
+        opts.locate.path_mappings = self.settings.mappings(&self.roots);
         let tx = self.tx.clone();
         let workers = self.workers.clone();
         let client = self.client.clone();
@@ -612,16 +614,7 @@ impl Owner {
                 entry.result = Some(Arc::new(CaptureResult {
                     path: path.clone(),
                     mtime: key.mtime,
-                    // The server shows findings and sites only: drop the report text and the
-                    // engine JSON instead of keeping them for every capture.
-                    reports: reports
-                        .into_iter()
-                        .map(|mut r| {
-                            r.text = String::new();
-                            r.engine = crate::report::EngineData::None;
-                            r
-                        })
-                        .collect(),
+                    reports,
                 }));
                 changed = true;
             }
@@ -743,7 +736,7 @@ impl Owner {
                 inlay_min_percent: self.settings.inlay_min_percent,
                 inlay_min_bytes: self.settings.inlay_min_bytes,
                 roots: self.roots.clone(),
-                frames: self.settings.options().frames,
+                frames: self.settings.options().analysis.frames,
                 encoding: caps.encoding,
             });
         }
@@ -759,7 +752,8 @@ impl Owner {
             .values()
             .filter_map(|e| e.result.clone())
             .collect();
-        let index = Index::build(&results, &resolver);
+        let locator = Locator::with_resolver(resolver, self.settings.options().analysis.frames);
+        let index = Index::build(&results, &locator);
 
         if index.unresolved != self.logged_unresolved && !index.unresolved.is_empty() {
             let list: Vec<String> = index
@@ -932,15 +926,16 @@ mod tests {
             _ => panic!("the panic escaped as a result"),
         }
         let out = contained(|| {
-            let n: Vec<u8> = Vec::new();
+            let snap = crate::torch::model::Snapshot::default();
+            let a = crate::torch::analyse(&snap, &Default::default());
             Ok(crate::report::CaptureReport {
-                path: PathBuf::from(format!("{}", n.len())),
-                kind: crate::report::CaptureKind::XlaCapture,
-                headline: String::new(),
-                engine: Default::default(),
+                path: PathBuf::from("x.pickle"),
+                engine: crate::report::Engine::Torch(Box::new(crate::torch::summary::summarize(
+                    &snap, &a, 10,
+                ))),
                 sites: Vec::new(),
                 findings: Vec::new(),
-                text: String::new(),
+                shown_path: None,
             })
         });
         assert!(matches!(out, Outcome::Reports(r) if r.len() == 1));

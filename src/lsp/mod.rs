@@ -41,7 +41,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock, RwLock};
 
-use crate::source::frames::FrameFilter;
+use crate::frames::FrameFilter;
 
 /// An open editor buffer (full sync).
 #[derive(Clone, Debug)]

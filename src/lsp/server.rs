@@ -14,12 +14,10 @@ use tower_lsp_server::ls_types::*;
 use tower_lsp_server::{Client, LanguageServer};
 
 use crate::findings::FixKind;
-use crate::lsp::index::Frame;
 use crate::lsp::main_loop::{Event, Owner};
 use crate::lsp::to_proto::{self, Encoding};
 use crate::lsp::{Caps, Doc, Shared};
 use crate::source::edits;
-use crate::source::frames::FrameFilter;
 
 pub const CMD_REANALYZE: &str = "memlsp.reanalyze";
 pub const CMD_EXPLAIN: &str = "memlsp.explain";
@@ -64,15 +62,6 @@ impl Backend {
     fn caps(&self) -> Caps {
         self.shared.caps.get().cloned().unwrap_or_default()
     }
-}
-
-/// The outermost user frame of a stack (innermost first) that is a workspace file.
-fn entry_script(frames: &[Frame], filter: &FrameFilter) -> Option<(PathBuf, u32)> {
-    frames
-        .iter()
-        .rev()
-        .filter(|f| filter.is_user(&f.recorded.file))
-        .find_map(|f| Some((f.local.clone()?, f.recorded.line)))
 }
 
 /// A document's path in the form the index uses (canonical when it exists).
@@ -363,9 +352,8 @@ impl LanguageServer for Backend {
                     }
                     // An allocator setting belongs in the entry script (the outermost user
                     // frame), before anything imports torch; every other fix edits this line.
-                    let (target, target_line) = match fix.kind {
-                        FixKind::AllocConf { .. } => entry_script(&lf.frames, &view.frames)
-                            .unwrap_or_else(|| (path.clone(), *line)),
+                    let (target, target_line) = match (&fix.kind, &fix.target) {
+                        (FixKind::AllocConf { .. }, Some(t)) => (t.file.clone(), t.line),
                         _ => (path.clone(), *line),
                     };
                     let target_text = if target == path {

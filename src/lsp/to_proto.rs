@@ -11,10 +11,12 @@ use serde_json::json;
 use tower_lsp_server::ls_types as lsp;
 use tower_lsp_server::ls_types::Uri;
 
+use crate::findings::Location;
 use crate::findings::{self, Severity, fmt_bytes};
-use crate::lsp::index::{Frame, LineEntry, LineFinding, LineSite, capture_name};
+use crate::frames::{FrameFilter, FrameKind};
+use crate::lsp::index::{LineEntry, LineFinding, LineSite, capture_name};
+use crate::report::PercentOf;
 use crate::report::Site;
-use crate::source::frames::{FrameFilter, FrameKind};
 
 /// How LSP columns are counted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -148,13 +150,13 @@ pub fn diagnostic(lf: &LineFinding, line_text: Option<&str>, enc: Encoding) -> l
         .frames
         .iter()
         .skip(1)
-        .filter(|fr| fr.local.is_some())
+        .filter(|fr| fr.local().is_some())
         .take(5)
     {
-        let Some(u) = fr.local.as_deref().and_then(uri) else {
+        let Some(u) = fr.local().and_then(uri) else {
             continue;
         };
-        let l0 = fr.recorded.line.saturating_sub(1);
+        let l0 = fr.line.saturating_sub(1);
         related.push(lsp::DiagnosticRelatedInformation {
             location: lsp::Location::new(
                 u,
@@ -162,7 +164,7 @@ pub fn diagnostic(lf: &LineFinding, line_text: Option<&str>, enc: Encoding) -> l
             ),
             message: format!(
                 "called from `{}` (recorded as {}:{})",
-                fr.recorded.function, fr.recorded.file, fr.recorded.line
+                fr.function, fr.file, fr.line
             ),
         });
     }
@@ -205,8 +207,8 @@ pub fn diagnostic(lf: &LineFinding, line_text: Option<&str>, enc: Encoding) -> l
 pub fn hint_label(site: &Site) -> String {
     let p = site.percent;
     match site.percent_of {
-        "live memory" => format!("{p:.0}% live memory"),
-        other => format!("{p:.0}% of {other}"),
+        PercentOf::LiveMemory => format!("{p:.0}% live memory"),
+        other => format!("{p:.0}% of {}", other.as_str()),
     }
 }
 
@@ -219,7 +221,7 @@ pub fn inlay_hint(ls: &LineSite, line0: u32, line_text: &str, enc: Encoding) -> 
         s.blocks,
         if s.blocks == 1 { "" } else { "s" },
         s.percent,
-        s.percent_of,
+        s.percent_of.as_str(),
         capture_name(&ls.capture)
     );
     if let Some(scope) = &s.scope {
@@ -238,21 +240,16 @@ pub fn inlay_hint(ls: &LineSite, line0: u32, line_text: &str, enc: Encoding) -> 
 }
 
 /// The allocation stack as hover text: user frames first, framework and native frames folded.
-fn stack_block(frames: &[Frame], filter: &FrameFilter, roots: &[PathBuf]) -> String {
+fn stack_block(frames: &[Location], filter: &FrameFilter, roots: &[PathBuf]) -> String {
     let mut out = String::new();
     let mut folded = 0usize;
     let mut folded_native = 0usize;
     for fr in frames {
-        match filter.classify(&fr.recorded.file) {
+        match filter.classify(&fr.file) {
             FrameKind::User => {
-                let shown = match &fr.local {
-                    Some(p) => format!(
-                        "{}:{} {}",
-                        relative(p, roots),
-                        fr.recorded.line,
-                        fr.recorded.function
-                    ),
-                    None => format!("{} (not in the workspace)", frame_label(&fr.recorded)),
+                let shown = match fr.local() {
+                    Some(p) => format!("{}:{} {}", relative(p, roots), fr.line, fr.function),
+                    None => format!("{} (not in the workspace)", frame_label(fr)),
                 };
                 out.push_str(&shown);
                 out.push('\n');
@@ -330,19 +327,20 @@ pub fn hover_markdown(entry: &LineEntry, filter: &FrameFilter, roots: &[PathBuf]
     for ls in &entry.sites {
         let s = &ls.site;
         md.push_str(&format!(
-            "**{}** live in {} block{} ({:.1}% of {}, *measured*), capture `{}`",
+            "**{}** live in {} block{} ({:.1}% of {}, *{}*), capture `{}`",
             fmt_bytes(s.bytes),
             s.blocks,
             if s.blocks == 1 { "" } else { "s" },
             s.percent,
-            s.percent_of,
+            s.percent_of.as_str(),
+            s.label.as_str(),
             capture_name(&ls.capture)
         ));
         if let Some(scope) = &s.scope {
             md.push_str(&format!(", {scope}"));
         }
-        if let Some(role) = &s.role {
-            md.push_str(&format!("; role: {role} (*inferred*)"));
+        if let Some(role) = s.role {
+            md.push_str(&format!("; role: {} (*inferred*)", role.as_str()));
         }
         md.push('\n');
         if !ls.frames.is_empty() {
@@ -422,7 +420,10 @@ mod tests {
 #[cfg(test)]
 mod conversion_tests {
     use super::*;
-    use crate::lsp::index::{CaptureResult, Index, tests::report};
+    use crate::lsp::index::{
+        CaptureResult, Index,
+        tests::{locator, report},
+    };
     use std::sync::Arc;
 
     fn index() -> Index {
@@ -431,10 +432,7 @@ mod conversion_tests {
             mtime: std::time::SystemTime::UNIX_EPOCH,
             reports: vec![report("/ws/runs/step_100.pickle", Some("rank 0"))],
         })];
-        Index::build_with(&caps, &|f| {
-            f.strip_prefix("/job/proj/")
-                .map(|r| PathBuf::from("/ws").join(r))
-        })
+        Index::build(&caps, &locator(true))
     }
 
     #[test]

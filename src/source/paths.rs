@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use crate::source::frames::{FrameFilter, FrameKind};
+use crate::frames::{FrameFilter, FrameKind};
 use crate::source::workspace;
 
 /// At most this many directory entries are walked per root, so a workspace opened at `/` or `~`

@@ -3,10 +3,7 @@
 //! A site whose live bytes AND block count both grew between two snapshots taken k steps apart is
 //! leaking or retaining; bytes alone can grow from a larger batch, blocks alone from splitting.
 
-use std::path::Path;
-
 use rustc_hash::FxHashMap;
-use serde_json::{Value, json};
 
 use crate::findings::{Code, Evidence, Finding, Fix, Severity, fmt_bytes, fmt_signed_bytes};
 use crate::torch::Analysis;
@@ -165,38 +162,11 @@ pub fn findings(after: &Snapshot, d: &Diff) -> Vec<Finding> {
     out
 }
 
-impl Diff {
-    pub fn to_json(&self, earlier: &Path, later: &Path) -> Value {
-        let row = |g: &SiteDelta| {
-            json!({
-                "site": g.site,
-                "bytes_before": g.bytes_before,
-                "bytes_after": g.bytes_after,
-                "bytes_delta": i64::try_from(g.byte_delta()).unwrap_or(i64::MAX),
-                "blocks_before": g.blocks_before,
-                "blocks_after": g.blocks_after,
-                "blocks_delta": i64::try_from(g.block_delta()).unwrap_or(i64::MAX),
-                "role": g.role.as_str(),
-            })
-        };
-        json!({
-            "earlier": earlier.display().to_string(),
-            "later": later.display().to_string(),
-            "allocated_bytes_before": self.allocated_before,
-            "allocated_bytes_after": self.allocated_after,
-            "reserved_bytes_before": self.reserved_before,
-            "reserved_bytes_after": self.reserved_after,
-            "grown": self.grown.iter().map(row).collect::<Vec<_>>(),
-            "shrunk": self.shrunk.iter().take(10).map(row).collect::<Vec<_>>(),
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::analyze::Options;
-    use crate::torch::analyze_snapshot;
+    use crate::options::AnalysisOptions;
+    use crate::torch::analyse;
     use crate::torch::model::BlockState;
     use crate::torch::stacks::tests::intern;
     use crate::torch::totals::tests::{block, segment};
@@ -222,9 +192,9 @@ mod tests {
         let before = snap_with(&[(10, 4096, 2), (20, 8192, 1), (30, 512, 4)]);
         // line 10 grows in both, line 20 grows in bytes only, line 30 shrinks.
         let after = snap_with(&[(10, 4096, 5), (20, 65536, 1), (30, 512, 1)]);
-        let o = Options::default();
-        let a = analyze_snapshot(&before, &o);
-        let b = analyze_snapshot(&after, &o);
+        let o = AnalysisOptions::default();
+        let a = analyse(&before, &o);
+        let b = analyse(&after, &o);
         let d = diff(&before, &a, &after, &b);
         assert_eq!(d.grown.len(), 1);
         assert_eq!(d.grown[0].site, "/u/train.py:10:main");

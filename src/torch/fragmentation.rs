@@ -6,8 +6,6 @@
 //! pieces: an allocator setting helps. If even the total would not cover it, live tensors fill the
 //! device and only model-level changes help. Both verdicts are stated plainly.
 
-use serde_json::{Value, json};
-
 use crate::findings::fmt_bytes;
 use crate::torch::model::Snapshot;
 use crate::torch::timeline::Timeline;
@@ -84,25 +82,6 @@ impl OomDiagnosis {
             ),
         }
     }
-
-    pub fn to_json(&self) -> Value {
-        json!({
-            "device": self.device,
-            "index": self.index,
-            "request_bytes": self.request,
-            "device_free": self.device_free,
-            "inactive_bytes": self.inactive,
-            "largest_inactive_block_bytes": self.largest_inactive,
-            "segments_with_inactive_blocks": self.segments_with_inactive,
-            "live_bytes_before_oom": self.live,
-            "verdict": match self.verdict {
-                Verdict::Fragmentation => "fragmentation",
-                Verdict::LiveTensorsNearCapacity => "live_tensors_near_capacity",
-                Verdict::Unclear => "unclear",
-            },
-            "explanation": self.explain(),
-        })
-    }
 }
 
 /// Diagnose every OOM event of the snapshot.
@@ -166,7 +145,7 @@ pub fn diagnose(snap: &Snapshot, totals: &Totals, timeline: &Timeline) -> Vec<Oo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::source::frames::FrameFilter;
+    use crate::frames::FrameFilter;
     use crate::torch::model::{Action, BlockState};
     use crate::torch::stacks::StackIndex;
     use crate::torch::totals::tests::{block, entry, segment};

@@ -17,12 +17,7 @@ use crate::torch::model::{
     TraceEntry,
 };
 
-/// Loader options.
-#[derive(Clone, Debug, Default)]
-pub struct LoadOptions {
-    /// Keep only the newest N entries of each device trace (`--max-trace-events`).
-    pub max_trace_events: Option<usize>,
-}
+use crate::options::DecodeOptions;
 
 /// Without the SIGBUS guard (`crate::sigbus`, installed by the CLI and the server on Linux),
 /// snapshots up to this size are read into memory; larger ones, and every snapshot when the guard
@@ -31,7 +26,7 @@ pub struct LoadOptions {
 const READ_INTO_MEMORY_UP_TO: u64 = 256 << 20;
 
 /// Read and decode a snapshot file (`.pickle`/`.pkl` or the JSON form).
-pub fn load_snapshot(path: &Path, opts: &LoadOptions) -> Result<Snapshot, CaptureError> {
+pub fn load_snapshot(path: &Path, opts: &DecodeOptions) -> Result<Snapshot, CaptureError> {
     let file = std::fs::File::open(path).map_err(|e| CaptureError::io(path, &e))?;
     let len = file
         .metadata()
@@ -90,7 +85,7 @@ pub fn load_snapshot(path: &Path, opts: &LoadOptions) -> Result<Snapshot, Captur
 pub fn decode_snapshot(
     path: &Path,
     bytes: &[u8],
-    opts: &LoadOptions,
+    opts: &DecodeOptions,
 ) -> Result<Snapshot, CaptureError> {
     decode_inner(path, bytes, opts, None)
 }
@@ -98,7 +93,7 @@ pub fn decode_snapshot(
 fn decode_inner(
     path: &Path,
     bytes: &[u8],
-    opts: &LoadOptions,
+    opts: &DecodeOptions,
     map: Option<&memmap2::Mmap>,
 ) -> Result<Snapshot, CaptureError> {
     let first = bytes.iter().position(|b| !b.is_ascii_whitespace());
@@ -135,7 +130,7 @@ fn decode_inner(
 fn decode_pickle(
     path: &Path,
     bytes: &[u8],
-    opts: &LoadOptions,
+    opts: &DecodeOptions,
     map: Option<&memmap2::Mmap>,
     runs: bool,
 ) -> Result<Option<Snapshot>, CaptureError> {
@@ -506,7 +501,7 @@ type Streamed = Option<Vec<(Vec<TraceEntry>, u64)>>;
 fn build(
     path: &Path,
     t: &Tree<'_>,
-    opts: &LoadOptions,
+    opts: &DecodeOptions,
     interner: Interner,
     streamed: Streamed,
 ) -> Result<Snapshot, CaptureError> {
@@ -773,7 +768,7 @@ impl<'t, 'a> Builder<'t, 'a> {
     fn traces(
         &mut self,
         traces: Val,
-        opts: &LoadOptions,
+        opts: &DecodeOptions,
         streamed: Streamed,
     ) -> Result<(), CaptureError> {
         let t = self.t;
@@ -898,7 +893,7 @@ mod tests {
 
     fn load_py(script: &str) -> Result<Snapshot, CaptureError> {
         let bytes = python(&["-c", script]);
-        decode_snapshot(Path::new("t.pickle"), &bytes, &LoadOptions::default())
+        decode_snapshot(Path::new("t.pickle"), &bytes, &DecodeOptions::default())
     }
 
     #[test]
@@ -946,8 +941,9 @@ sys.stdout.buffer.write(pickle.dumps({'segments': [], 'device_traces': [tr, []]}
         let s = decode_snapshot(
             Path::new("t"),
             &bytes,
-            &LoadOptions {
+            &DecodeOptions {
                 max_trace_events: Some(3),
+                ..DecodeOptions::default()
             },
         )
         .unwrap();
@@ -1034,7 +1030,7 @@ sys.stdout.buffer.write(pickle.dumps({'segments': [], 'device_traces': [tr]}, pr
         // Hand-written: entry 1 has L = [f0]; then `L.append(f0)` through a memo reference; entry
         // 2 refers to L. pickle.loads gives both entries [f0, f0].
         let data = b"\x80\x04}\x94\x8c\rdevice_traces\x94]\x94]\x94(}\x94(\x8c\x06frames\x94]\x94(}\x94(\x8c\x04name\x94\x8c\x02f0\x94ue\x8c\x06action\x94\x8c\x05alloc\x94uh\x06h\x07a0}\x94(h\x05h\x06h\nh\x0bueas.";
-        let s = decode_snapshot(Path::new("t.pickle"), data, &LoadOptions::default()).unwrap();
+        let s = decode_snapshot(Path::new("t.pickle"), data, &DecodeOptions::default()).unwrap();
         let tr = &s.device_traces.as_ref().unwrap()[0];
         assert_eq!(tr.len(), 2);
         for e in tr {
@@ -1049,7 +1045,7 @@ sys.stdout.buffer.write(pickle.dumps({'segments': [], 'device_traces': [tr]}, pr
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/gen_snapshot.py");
         let bytes = python(&[script, "/dev/stdout", "45000"]);
         assert!(bytes.len() >= THREAD_FROM, "{} bytes", bytes.len());
-        let load = || decode_snapshot(Path::new("big.pickle"), &bytes, &LoadOptions::default());
+        let load = || decode_snapshot(Path::new("big.pickle"), &bytes, &DecodeOptions::default());
         type Row = (Action, u64, u64, Option<i64>, Vec<String>);
         let view = |s: &Snapshot| -> Vec<Row> {
             s.device_traces.as_ref().unwrap()[0]
@@ -1084,7 +1080,7 @@ sys.stdout.buffer.write(pickle.dumps({'segments': [], 'device_traces': [tr]}, pr
             "state":"active_allocated","frames":[{"name":"f","filename":"/w/a.py","line":7}]},
             {"address":4608,"size":2096640,"requested_size":0,"state":"inactive","frames":[]}]}],
             "device_traces":[[{"action":"oom","device_free":1024,"size":4096,"stream":0,"frames":[]}]]}"#;
-        let s = decode_snapshot(Path::new("s.json"), json, &LoadOptions::default()).unwrap();
+        let s = decode_snapshot(Path::new("s.json"), json, &DecodeOptions::default()).unwrap();
         assert_eq!(s.segments[0].pool_id, Some((0, 0)));
         assert_eq!(s.segments[0].blocks[0].state, BlockState::ActiveAllocated);
         let tr = &s.device_traces.unwrap()[0];
@@ -1098,7 +1094,7 @@ sys.stdout.buffer.write(pickle.dumps({'segments': [], 'device_traces': [tr]}, pr
         let e = decode_snapshot(
             Path::new("evil.pickle"),
             b"cos\nsystem\n(S'touch MARKER'\ntR.",
-            &LoadOptions::default(),
+            &DecodeOptions::default(),
         )
         .unwrap_err();
         assert_eq!(e.offset, Some(0));
@@ -1106,14 +1102,14 @@ sys.stdout.buffer.write(pickle.dumps({'segments': [], 'device_traces': [tr]}, pr
         let e = decode_snapshot(
             Path::new("x.pickle"),
             b"\x80\x04K\x01.",
-            &LoadOptions::default(),
+            &DecodeOptions::default(),
         )
         .unwrap_err();
         assert!(e.to_string().contains("top-level object is an int"), "{e}");
         let e = decode_snapshot(
             Path::new("x.json"),
             b"{\"segments\": [",
-            &LoadOptions::default(),
+            &DecodeOptions::default(),
         )
         .unwrap_err();
         assert_eq!(e.kind, ErrorKind::Truncated);

@@ -1,7 +1,8 @@
-//! PyTorch CUDA memory snapshots: model, loading and analyses.
+//! PyTorch CUDA memory snapshots: model (`model`), decoding (`load`, `intern`) and analyses.
 //!
-//! `analyze_snapshot` runs every analysis once over a loaded [`Snapshot`]; `analyze_file`,
-//! `analyze_ranks` and `analyze_diff` load files and turn the result into [`CaptureReport`]s.
+//! [`analyse`] runs every analysis once over a loaded [`Snapshot`]; [`output`] turns the result
+//! into the engine's typed [`Output`] (summary, sites, findings). Loading files and combining
+//! ranks or two snapshots of one run is the pipeline's job (`crate::analyze`).
 
 pub mod diff;
 pub mod fragmentation;
@@ -12,21 +13,15 @@ pub mod patterns;
 pub mod ranks;
 pub mod sites;
 pub mod stacks;
-pub mod text;
+pub mod summary;
 pub mod timeline;
 pub mod totals;
 
-use std::path::Path;
-
-use serde_json::{Value, json};
-
-use crate::analyze::Options;
-use crate::error::CaptureError;
-use crate::findings::{Code, Finding, Location};
-use crate::report::{CaptureKind, CaptureReport, EngineData, Site};
-use crate::torch::load::{LoadOptions, load_snapshot};
+use crate::findings::{self, Code, Finding, Label};
+use crate::options::AnalysisOptions;
+use crate::site::{PercentOf, Site, SiteFrame, SiteRole};
 use crate::torch::model::Snapshot;
-use crate::torch::stacks::StackIndex;
+use crate::torch::stacks::{SiteKind, StackIndex};
 
 /// Every analysis of one snapshot.
 pub struct Analysis {
@@ -41,8 +36,16 @@ pub struct Analysis {
     pub stacks: StackIndex,
 }
 
+/// What the engine hands to the pipeline for one snapshot: no text, no JSON, nothing that
+/// needs the snapshot any more.
+pub struct Output {
+    pub summary: summary::Summary,
+    pub sites: Vec<Site>,
+    pub findings: Vec<Finding>,
+}
+
 /// Run every analysis over a loaded snapshot.
-pub fn analyze_snapshot(snap: &Snapshot, opts: &Options) -> Analysis {
+pub fn analyse(snap: &Snapshot, opts: &AnalysisOptions) -> Analysis {
     let stacks = StackIndex::new(snap, &opts.frames);
     let others = |stacks: &StackIndex| {
         let totals = totals::compute(snap, stacks);
@@ -77,123 +80,69 @@ pub fn analyze_snapshot(snap: &Snapshot, opts: &Options) -> Analysis {
         stacks,
     };
     a.findings = patterns::detect(snap, &a);
-    sort_findings(&mut a.findings);
+    findings::sort(&mut a.findings);
     a
 }
 
 /// Traces with at least this many entries get the timeline on a second thread.
 const PARALLEL_FROM: usize = 200_000;
 
-/// Most severe first; within a severity, more bytes first (stable otherwise).
-pub fn sort_findings(f: &mut [Finding]) {
-    f.sort_by(|a, b| {
-        b.severity
-            .cmp(&a.severity)
-            .then(b.bytes.unwrap_or(0).cmp(&a.bytes.unwrap_or(0)))
-    });
-}
-
-fn load_options(opts: &Options) -> LoadOptions {
-    LoadOptions {
-        max_trace_events: opts.max_trace_events,
+/// The engine's output: the typed summary, the first `opts.top` sites, the findings.
+pub fn output(snap: &Snapshot, a: &Analysis, opts: &AnalysisOptions) -> Output {
+    Output {
+        summary: summary::summarize(snap, a, opts.top),
+        sites: report_sites(snap, a, opts),
+        findings: a.findings.clone(),
     }
 }
 
-/// Analyse one snapshot file.
-pub fn analyze_file(path: &Path, opts: &Options) -> Result<CaptureReport, CaptureError> {
-    let snap = load_snapshot(path, &load_options(opts))?;
-    let a = analyze_snapshot(&snap, opts);
-    Ok(build_report(path, &snap, &a, opts))
-}
-
-/// Analyse a set of per-rank snapshots and compare them.
-pub fn analyze_ranks(paths: &[&Path], opts: &Options) -> Result<Vec<CaptureReport>, CaptureError> {
-    ranks::analyze(paths, opts)
-}
-
-/// Diff two snapshots of one run (PT011); the report is about the later one.
-pub fn analyze_diff(
-    earlier: &Path,
-    later: &Path,
-    opts: &Options,
-) -> Result<CaptureReport, CaptureError> {
-    let lo = load_options(opts);
-    let before = load_snapshot(earlier, &lo)?;
-    let after = load_snapshot(later, &lo)?;
-    let a_before = analyze_snapshot(&before, opts);
-    let mut a_after = analyze_snapshot(&after, opts);
-    let d = diff::diff(&before, &a_before, &after, &a_after);
-    a_after.findings.extend(diff::findings(&after, &d));
-    sort_findings(&mut a_after.findings);
-    let mut report = build_report(later, &after, &a_after, opts);
-    if let EngineData::Torch(Value::Object(o)) = &mut report.engine {
-        o.insert("diff".into(), d.to_json(earlier, later));
-    }
-    report.text = text::render(&after, &a_after, opts, Some((&d, earlier)), None);
-    report.headline = headline(&after, &a_after);
-    Ok(report)
-}
-
-/// The engine JSON: `{"totals": T, "devices": [T + {"device"}], ...}`.
-pub fn engine_json(snap: &Snapshot, a: &Analysis, opts: &Options) -> Value {
-    let devices: Vec<Value> = a
-        .totals
-        .devices
-        .iter()
-        .zip(a.device_sites.iter())
-        .map(|(d, s)| {
-            let mut v = totals::device_json(d, snap);
-            if let Value::Object(o) = &mut v {
-                o.insert(
-                    "allocation_sites".into(),
-                    s.to_json(snap, d.memory.allocated, opts.top),
-                );
-            }
-            v
-        })
-        .collect();
-    json!({
-        "format": match snap.format {
-            Some(model::SnapshotFormat::SegmentList) => "segment-list",
-            _ => "dict",
-        },
-        "pickle_protocol": snap.pickle_protocol,
-        "totals": totals::overall_json(&a.totals, snap),
-        "devices": devices,
-        "allocation_sites": a.sites.to_json(snap, a.totals.overall.allocated, opts.top),
-        "timeline": a.timeline.to_json(snap),
-        "fragmentation": a.fragmentation.iter().map(|f| f.to_json()).collect::<Vec<_>>(),
-    })
-}
-
-/// Top sites as the shared `Site` type (percent of live memory).
-pub fn report_sites(snap: &Snapshot, a: &Analysis, top: usize) -> Vec<Site> {
+/// Top sites as the shared `Site` type (percent of live memory, measured from allocator state).
+pub fn report_sites(snap: &Snapshot, a: &Analysis, opts: &AnalysisOptions) -> Vec<Site> {
     let allocated = a.totals.overall.allocated;
     a.sites
         .sites
         .iter()
-        .take(top)
-        .map(|s| Site {
-            location: s.key.and_then(|k| stacks::location(snap, k)),
-            bytes: s.bytes,
-            requested_bytes: Some(s.requested_bytes),
-            blocks: s.blocks,
-            percent: s.percent_of(allocated).unwrap_or(0.0),
-            stack: stacks::stack_locations(snap, s.stack, None),
-            role: Some(site_role(a, s).to_string()),
-            scope: None,
-            percent_of: "live memory",
+        .take(opts.top)
+        .map(|s| {
+            let stack = stacks::stack_locations(snap, s.stack, None);
+            let from = stacks::stack_locations(snap, s.stack, s.key);
+            // The callers in the user's own code say which loop or model part owns the memory.
+            let callers = from
+                .iter()
+                .skip(1)
+                .filter(|l| opts.frames.is_user(&l.file))
+                .take(2)
+                .cloned()
+                .collect();
+            Site {
+                location: s.key.and_then(|k| stacks::location(snap, k)),
+                bytes: s.bytes,
+                requested_bytes: Some(s.requested_bytes),
+                blocks: s.blocks,
+                percent: s.percent_of(allocated).unwrap_or(0.0),
+                percent_of: PercentOf::LiveMemory,
+                label: Label::Measured,
+                stack,
+                callers,
+                frame: match (s.key, s.kind) {
+                    (None, _) => SiteFrame::None,
+                    (Some(_), SiteKind::PythonFallback) => SiteFrame::PythonFallback,
+                    _ => SiteFrame::User,
+                },
+                role: Some(site_role(a, &a.findings, s)),
+                scope: None,
+            }
         })
         .collect()
 }
 
-/// A site's role, with "user container" when a pattern found it growing like one.
-pub fn site_role(a: &Analysis, s: &sites::SiteStat) -> &'static str {
-    let grows = a.findings.iter().any(|f| {
-        f.code == Code::PT003 && f.location.is_some() && same_site(f.location.as_ref(), s)
-    });
+/// A site's role, with "user container" when a pattern among `found` saw it growing like one.
+pub fn site_role(a: &Analysis, found: &[Finding], s: &sites::SiteStat) -> SiteRole {
+    let grows = found
+        .iter()
+        .any(|f| f.code == Code::PT003 && f.location.as_ref().is_some_and(|l| same_site(l, s)));
     if grows {
-        return "user container";
+        return SiteRole::UserContainer;
     }
     let role = s.role();
     if role == stacks::Role::Unknown {
@@ -208,37 +157,14 @@ pub fn site_role(a: &Analysis, s: &sites::SiteStat) -> &'static str {
                 (x.saturating_add(t.allocs), y.saturating_add(t.freed))
             });
         if allocs >= 4 && freed.saturating_mul(10) >= allocs.saturating_mul(9) {
-            return "temporary";
+            return SiteRole::Temporary;
         }
     }
-    role.as_str()
+    role.site_role()
 }
 
-fn same_site(l: Option<&Location>, s: &sites::SiteStat) -> bool {
-    l.is_some_and(|l| s.site == format!("{}:{}:{}", l.file, l.line, l.function))
-}
-
-/// One sentence, the main finding first.
-pub fn headline(snap: &Snapshot, a: &Analysis) -> String {
-    if let Some(f) = a.findings.first()
-        && f.severity >= crate::findings::Severity::Information
-    {
-        return f.message.clone();
-    }
-    text::summary_sentence(snap, a)
-}
-
-/// Assemble the report of one analysed snapshot.
-pub fn build_report(path: &Path, snap: &Snapshot, a: &Analysis, opts: &Options) -> CaptureReport {
-    CaptureReport {
-        path: path.to_path_buf(),
-        kind: CaptureKind::TorchSnapshot,
-        headline: headline(snap, a),
-        engine: EngineData::Torch(engine_json(snap, a, opts)),
-        sites: report_sites(snap, a, opts.top),
-        findings: a.findings.clone(),
-        text: text::render(snap, a, opts, None, None),
-    }
+fn same_site(l: &crate::findings::Location, s: &sites::SiteStat) -> bool {
+    s.site == format!("{}:{}:{}", l.file, l.line, l.function)
 }
 
 #[cfg(test)]
@@ -267,8 +193,8 @@ mod tests {
             stacks: vec![vec![0], vec![1], vec![2]],
             ..Snapshot::default()
         };
-        let opts = Options::default();
-        let a = analyze_snapshot(&snap, &opts);
+        let opts = AnalysisOptions::default();
+        let a = analyse(&snap, &opts);
         let stacks = StackIndex::new(&snap, &opts.frames);
         assert_eq!(a.timeline, timeline::compute(&snap, &stacks));
         assert_eq!(a.totals, totals::compute(&snap, &stacks));
@@ -334,10 +260,10 @@ mod tests {
             other_actions: vec!["later".into()],
             ..Snapshot::default()
         };
-        let opts = Options::default();
-        let a = analyze_snapshot(&snap, &opts);
-        let r = build_report(Path::new("x.pickle"), &snap, &a, &opts);
-        assert!(!r.headline.is_empty());
+        let opts = AnalysisOptions::default();
+        let a = analyse(&snap, &opts);
+        let r = output(&snap, &a, &opts);
+        assert!(serde_json::to_string(&r.summary).is_ok());
         assert!(r.findings.iter().any(|f| f.code == Code::PT009));
         let d = diff::diff(&snap, &a, &snap, &a);
         assert!(d.grown.is_empty(), "a snapshot never grows against itself");

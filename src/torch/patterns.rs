@@ -5,6 +5,7 @@
 //! estimated saving). Expected retention is said to be expected.
 
 use crate::findings::{Code, Evidence, Finding, Fix, FixKind, Location, Severity, fmt_bytes};
+use crate::site::SiteRole;
 use crate::torch::Analysis;
 use crate::torch::fragmentation::Verdict;
 use crate::torch::model::{BlockState, Snapshot, StackId};
@@ -876,7 +877,9 @@ fn top_site(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
     };
     let (loc, stack) = culprit(snap, s.key, s.stack);
     let p = s.percent_of(allocated);
-    let role = crate::torch::site_role(a, s);
+    let site_role = crate::torch::site_role(a, out, s);
+    let known = site_role != SiteRole::Unknown;
+    let role = site_role.as_str();
     let mut f = Finding::new(
         Code::PT001,
         Severity::Hint,
@@ -885,10 +888,10 @@ fn top_site(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
             pct_text(p),
             fmt_bytes(s.bytes),
             where_(snap, s.key),
-            if role == "unknown" {
-                String::new()
-            } else {
+            if known {
                 format!(" ({role})")
+            } else {
+                String::new()
             }
         ),
     )
@@ -898,7 +901,11 @@ fn top_site(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
         "{} active_allocated blocks, {} B ({} B requested)",
         s.blocks, s.bytes, s.requested_bytes
     )));
-    if role != "unknown" {
+    if site_role == SiteRole::UserContainer {
+        f = f.evidence(Evidence::inferred(
+            "role: user container (the trace shows this line growing every step, PT003)",
+        ));
+    } else if known {
         f = f.evidence(Evidence::inferred(format!("role from the stack: {role}")));
     }
     out.push(f);
@@ -907,8 +914,8 @@ fn top_site(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::analyze::Options;
-    use crate::torch::analyze_snapshot;
+    use crate::options::AnalysisOptions;
+    use crate::torch::analyse;
     use crate::torch::model::{Action, TraceEntry};
     use crate::torch::stacks::tests::intern;
     use crate::torch::totals::tests::{block, entry, segment};
@@ -971,7 +978,7 @@ mod tests {
             1 << 30,
             vec![block(8 << 20, 8 << 20, BlockState::Inactive)],
         )];
-        let a = analyze_snapshot(&snap, &Options::default());
+        let a = analyse(&snap, &AnalysisOptions::default());
         assert!(
             a.findings.iter().all(|f| f.severity < Severity::Warning),
             "{:?}",
@@ -1006,7 +1013,7 @@ mod tests {
         let mut snap = Snapshot::default();
         let list = forward_without_backward(&mut snap, 1, 32, |_, _, _| {});
         snap.device_traces = Some(vec![list]);
-        let a = analyze_snapshot(&snap, &Options::default());
+        let a = analyse(&snap, &AnalysisOptions::default());
         assert!(
             !codes(&a.findings).contains(&"PT002"),
             "{:?}",
@@ -1041,7 +1048,7 @@ mod tests {
             list.push(entry(Action::FreeCompleted, 0x50_0000 + step, 4));
         });
         snap.device_traces = Some(vec![list]);
-        let a = analyze_snapshot(&snap, &Options::default());
+        let a = analyse(&snap, &AnalysisOptions::default());
         assert!(
             !codes(&a.findings).contains(&"PT002"),
             "{:?}",
@@ -1071,7 +1078,7 @@ mod tests {
             }
         });
         snap.device_traces = Some(vec![list]);
-        let a = analyze_snapshot(&snap, &Options::default());
+        let a = analyse(&snap, &AnalysisOptions::default());
         let f = a.findings.iter().find(|f| f.code == Code::PT002);
         let f = f.unwrap_or_else(|| panic!("no PT002 in {:?}", codes(&a.findings)));
         assert_eq!(f.location.as_ref().map(|l| l.line), Some(51));
@@ -1096,7 +1103,7 @@ mod tests {
         }
         snap.segments = vec![segment(0, 0x900_0000, live)];
         snap.device_traces = Some(vec![list]);
-        let a = analyze_snapshot(&snap, &Options::default());
+        let a = analyse(&snap, &AnalysisOptions::default());
         let f = a.findings.iter().find(|f| f.code == Code::PT003);
         let f = f.unwrap_or_else(|| panic!("no PT003 in {:?}", codes(&a.findings)));
         assert_eq!(f.location.as_ref().map(|l| l.line), Some(44));
@@ -1124,7 +1131,7 @@ mod tests {
         oom.set_device_free(Some(1 << 20));
         oom.set_stack(Some(st));
         snap.device_traces = Some(vec![vec![oom]]);
-        let a = analyze_snapshot(&snap, &Options::default());
+        let a = analyse(&snap, &AnalysisOptions::default());
         assert_eq!(&codes(&a.findings)[..2], &["PT008", "PT009"]);
         let pt8 = &a.findings[0];
         assert_eq!(

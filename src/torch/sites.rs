@@ -2,7 +2,6 @@
 //! (ORACLE.md §5), largest first, with a role guess from the stack.
 
 use rustc_hash::FxHashMap;
-use serde_json::{Value, json};
 
 use crate::torch::model::{BlockState, Snapshot, StackId};
 use crate::torch::stacks::{Role, SiteKey, SiteKind, StackIndex, site_string};
@@ -148,42 +147,6 @@ pub fn compute(snap: &Snapshot, stacks: &StackIndex, device: Option<i64>) -> Sit
 }
 
 impl Sites {
-    /// The oracle's `allocation_sites` object, with the first `top` sites.
-    pub fn to_json(&self, snap: &Snapshot, allocated: u64, top: usize) -> Value {
-        let kinds = ["user", "python_fallback", "native_only", "empty"];
-        let by_kind: serde_json::Map<String, Value> = kinds
-            .iter()
-            .zip(self.by_kind.iter())
-            .map(|(k, (b, n))| (k.to_string(), json!({"blocks": b, "bytes": n})))
-            .collect();
-        let top: Vec<Value> = self
-            .sites
-            .iter()
-            .take(top)
-            .map(|s| {
-                let f = s.key.and_then(|k| snap.frames.get(k as usize));
-                json!({
-                    "site": s.site,
-                    "filename": f.map(|f| f.filename.as_str()),
-                    "line": f.map(|f| f.line),
-                    "name": f.map(|f| f.name.as_str()),
-                    "kind": if s.key.is_none() { "no_stack" } else { s.kind.as_str() },
-                    "bytes": s.bytes,
-                    "requested_bytes": s.requested_bytes,
-                    "blocks": s.blocks,
-                    "percent_of_allocated": s.percent_of(allocated),
-                    "role": s.role().as_str(),
-                })
-            })
-            .collect();
-        json!({
-            "distinct_sites": self.sites.len(),
-            "active_allocated_blocks": self.active_blocks,
-            "by_kind": by_kind,
-            "top": top,
-        })
-    }
-
     pub fn role_total(&self, r: Role) -> u64 {
         self.role_bytes.get(&r).copied().unwrap_or(0)
     }
@@ -192,7 +155,7 @@ impl Sites {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::source::frames::FrameFilter;
+    use crate::frames::FrameFilter;
     use crate::torch::stacks::tests::intern;
     use crate::torch::totals::tests::{block, segment};
 
@@ -251,9 +214,9 @@ mod tests {
         assert_eq!(s.by_kind[2], (1, 512));
         assert_eq!(s.by_kind[3], (1, 512));
         assert_eq!(s.sites[1].role(), Role::Activation);
-        let j = s.to_json(&snap, 7168, 10);
-        assert_eq!(j["top"][2]["kind"], "no_stack");
-        assert_eq!(j["top"][1]["percent_of_allocated"], 3072.0 * 100.0 / 7168.0);
-        assert_eq!(j["distinct_sites"], 3);
+        let j = crate::torch::summary::sites(&s, &snap, 7168, 10);
+        assert_eq!(j.top[2].frame.kind, "no_stack");
+        assert_eq!(j.top[1].percent_of_allocated, Some(3072.0 * 100.0 / 7168.0));
+        assert_eq!(j.distinct_sites, 3);
     }
 }

@@ -7,7 +7,7 @@
 use rustc_hash::FxHashMap;
 
 use crate::findings::Location;
-use crate::source::frames::{FrameFilter, FrameKind};
+use crate::frames::{FrameFilter, FrameKind};
 use crate::torch::model::{FrameId, Snapshot, StackId};
 
 /// How a stack was attributed (ORACLE.md §5 `kind`).
@@ -45,6 +45,21 @@ pub enum Role {
     CommunicationBuffer,
     #[default]
     Unknown,
+}
+
+impl Role {
+    /// The shared site role this stack role is.
+    pub fn site_role(self) -> crate::site::SiteRole {
+        use crate::site::SiteRole;
+        match self {
+            Role::Parameter => SiteRole::Parameter,
+            Role::OptimizerState => SiteRole::OptimizerState,
+            Role::Activation => SiteRole::Activation,
+            Role::Backward => SiteRole::Gradient,
+            Role::CommunicationBuffer => SiteRole::CommunicationBuffer,
+            Role::Unknown => SiteRole::Unknown,
+        }
+    }
 }
 
 impl Role {
@@ -214,11 +229,11 @@ fn frame_role(f: &crate::torch::model::Frame) -> FrameRole {
 /// A frame as a `Location` (line clamped into `u32`; a recorded −1 becomes 0).
 pub fn location(snap: &Snapshot, fid: FrameId) -> Option<Location> {
     let f = snap.frames.get(fid as usize)?;
-    Some(Location {
-        file: f.filename.clone(),
-        line: u32::try_from(f.line).unwrap_or(0),
-        function: f.name.clone(),
-    })
+    Some(Location::new(
+        f.filename.clone(),
+        u32::try_from(f.line).unwrap_or(0),
+        f.name.clone(),
+    ))
 }
 
 /// The whole stack as locations, innermost first, starting at the attributed frame when given.

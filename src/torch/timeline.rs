@@ -7,10 +7,9 @@
 //! whatever was dropped from the front of the window.
 
 use rustc_hash::{FxHashMap, FxHashSet};
-use serde_json::{Value, json};
 
 use crate::torch::model::{Action, BlockState, Snapshot, StackId, TraceEntry};
-use crate::torch::stacks::{Role, SiteKey, StackIndex, site_string};
+use crate::torch::stacks::{Role, SiteKey, StackIndex};
 
 /// The window is cut into this many equal parts to tell "once" from "every step".
 pub const WINDOWS: usize = 8;
@@ -580,64 +579,11 @@ pub fn live_at(
     out
 }
 
-impl Timeline {
-    /// The `timeline` key of the engine JSON.
-    pub fn to_json(&self, snap: &Snapshot) -> Value {
-        Value::Array(
-            self.devices
-                .iter()
-                .map(|t| {
-                    let live_sites = |s: &LiveSet| -> Value {
-                        json!({
-                            "index": s.index,
-                            "live_bytes": s.bytes,
-                            "live_blocks": s.blocks,
-                            "sites": s.sites.iter().take(5).map(|(k, b, n, _)| json!({
-                                "site": site_string(snap, *k), "bytes": b, "blocks": n,
-                            })).collect::<Vec<_>>(),
-                        })
-                    };
-                    json!({
-                        "device": t.device,
-                        "entries": t.entries,
-                        "allocs": t.allocs,
-                        "free_requested": t.free_requested,
-                        "free_completed": t.free_completed,
-                        "frees_of_blocks_allocated_before_window": t.frees_of_older_blocks,
-                        "delayed_frees": {"count": t.delayed.count, "bytes": t.delayed.bytes,
-                            "max_entries_between": t.delayed.max_entries_between,
-                            "max_us": t.delayed.max_us},
-                        "pending_frees": {"count": t.pending.len(),
-                            "bytes": t.pending.iter().fold(0u64, |a, p| a.saturating_add(p.size))},
-                        "segment_alloc": {"count": t.segment_allocs.0, "bytes": t.segment_allocs.1},
-                        "segment_free": {"count": t.segment_frees.0, "bytes": t.segment_frees.1},
-                        "segment_map": {"count": t.segment_maps.0, "bytes": t.segment_maps.1},
-                        "segment_unmap": {"count": t.segment_unmaps.0, "bytes": t.segment_unmaps.1},
-                        "live_bytes_reconstructed": {"start": t.live_start, "peak": t.live_peak,
-                            "peak_index": t.live_peak_index, "end": t.live_end,
-                            "floors": t.floors},
-                        "steps_estimate": {"sawtooth_cycles": t.cycles,
-                            "optimizer_runs": t.optimizer_runs},
-                        "repeating_unfreed_sites": t.sites.iter()
-                            .filter(|s| s.retained_parts() >= 3 && s.retained >= 3)
-                            .map(|s| json!({"site": site_string(snap, s.key),
-                                "allocs": s.allocs, "freed": s.freed, "retained": s.retained,
-                                "retained_bytes": s.retained_bytes,
-                                "window_parts": s.retained_parts()}))
-                            .collect::<Vec<_>>(),
-                        "oom_live": t.oom_sets.iter().map(live_sites).collect::<Vec<_>>(),
-                        "peak_live": t.peak_set.as_ref().map(live_sites),
-                    })
-                })
-                .collect(),
-        )
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::source::frames::FrameFilter;
+    use crate::frames::FrameFilter;
+    use crate::torch::stacks::site_string;
     use crate::torch::stacks::tests::intern;
     use crate::torch::totals::tests::{block, entry, segment};
 

@@ -5,8 +5,6 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::{Value, json};
-
 use crate::torch::model::{Action, BlockState, Snapshot};
 use crate::torch::stacks::{SiteKind, StackIndex, site_string};
 
@@ -305,145 +303,10 @@ fn action_slot(a: &Action) -> Option<usize> {
     })
 }
 
-fn peak_json(p: &Peak) -> Value {
-    json!({
-        "bytes": p.bytes,
-        "index": p.index,
-        "min_running_bytes": p.min_running,
-        "final_running_bytes": p.final_running,
-    })
-}
-
-fn memory_json(m: &Memory) -> serde_json::Map<String, Value> {
-    let by_type: serde_json::Map<String, Value> = m
-        .segments_by_type
-        .iter()
-        .map(|(k, (c, r))| (k.clone(), json!({"count": c, "reserved_bytes": r})))
-        .collect();
-    let mut o = serde_json::Map::new();
-    o.insert("reserved_bytes".into(), json!(m.reserved));
-    o.insert("allocated_bytes".into(), json!(m.allocated));
-    o.insert("pending_free_bytes".into(), json!(m.pending_free));
-    o.insert("inactive_bytes".into(), json!(m.inactive));
-    o.insert("requested_bytes".into(), json!(m.requested));
-    o.insert(
-        "largest_inactive_block_bytes".into(),
-        json!(m.largest_inactive),
-    );
-    o.insert("segment_count".into(), json!(m.segment_count));
-    o.insert("block_total".into(), json!(m.block_total));
-    o.insert("block_count".into(), json!(m.block_count));
-    o.insert("segments_by_type".into(), Value::Object(by_type));
-    o.insert("streams".into(), json!(m.streams));
-    o.insert(
-        "expandable_segment_count".into(),
-        json!(m.expandable_segments),
-    );
-    o.insert(
-        "segments_with_inactive_blocks".into(),
-        json!(m.segments_with_inactive),
-    );
-    o.insert(
-        "releasable_segments".into(),
-        json!({"count": m.releasable.0, "bytes": m.releasable.1}),
-    );
-    o
-}
-
-pub fn oom_json(o: &OomEvent, snap: &Snapshot) -> Value {
-    let frame = o.site_key.and_then(|f| snap.frames.get(f as usize));
-    json!({
-        "device": o.device,
-        "index": o.index,
-        "size": o.size,
-        "device_free": o.device_free,
-        "stream": o.stream,
-        "time_us": o.time_us,
-        "first_user_frame": {
-            "site": o.site,
-            "filename": frame.map(|f| f.filename.as_str()),
-            "line": frame.map(|f| f.line),
-            "name": frame.map(|f| f.name.as_str()),
-            "kind": o.site_kind.as_str(),
-        },
-    })
-}
-
-/// The JSON contract's `T` for the whole snapshot (`totals`).
-pub fn overall_json(t: &Totals, snap: &Snapshot) -> Value {
-    let mut o = memory_json(&t.overall);
-    o.insert("trace_present".into(), json!(t.trace_present));
-    o.insert("trace_entries".into(), json!(t.trace_entries()));
-    let mut actions: BTreeMap<String, u64> = BTreeMap::new();
-    let mut first: Option<i64> = None;
-    let mut last: Option<i64> = None;
-    for d in &t.devices {
-        if let Some(tr) = &d.trace {
-            for (k, v) in &tr.actions {
-                let a = actions.entry(k.clone()).or_default();
-                *a = a.saturating_add(*v);
-            }
-            if let Some(f) = tr.first_time_us {
-                first = Some(first.map_or(f, |x| x.min(f)));
-            }
-            if let Some(l) = tr.last_time_us {
-                last = Some(last.map_or(l, |x| x.max(l)));
-            }
-        }
-    }
-    o.insert("trace_actions".into(), json!(actions));
-    o.insert("first_time_us".into(), json!(first));
-    o.insert("last_time_us".into(), json!(last));
-    o.insert(
-        "peak_active_bytes_trace_relative".into(),
-        match t.overall_peak() {
-            Some((device, index, bytes)) => {
-                json!({"device": device, "index": index, "bytes": bytes})
-            }
-            None => Value::Null,
-        },
-    );
-    o.insert(
-        "oom_events".into(),
-        Value::Array(t.oom_events().map(|e| oom_json(e, snap)).collect()),
-    );
-    o.insert(
-        "dropped_trace_entries".into(),
-        json!(t.dropped_trace_entries),
-    );
-    Value::Object(o)
-}
-
-/// `T + {"device": d}` for one device.
-pub fn device_json(d: &DeviceTotals, snap: &Snapshot) -> Value {
-    let mut o = serde_json::Map::new();
-    o.insert("device".into(), json!(d.device));
-    o.extend(memory_json(&d.memory));
-    o.insert("trace_present".into(), json!(d.trace.is_some()));
-    let t = d.trace.clone().unwrap_or_default();
-    o.insert("trace_entries".into(), json!(t.entries));
-    o.insert("trace_actions".into(), json!(t.actions));
-    o.insert("first_time_us".into(), json!(t.first_time_us));
-    o.insert("last_time_us".into(), json!(t.last_time_us));
-    o.insert(
-        "peak_active_bytes_trace_relative".into(),
-        peak_json(&t.peak_active),
-    );
-    o.insert(
-        "peak_reserved_bytes_trace_relative".into(),
-        peak_json(&t.peak_reserved),
-    );
-    o.insert(
-        "oom_events".into(),
-        Value::Array(d.ooms.iter().map(|e| oom_json(e, snap)).collect()),
-    );
-    Value::Object(o)
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::source::frames::FrameFilter;
+    use crate::frames::FrameFilter;
     use crate::torch::model::{Block, Segment, TraceEntry};
 
     pub fn block(size: u64, requested: u64, state: BlockState) -> Block {
@@ -561,7 +424,7 @@ pub(crate) mod tests {
         assert_eq!(d1, Some(Some(-5)), "a trace of one free is negative");
         assert_eq!(t.overall_peak(), Some((0, 3, 300)));
         assert_eq!(t.trace_entries(), 9);
-        let j = overall_json(&t, &snap);
+        let j = serde_json::to_value(crate::torch::summary::overall(&t, &snap)).unwrap();
         assert_eq!(j["trace_actions"]["alloc"], 3);
         assert_eq!(j["trace_entries"], 9);
     }
@@ -582,7 +445,7 @@ pub(crate) mod tests {
         assert_eq!(o.len(), 1);
         assert_eq!(o[0].site, "/home/u/train.py:7:step");
         assert_eq!(o[0].device_free, Some(12345));
-        let j = overall_json(&t, &snap);
+        let j = serde_json::to_value(crate::torch::summary::overall(&t, &snap)).unwrap();
         assert_eq!(j["oom_events"][0]["first_user_frame"]["line"], 7);
     }
 }

@@ -5,9 +5,7 @@ use std::path::Path;
 use super::hlo::{self, ModuleEntry};
 use super::plan::{self, Plan};
 use super::space::SpaceFile;
-use crate::analyze::Options;
 use crate::error::CaptureError;
-use crate::report::CaptureReport;
 
 /// Module names and plan totals, read from `/host:metadata` only (no event is decoded).
 pub struct Capture {
@@ -65,26 +63,4 @@ pub fn list_modules(path: &Path) -> Result<Vec<(String, u64)>, CaptureError> {
         .into_iter()
         .map(|p| (p.module, p.total_peak_bytes))
         .collect())
-}
-
-/// Analyse one `.xplane.pb` file.
-pub fn analyze_file(path: &Path, opts: &Options) -> Result<CaptureReport, CaptureError> {
-    analyze_file_with(
-        path,
-        opts,
-        &super::present::default_source_lookup(path, opts),
-    )
-}
-
-/// Analyse with a source lookup hook: recorded path → program text, used only to find the
-/// `jax.jit(...)` line a donation fix edits.
-pub fn analyze_file_with(
-    path: &Path,
-    opts: &Options,
-    source: &dyn Fn(&str) -> Option<String>,
-) -> Result<CaptureReport, CaptureError> {
-    let cap = Capture::open(path)?;
-    let plans = cap.plans(0)?;
-    let runtime = super::runtime::read(&cap, &plans)?;
-    super::present::report(&cap, plans, runtime, opts, source)
 }

@@ -3,7 +3,9 @@
 //! Every number a finding quotes is labelled: plan bytes are `read` from the buffer assignment,
 //! allocator and event counts are `measured`, roles, causes and savings are `inferred`.
 
-use crate::findings::{Code, Evidence, Finding, Fix, FixKind, Location, Severity, fmt_bytes};
+use crate::findings::{
+    self, Code, Evidence, Finding, Fix, FixKind, Location, Refine, Severity, fmt_bytes,
+};
 
 use super::plan::{PeakBuffer, Plan, Role};
 use super::runtime::{Execution, LiveGroup, Runtime};
@@ -15,8 +17,9 @@ pub struct Growth {
     pub starts: Vec<u64>,
     /// `$<unknown> append` (list.append) calls seen between consecutive executions.
     pub appends_per_gap: Vec<u64>,
-    /// Where the appends happen (the Python function around them, or the append line).
-    pub append_site: Option<Location>,
+    /// Where the appends happen: the `def` line of the user's function around them, and how the
+    /// locate step finds the append itself.
+    pub append_site: Option<(Location, Refine)>,
 }
 
 /// Everything a diagnosis needs about one module.
@@ -28,12 +31,9 @@ pub struct Context<'a> {
     pub capacity: Option<u64>,
     /// Physical device memory (`memory_size` plane stat), read.
     pub device_memory: Option<u64>,
-    /// The `jax.jit(...)` line that compiled the module, or the call site when not found.
-    pub jit_site: Option<Location>,
-    /// True when `jit_site` is the jit line itself (found in the program text).
-    pub jit_line_found: bool,
-    /// Argument names of the jitted function, when the program text was found.
-    pub signature: Option<Vec<String>>,
+    /// Where the jitted function was called (the locate step moves findings from here to the
+    /// `jax.jit(...)` line that compiled it).
+    pub call_site: Option<Location>,
     pub growth: Growth,
     /// Live buffers at the last execution start, by allocating host event.
     pub live_at_last: Vec<LiveGroup>,
@@ -151,19 +151,53 @@ pub fn arg_root(op_name: &str) -> &str {
 
 /// All diagnosis lines for the module, most severe first.
 pub fn diagnose(ctx: &Context) -> Vec<Finding> {
-    let mut out = Vec::new();
-    let p = ctx.plan;
-    let scope = Some(p.module.clone());
-    let heap = p.heap_peak_bytes;
+    let mut out: Vec<Finding> = [
+        jx007_allocator_retry(ctx),
+        jx001_plan_exceeds_capacity(ctx),
+        jx006_other_live_arrays(ctx),
+        jx004_growth(ctx),
+        jx005_no_donation(ctx),
+        jx002_forward_kept(ctx),
+        jx003_backward_dominates(ctx),
+        jx008_xla_remat(ctx),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    out.extend(jx009_top_buffers(ctx));
+    let scope = Some(ctx.plan.module.clone());
+    for f in &mut out {
+        f.scope = scope.clone();
+    }
+    findings::sort(&mut out);
+    out
+}
+
+/// Heap-peak bytes per role: (forward, backward, workspace, other).
+fn roles(p: &Plan) -> (u64, u64, u64, u64) {
     let role = |k: &str| p.roles.get(k).copied().unwrap_or(0);
-    let (fwd, bwd, ws, other) = (
+    (
         role("forward"),
         role("backward"),
         role("workspace"),
         role("other"),
-    );
-    let no_fit = ctx.capacity.is_some_and(|c| p.total_peak_bytes > c);
+    )
+}
 
+/// The plan alone does not fit the measured pool.
+fn no_fit(ctx: &Context) -> bool {
+    ctx.capacity.is_some_and(|c| ctx.plan.total_peak_bytes > c)
+}
+
+/// JX007: allocator retries = out-of-memory inside the capture.
+fn jx007_allocator_retry(ctx: &Context) -> Option<Finding> {
+    let p = ctx.plan;
+    let heap = p.heap_peak_bytes;
+    let (fwd, bwd, ws, other) = roles(p);
+    let _ = (fwd, bwd, ws, other, heap);
+    let no_fit = no_fit(ctx);
+    let _ = no_fit;
+    let mut out: Option<Finding> = None;
     // JX007: allocator retries = out-of-memory inside the capture.
     if !ctx.rt.retries.is_empty() {
         let longest = ctx
@@ -211,10 +245,21 @@ pub fn diagnose(ctx: &Context) -> Vec<Finding> {
                 )),
             });
         }
-        f.scope = scope.clone();
-        out.push(f);
+        out = Some(f);
     }
 
+    out
+}
+
+/// JX001: the plan alone exceeds the pool.
+fn jx001_plan_exceeds_capacity(ctx: &Context) -> Option<Finding> {
+    let p = ctx.plan;
+    let heap = p.heap_peak_bytes;
+    let (fwd, bwd, ws, other) = roles(p);
+    let _ = (fwd, bwd, ws, other, heap);
+    let no_fit = no_fit(ctx);
+    let _ = no_fit;
+    let mut out: Option<Finding> = None;
     // JX001: the plan alone exceeds the pool.
     if let (true, Some(cap)) = (no_fit, ctx.capacity) {
         let mut f = Finding::new(Code::JX001,
@@ -262,10 +307,21 @@ pub fn diagnose(ctx: &Context) -> Vec<Finding> {
         f = f.fix(Fix::advice(format!(
             "follow the largest role at the peak (see the other diagnosis lines); {CONFIRM}"
         )));
-        f.scope = scope.clone();
-        out.push(f);
+        out = Some(f);
     }
 
+    out
+}
+
+/// JX006: other live arrays take the room the step needs.
+fn jx006_other_live_arrays(ctx: &Context) -> Option<Finding> {
+    let p = ctx.plan;
+    let heap = p.heap_peak_bytes;
+    let (fwd, bwd, ws, other) = roles(p);
+    let _ = (fwd, bwd, ws, other, heap);
+    let no_fit = no_fit(ctx);
+    let _ = no_fit;
+    let mut out: Option<Finding> = None;
     // JX006: other live arrays take the room the step needs.
     if let (Some(cap), Some(last)) = (ctx.capacity, ctx.execs.last()) {
         if let Some(in_use) = last.bytes_in_use_at_start {
@@ -315,22 +371,33 @@ pub fn diagnose(ctx: &Context) -> Vec<Finding> {
                         "buffers allocated before the capture started have no name here: start the profiler earlier to see which host event made them",
                     ));
                 }
-                f.scope = scope.clone();
-                out.push(f);
+                out = Some(f);
             }
         }
     }
 
-    // JX004: growth per execution.
-    if let Some(f) = growth_finding(ctx) {
-        out.push(f);
-    }
+    out
+}
 
-    // JX005: no parameter donated although a state pytree goes in and a same-shaped one comes out.
-    if let Some(f) = donation_finding(ctx) {
-        out.push(f);
-    }
+/// JX004: growth per execution.
+fn jx004_growth(ctx: &Context) -> Option<Finding> {
+    growth_finding(ctx)
+}
 
+/// JX005: no parameter donated although a state pytree goes in and a same-shaped one comes out.
+fn jx005_no_donation(ctx: &Context) -> Option<Finding> {
+    donation_finding(ctx)
+}
+
+/// JX002: forward activations kept for the backward pass.
+fn jx002_forward_kept(ctx: &Context) -> Option<Finding> {
+    let p = ctx.plan;
+    let heap = p.heap_peak_bytes;
+    let (fwd, bwd, ws, other) = roles(p);
+    let _ = (fwd, bwd, ws, other, heap);
+    let no_fit = no_fit(ctx);
+    let _ = no_fit;
+    let mut out: Option<Finding> = None;
     // JX002: forward activations kept for the backward pass.
     let forward_rows = p
         .at_peak
@@ -441,11 +508,22 @@ pub fn diagnose(ctx: &Context) -> Vec<Finding> {
                     .cost("a kernel that supports your backend"),
                 );
             }
-            f.scope = scope.clone();
-            out.push(f);
+            out = Some(f);
         }
     }
 
+    out
+}
+
+/// JX003: the backward pass dominates.
+fn jx003_backward_dominates(ctx: &Context) -> Option<Finding> {
+    let p = ctx.plan;
+    let heap = p.heap_peak_bytes;
+    let (fwd, bwd, ws, other) = roles(p);
+    let _ = (fwd, bwd, ws, other, heap);
+    let no_fit = no_fit(ctx);
+    let _ = no_fit;
+    let mut out: Option<Finding> = None;
     // JX003: the backward pass dominates.
     if bwd > 0 && pct(bwd, heap) >= 50.0 {
         let rows = p
@@ -484,13 +562,24 @@ pub fn diagnose(ctx: &Context) -> Vec<Finding> {
                 p.user_remat_instructions
             )));
         }
-        f.scope = scope.clone();
-        out.push(f);
+        out = Some(f);
     }
 
+    out
+}
+
+/// JX008: XLA already rematerialized.
+fn jx008_xla_remat(ctx: &Context) -> Option<Finding> {
+    let p = ctx.plan;
+    let heap = p.heap_peak_bytes;
+    let (fwd, bwd, ws, other) = roles(p);
+    let _ = (fwd, bwd, ws, other, heap);
+    let no_fit = no_fit(ctx);
+    let _ = no_fit;
+    let mut out: Option<Finding> = None;
     // JX008: XLA already rematerialized.
     if p.xla_remat_instructions > 0 {
-        let mut f = Finding::new(Code::JX008,
+        let f = Finding::new(Code::JX008,
             Severity::Information,
             format!(
                 "XLA already rematerialized {} instructions to fit: expect the fix from the program, not from XLA",
@@ -501,10 +590,21 @@ pub fn diagnose(ctx: &Context) -> Vec<Finding> {
             "{} instructions named `*.remat*` in the compiled module",
             p.xla_remat_instructions
         )));
-        f.scope = scope.clone();
-        out.push(f);
+        out = Some(f);
     }
 
+    out
+}
+
+/// JX009: the top buffers at the peak, as attribution hints.
+fn jx009_top_buffers(ctx: &Context) -> Vec<Finding> {
+    let p = ctx.plan;
+    let heap = p.heap_peak_bytes;
+    let (fwd, bwd, ws, other) = roles(p);
+    let _ = (fwd, bwd, ws, other, heap);
+    let no_fit = no_fit(ctx);
+    let _ = no_fit;
+    let mut out = Vec::new();
     // JX009: the top buffers at the peak, as attribution hints.
     for b in p.at_peak.iter().filter(|b| b.line().is_some()).take(3) {
         let (loc, stack) = located(ctx, b);
@@ -548,12 +648,32 @@ pub fn diagnose(ctx: &Context) -> Vec<Finding> {
                 .cost("the caller no longer gets the full array")
             });
         }
-        f.scope = scope.clone();
         out.push(f);
     }
 
-    out.sort_by_key(|f| std::cmp::Reverse(f.severity));
     out
+}
+
+/// The sorted, distinct positions of donation candidates.
+pub fn argnum_set(candidates: &[(Option<String>, u32)]) -> Vec<u32> {
+    let mut argnums: Vec<u32> = candidates.iter().map(|c| c.1).collect();
+    argnums.sort_unstable();
+    argnums.dedup();
+    argnums
+}
+
+/// `0, 1` / `0,` as written inside `donate_argnums=(…)`.
+pub fn argnums_tuple(argnums: &[u32]) -> String {
+    let tuple = argnums
+        .iter()
+        .map(|a| a.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    if argnums.len() == 1 {
+        format!("{tuple},")
+    } else {
+        tuple
+    }
 }
 
 /// `a → b → c`, shortened to the first four and last two values for long runs.
@@ -617,7 +737,10 @@ fn growth_finding(ctx: &Context) -> Option<Finding> {
                 ratio
             ),
         )
-        .at(g.append_site.clone(), g.append_site.iter().cloned().collect())
+        .at(
+            g.append_site.as_ref().map(|a| a.0.clone()),
+            g.append_site.iter().map(|a| a.0.clone()).collect(),
+        )
         .bytes(per, None)
         .evidence(Evidence::measured(format!(
             "bytes in use at execution starts: {}",
@@ -646,6 +769,7 @@ fn growth_finding(ctx: &Context) -> Option<Finding> {
             "a larger pool only delays the OOM by a few steps",
         ));
         f.scope = scope;
+        f.refine = g.append_site.as_ref().map(|a| a.1.clone());
         return Some(f);
     }
     // Inferred: no allocator events (CPU), but list.append runs after every execution.
@@ -662,7 +786,10 @@ fn growth_finding(ctx: &Context) -> Option<Finding> {
                 fmt_bytes(per)
             ),
         )
-        .at(g.append_site.clone(), g.append_site.iter().cloned().collect())
+        .at(
+            g.append_site.as_ref().map(|a| a.0.clone()),
+            g.append_site.iter().map(|a| a.0.clone()).collect(),
+        )
         .bytes(per, None)
         .evidence(Evidence::measured(format!(
             "$<unknown> append events after each execution: {}",
@@ -685,6 +812,7 @@ fn growth_finding(ctx: &Context) -> Option<Finding> {
             .preferred(),
         );
         f.scope = scope;
+        f.refine = g.append_site.as_ref().map(|a| a.1.clone());
         return Some(f);
     }
     None
@@ -733,47 +861,37 @@ fn donation_finding(ctx: &Context) -> Option<Finding> {
     if args.is_empty() || saving < (1 << 20) || pct(saving, p.total_peak_bytes) < 10.0 {
         return None;
     }
-    let argnum = |root: &str| -> u32 {
-        match &ctx.signature {
-            Some(sig) => sig.iter().position(|s| s == root).unwrap_or(0) as u32,
-            None => roots.iter().position(|r| *r == root).unwrap_or(0) as u32,
-        }
-    };
-    let mut argnums: Vec<u32> = args
+    // The position of each argument: in the op name for `args[0]`, else its place among the
+    // plan's parameter roots (the locate step corrects it from the function's signature).
+    let candidates: Vec<(Option<String>, u32)> = args
         .iter()
         .map(|(root, _)| match root.strip_prefix("args") {
-            // `args[0]`: the index is in the op name itself.
-            Some(_) => p
-                .parameters
-                .iter()
-                .find(|x| arg_root(&x.op_name) == *root)
-                .and_then(|x| {
-                    x.op_name
-                        .strip_prefix("args[")
-                        .and_then(|r| r.split(']').next())
-                        .and_then(|n| n.parse().ok())
-                })
-                .unwrap_or(0),
-            None => argnum(root),
+            Some(_) => (
+                None,
+                p.parameters
+                    .iter()
+                    .find(|x| arg_root(&x.op_name) == *root)
+                    .and_then(|x| {
+                        x.op_name
+                            .strip_prefix("args[")
+                            .and_then(|r| r.split(']').next())
+                            .and_then(|n| n.parse().ok())
+                    })
+                    .unwrap_or(0),
+            ),
+            None => (
+                Some(root.to_string()),
+                roots.iter().position(|r| r == root).unwrap_or(0) as u32,
+            ),
         })
         .collect();
-    argnums.sort_unstable();
-    argnums.dedup();
+    let argnums = argnum_set(&candidates);
     let names: Vec<String> = args
         .iter()
         .map(|a| format!("{} ({})", a.0, fmt_bytes(a.1)))
         .collect();
-    let tuple = argnums
-        .iter()
-        .map(|a| a.to_string())
-        .collect::<Vec<_>>()
-        .join(", ");
-    let tuple = if argnums.len() == 1 {
-        format!("{tuple},")
-    } else {
-        tuple
-    };
-    let loc = ctx.jit_site.clone();
+    let tuple = argnums_tuple(&argnums);
+    let loc = ctx.call_site.clone();
     let mut f = Finding::new(Code::JX005,
         Severity::Warning,
         format!(
@@ -794,11 +912,13 @@ fn donation_finding(ctx: &Context) -> Option<Finding> {
         "{} of parameters have an output of the same shape and dtype",
         fmt_bytes(saving)
     )));
-    if !ctx.jit_line_found {
-        f = f.evidence(Evidence::inferred(
-            "the program text was not found: the location is the call site of the jitted function, not the jax.jit line",
-        ));
-    }
+    f.refine = Some(Refine::JitLine {
+        function: p
+            .hlo_name
+            .strip_prefix("jit_")
+            .unwrap_or(&p.hlo_name)
+            .to_string(),
+    });
     f = f.fix(
         Fix::new(
             format!(
@@ -806,7 +926,10 @@ fn donation_finding(ctx: &Context) -> Option<Finding> {
                 fmt_bytes(saving),
                 fit_note(ctx, saving)
             ),
-            FixKind::DonateArgnums { argnums },
+            FixKind::DonateArgnums {
+                argnums,
+                args: candidates,
+            },
         )
         .saving(saving)
         .cost(format!(

@@ -102,11 +102,11 @@ pub struct Frame {
 
 impl Frame {
     pub fn location(&self) -> Location {
-        Location {
-            file: self.file.clone(),
-            line: self.line.max(0) as u32,
-            function: self.function.clone(),
-        }
+        Location::new(
+            self.file.clone(),
+            self.line.max(0) as u32,
+            self.function.clone(),
+        )
     }
 }
 

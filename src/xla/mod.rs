@@ -1,17 +1,25 @@
-//! JAX/XLA profiler captures (`*.xplane.pb`): plan, runtime and analyses.
+//! JAX/XLA profiler captures (`*.xplane.pb`): decoding, the plan and runtime models, analyses.
 //!
-//! decode (`space`, `wire`, `hlo`) → model (`plan::Plan`, `runtime::Runtime`) → analyse
-//! (`diagnose`) → present (`present`). Only `/host:metadata` is needed for the plan; event
-//! planes are walked only for the runtime view.
+//! decode (`wire`, `space`, `hlo`, `capture`) → model (`plan::Plan`, `runtime::Runtime`) →
+//! analyse (`select`, `growth`, `diagnose`, `sites`) → the typed [`Output`] (`summary`). Only
+//! `/host:metadata` is needed for the plan; event planes are walked only for the runtime view.
 
 pub mod capture;
 pub mod diagnose;
+pub mod growth;
 pub mod hlo;
 pub mod plan;
-pub mod present;
 pub mod runtime;
+pub mod select;
+pub mod sites;
 pub mod space;
+pub mod summary;
 pub mod wire;
+
+use crate::error::CaptureError;
+use crate::findings::{Finding, Location};
+use crate::options::AnalysisOptions;
+use crate::site::Site;
 
 /// prost types generated from `proto/` by `build.rs`.
 pub mod pb {
@@ -25,4 +33,64 @@ pub mod pb {
     }
 }
 
-pub use capture::{Capture, analyze_file, analyze_file_with, list_modules};
+pub use capture::{Capture, list_modules};
+
+/// What the engine hands to the pipeline for one capture.
+pub struct Output {
+    pub summary: summary::Summary,
+    pub sites: Vec<Site>,
+    pub findings: Vec<Finding>,
+}
+
+/// Analyse an opened capture: choose the module, read the runtime view, diagnose.
+pub fn analyse(cap: &Capture, opts: &AnalysisOptions) -> Result<Output, CaptureError> {
+    let plans = cap.plans(0)?;
+    let rt = runtime::read(cap, &plans)?;
+    let chosen = select::select(&cap.file.path, &plans, &rt, opts.module.as_deref())?;
+    let Some((plan, why)) = chosen else {
+        return Ok(Output {
+            summary: summary::runtime_only(plans.len(), &rt, cap.versions.clone()),
+            sites: Vec::new(),
+            findings: Vec::new(),
+        });
+    };
+    let execs: Vec<&runtime::Execution> = rt.executions_of(&plan.module).collect();
+    let pick = |stack: &[Location]| {
+        opts.frames
+            .pick(stack.iter().map(|l| l.file.as_str()))
+            .map(|(i, _)| i)
+    };
+    let (growth, between_last_two) =
+        growth::between_executions(cap, &rt, plan, &execs, &opts.frames)?;
+    let live_at_last = execs
+        .last()
+        .map(|e| rt.live_at(e.start_ps))
+        .unwrap_or_default();
+    let ctx = diagnose::Context {
+        plan,
+        rt: &rt,
+        execs: execs.clone(),
+        capacity: rt.main().map(|a| a.capacity_bytes),
+        device_memory: rt.device_memory,
+        call_site: plan.call_site.first().map(|f| f.location()),
+        growth,
+        live_at_last: live_at_last.clone(),
+        pick: &pick,
+    };
+    let findings = diagnose::diagnose(&ctx);
+    let sites = sites::sites(plan, &pick, opts.top);
+    let summary = summary::summarize(summary::Parts {
+        plan,
+        plans: &plans,
+        rt: &rt,
+        versions: cap.versions.clone(),
+        why,
+        between_last_two,
+        live_at_last,
+    });
+    Ok(Output {
+        summary,
+        sites,
+        findings,
+    })
+}

@@ -29,6 +29,17 @@ impl Category {
             Category::Temporary => "Temporary",
         }
     }
+    /// The shared site role of an allocation outside the heap.
+    pub fn site_role(self) -> crate::site::SiteRole {
+        use crate::site::SiteRole;
+        match self {
+            Category::Parameter => SiteRole::Parameter,
+            Category::Output => SiteRole::Output,
+            Category::ThreadLocal => SiteRole::ThreadLocal,
+            Category::Constant => SiteRole::Constant,
+            Category::Temporary => SiteRole::Temporary,
+        }
+    }
     fn of(a: &hpb::BufferAllocationProto) -> Category {
         if a.is_entry_computation_parameter {
             Category::Parameter
@@ -77,6 +88,18 @@ impl Role {
             Role::Backward => "backward",
             Role::Workspace => "workspace",
             Role::Other => "other",
+        }
+    }
+    /// The shared site role.
+    pub fn site_role(self) -> crate::site::SiteRole {
+        use crate::site::SiteRole;
+        match self {
+            Role::Forward => SiteRole::Forward,
+            Role::ScanStack => SiteRole::ScanStack,
+            Role::Recomputed => SiteRole::Recomputed,
+            Role::Backward => SiteRole::Backward,
+            Role::Workspace => SiteRole::Workspace,
+            Role::Other => SiteRole::Other,
         }
     }
     /// Key in the JSON `roles` object (scan stacks count as forward).

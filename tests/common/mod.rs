@@ -62,3 +62,24 @@ impl Run {
 pub fn arg(p: &Path) -> &str {
     p.to_str().expect("test paths are UTF-8")
 }
+
+/// What a user sees of a report, for tests that call the library directly.
+pub trait ReportExt {
+    /// The `report` text, as the CLI prints it.
+    fn text(&self) -> String;
+    /// The engine's JSON value (`torch` or `xla` key of the contract).
+    fn engine(&self) -> serde_json::Value;
+}
+
+impl ReportExt for memlsp::report::CaptureReport {
+    fn text(&self) -> String {
+        memlsp::cli::render_text(std::slice::from_ref(self), 10)
+    }
+    fn engine(&self) -> serde_json::Value {
+        let v = serde_json::to_value(self).expect("a report serialises");
+        v.get("torch")
+            .or_else(|| v.get("xla"))
+            .cloned()
+            .unwrap_or(serde_json::Value::Null)
+    }
+}

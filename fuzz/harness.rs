@@ -1,11 +1,14 @@
-//! The fuzz harnesses, shared by `fuzz/fuzz_targets/*` and `tests/fuzz_regressions.rs` so a
-//! reproducer is replayed through exactly the code the fuzzer ran. Each takes arbitrary bytes;
-//! errors are fine (hostile input is refused), panics and hangs are the bugs.
+//! The fuzz harnesses, shared by `fuzz/fuzz_targets/*` and `tests/fuzz_regressions.rs` (both
+//! include this file) so a reproducer is replayed through exactly the code the fuzzer ran. Each
+//! takes arbitrary bytes; errors are fine (hostile input is refused), panics and hangs are the
+//! bugs. Only the library's public API is used.
+#![allow(dead_code)]
 
 use std::path::Path;
 
-use crate::pickle::{Limits, decode, decode_with};
-use crate::torch::load::{LoadOptions, decode_snapshot};
+use memlsp::options::{DecodeOptions, Options};
+use memlsp::pickle::{Limits, decode, decode_with};
+use memlsp::torch::load::decode_snapshot;
 
 /// The pickle VM: decode, walk every node through the public accessors (no recursion: the
 /// graph may be cyclic), then decode again with globals refused and a small depth limit.
@@ -41,15 +44,17 @@ pub fn pickle_vm(data: &[u8]) {
 pub fn torch_snapshot(data: &[u8]) {
     let path = Path::new("fuzz.pickle");
     for opts in [
-        LoadOptions::default(),
-        LoadOptions {
+        DecodeOptions::default(),
+        DecodeOptions {
             max_trace_events: Some(3),
+            ..DecodeOptions::default()
         },
     ] {
         if let Ok(snap) = decode_snapshot(path, data, &opts) {
-            let o = crate::analyze::Options::default();
-            let a = crate::torch::analyze_snapshot(&snap, &o);
-            let _ = crate::torch::build_report(path, &snap, &a, &o);
+            let o = Options::default();
+            let a = memlsp::torch::analyse(&snap, &o.analysis);
+            let out = memlsp::torch::output(&snap, &a, &o.analysis);
+            let _ = serde_json::to_string(&out.summary);
         }
     }
 }
@@ -60,9 +65,11 @@ pub fn xplane(data: &[u8], dir: &Path) {
     if std::fs::write(&path, data).is_err() {
         return;
     }
-    let _ = crate::xla::capture::list_modules(&path);
-    let opts = crate::analyze::Options::default();
-    let _ = crate::xla::capture::analyze_file_with(&path, &opts, &|_| None);
+    let _ = memlsp::xla::capture::list_modules(&path);
+    let opts = Options::default();
+    if let Ok(cap) = memlsp::xla::Capture::open(&path) {
+        let _ = memlsp::xla::analyse(&cap, &opts.analysis);
+    }
 }
 
 /// The whole report path: the first byte picks the file name (and so the engine, including
@@ -81,8 +88,9 @@ pub fn report(data: &[u8], dir: &Path) {
     if std::fs::write(&path, body).is_err() {
         return;
     }
-    let opts = crate::analyze::Options::default();
-    if let Ok(r) = crate::analyze::analyze_file(&path, &opts) {
-        let _ = format!("{} {:?} {:?}", r.headline, r.sites, r.findings);
+    let opts = Options::default();
+    if let Ok(reports) = memlsp::analyze::run(&path, &opts) {
+        let _ = memlsp::cli::render_text(&reports, opts.analysis.top);
+        let _ = memlsp::cli::render_json(&reports);
     }
 }

@@ -1,6 +1,6 @@
 //! Benchmark of the JAX engine on a large capture (not a test; run with `--release`).
 //!
-//! `bench_xla [BASE.xplane.pb] [--events N] [--keep]` writes `<tmp>/bench.xplane.pb` = the base
+//! `cargo bench --bench xla -- [BASE.xplane.pb] [--events N] [--keep]` writes `<tmp>/bench.xplane.pb` = the base
 //! capture (default: `shared/jax_cpu_captures/e_attention_big`) followed by one synthetic
 //! `/host:CPU` plane of N events (default 3,500,000: executions of the base's largest module,
 //! BFC allocator events, per-op events with program_id/run_id on 8 threads), then times the
@@ -21,6 +21,7 @@ fn main() {
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
+            "--bench" => {}
             "--events" => events = args.next().and_then(|v| v.parse().ok()).unwrap_or(events),
             "--keep" => keep = true,
             p => base = Some(PathBuf::from(p)),
@@ -78,12 +79,23 @@ fn main() {
         let listed = memlsp::xla::list_modules(&out).map(|m| m.len());
         let (list_time, list_cpu) = (t.elapsed(), cpu_ms() - c);
         let (t, c) = (Instant::now(), cpu_ms());
-        let report = memlsp::xla::analyze_file(&out, &memlsp::analyze::Options::default());
+        let report =
+            memlsp::analyze::run(&out, &memlsp::options::Options::default()).and_then(|mut r| {
+                r.pop().ok_or_else(|| {
+                    memlsp::error::CaptureError::new(
+                        &out,
+                        memlsp::error::ErrorKind::Empty,
+                        None,
+                        "no report",
+                        "",
+                    )
+                })
+            });
         let (full_time, full_cpu) = (t.elapsed(), cpu_ms() - c);
         match (listed, report) {
             (Ok(n), Ok(r)) => println!(
                 "round {round}: metadata-only listing ({n} modules, plans included): {list_time:.2?} wall / {list_cpu} ms CPU; full report: {full_time:.2?} wall / {full_cpu} ms CPU — {}",
-                r.headline.chars().take(80).collect::<String>()
+                r.headline().chars().take(80).collect::<String>()
             ),
             (Err(e), _) | (_, Err(e)) => {
                 eprintln!("bench_xla: {e}");

@@ -1,44 +1,16 @@
-//! Human text: the `report` body and the compiler-style `--check` listing.
+//! The compiler-style `--check` listing: one block per finding, then a summary line.
 
 use std::fmt::Write;
 
 use crate::findings::{Finding, Fix, Severity, fmt_bytes};
 use crate::report::CaptureReport;
-use crate::source::paths::Resolver;
-
-use super::json::capture_path;
-
-/// `report`: per capture, the headline sentence first, then the engine's body.
-pub(super) fn report(reports: &[CaptureReport]) -> String {
-    let mut out = String::new();
-    for (i, r) in reports.iter().enumerate() {
-        if i > 0 {
-            out.push('\n');
-        }
-        if reports.len() > 1 {
-            let _ = writeln!(out, "== {} ==", r.path.display());
-        }
-        let _ = writeln!(out, "{}", r.headline.trim_end());
-        let body = r.text.trim_end();
-        if !body.is_empty() {
-            let _ = writeln!(out, "\n{body}");
-        } else if !r.findings.is_empty() {
-            // An engine without a rendered body still shows its findings.
-            out.push('\n');
-            for f in &r.findings {
-                finding(&mut out, r, f, None);
-            }
-        }
-    }
-    out
-}
 
 /// `--check --format text`: one block per finding, then a summary line.
-pub(super) fn check(reports: &[CaptureReport], resolver: &Resolver, unreadable: usize) -> String {
+pub(crate) fn check(reports: &[CaptureReport], unreadable: usize) -> String {
     let mut out = String::new();
     for r in reports {
         for f in &r.findings {
-            finding(&mut out, r, f, Some(resolver));
+            finding(&mut out, r, f);
         }
     }
     out.push_str(&summary(reports, unreadable));
@@ -46,15 +18,11 @@ pub(super) fn check(reports: &[CaptureReport], resolver: &Resolver, unreadable: 
 }
 
 /// `file:line: severity[CODE] message`, then the evidence, fixes and capture, indented.
-fn finding(out: &mut String, r: &CaptureReport, f: &Finding, resolver: Option<&Resolver>) {
-    let capture = match resolver {
-        Some(res) => capture_path(r, res),
-        None => r.path.display().to_string(),
-    };
-    let place = match (&f.location, resolver) {
-        (Some(l), Some(res)) => format!("{}:{}", res.display_path(&l.file), l.line),
-        (Some(l), None) => format!("{}:{}", l.file, l.line),
-        (None, _) => capture.clone(),
+fn finding(out: &mut String, r: &CaptureReport, f: &Finding) {
+    let capture = r.display_path();
+    let place = match &f.location {
+        Some(l) => format!("{}:{}", l.shown(), l.line),
+        None => capture.clone(),
     };
     let _ = writeln!(
         out,
@@ -86,7 +54,7 @@ fn finding(out: &mut String, r: &CaptureReport, f: &Finding, resolver: Option<&R
 }
 
 /// ` (saves ~1.00 GiB, inferred; cost: …)` after a fix title, or nothing.
-pub(super) fn fix_notes(x: &Fix) -> String {
+pub(crate) fn fix_notes(x: &Fix) -> String {
     let mut notes = Vec::new();
     if let Some(s) = x.saving_bytes {
         // Titles often state the saving already; the label is what must not go missing.

@@ -1,0 +1,143 @@
+//! Human text: the `report` body (one renderer for the sections both engines share — headline,
+//! Diagnosis, Next steps, Uncertainty — and a small one per engine for its own sections) and the
+//! compiler-style `--check` listing.
+//!
+//! Every number carries its label: `[measured]`, `[read]`, `[inferred]` or `[simulated]`.
+
+mod check;
+mod torch;
+mod xla;
+
+use std::fmt::Write;
+
+use crate::findings::{Finding, Kind, Label, fmt_bytes};
+use crate::report::{CaptureReport, Engine};
+
+pub(super) use check::{check, fix_notes};
+
+/// `[measured]` etc.
+pub(crate) fn tag(l: Label) -> &'static str {
+    match l {
+        Label::Measured => "[measured]",
+        Label::Read => "[read]",
+        Label::Inferred => "[inferred]",
+        Label::Simulated => "[simulated]",
+    }
+}
+
+/// `report`: per capture, the headline sentence, the engine's sections, then the shared ones.
+pub(super) fn report(reports: &[CaptureReport], top: usize) -> String {
+    let mut out = String::new();
+    for (i, r) in reports.iter().enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        if reports.len() > 1 {
+            let _ = writeln!(out, "== {} ==", r.path.display());
+        }
+        let _ = writeln!(out, "{}\n", r.headline());
+        match &r.engine {
+            Engine::Torch(t) => torch::sections(&mut out, r, t, top),
+            Engine::Xla(x) => xla::sections(&mut out, r, x, top),
+        }
+        if matches!(&r.engine, Engine::Xla(x) if x.plan.is_none()) {
+            continue;
+        }
+        diagnosis(&mut out, r);
+        next_steps(&mut out, r);
+        uncertainty(&mut out, r);
+    }
+    out
+}
+
+/// Findings that diagnose (attribution hints are the top-sites rows already shown).
+fn diagnoses(r: &CaptureReport) -> impl Iterator<Item = &Finding> {
+    r.findings
+        .iter()
+        .filter(|f| f.code.kind() == Kind::Diagnosis)
+}
+
+fn at(f: &Finding) -> Option<String> {
+    f.location
+        .as_ref()
+        .map(|l| format!("{}:{}", l.file, l.line))
+}
+
+fn diagnosis(s: &mut String, r: &CaptureReport) {
+    let _ = writeln!(s, "Diagnosis");
+    if diagnoses(r).next().is_none() {
+        let _ = writeln!(
+            s,
+            "  {} {}",
+            match &r.engine {
+                Engine::Torch(_) =>
+                    "no leak, retention or OOM pattern matches this snapshot's evidence",
+                Engine::Xla(_) =>
+                    "no problem found: parameters donated or nothing to donate, no growth evidence, no single line dominates the peak",
+            },
+            tag(Label::Inferred)
+        );
+    }
+    for f in diagnoses(r) {
+        // The diagnosis is our reading of the evidence; the evidence lines carry their own labels.
+        let _ = writeln!(
+            s,
+            "  {} {} ({}){}: {} {}",
+            f.code,
+            f.code.pattern(),
+            f.severity.as_str(),
+            at(f).map(|a| format!(" at {a}")).unwrap_or_default(),
+            f.message,
+            tag(Label::Inferred)
+        );
+        for e in &f.evidence {
+            let _ = writeln!(s, "      {} {}", tag(e.label), e.text);
+        }
+    }
+    s.push('\n');
+}
+
+fn next_steps(s: &mut String, r: &CaptureReport) {
+    let _ = writeln!(s, "Next steps");
+    let mut n = 0;
+    for f in diagnoses(r) {
+        let at = at(f).map(|a| format!(" {a}")).unwrap_or_default();
+        for fix in &f.fixes {
+            n += 1;
+            // Savings are estimates: labelled, and said once.
+            let saving = match fix.saving_bytes.filter(|b| *b > 0) {
+                Some(b) if fix.title.contains(&fmt_bytes(b)) => {
+                    format!(" {}", tag(Label::Inferred))
+                }
+                Some(b) => format!(" — saves ~{} {}", fmt_bytes(b), tag(Label::Inferred)),
+                None => String::new(),
+            };
+            let cost = fix
+                .cost
+                .as_ref()
+                .map(|c| format!("; cost: {c}"))
+                .unwrap_or_default();
+            let _ = writeln!(s, "  {n}. {}{at}: {}{saving}{cost}", f.code, fix.title);
+        }
+    }
+    let extra = match &r.engine {
+        Engine::Torch(t) => torch::next_steps(r, t),
+        Engine::Xla(_) => xla::next_steps(),
+    };
+    for step in extra {
+        n += 1;
+        let _ = writeln!(s, "  {n}. {step}");
+    }
+    s.push('\n');
+}
+
+fn uncertainty(s: &mut String, r: &CaptureReport) {
+    let _ = writeln!(s, "Uncertainty");
+    let lines = match &r.engine {
+        Engine::Torch(t) => torch::uncertainty(t),
+        Engine::Xla(x) => xla::uncertainty(x),
+    };
+    for l in lines {
+        let _ = writeln!(s, "  - {l}");
+    }
+}
