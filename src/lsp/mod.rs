@@ -1,6 +1,7 @@
 //! The language server (the only module that sees LSP types).
 //!
-//! Layout: `server` holds the request and notification handlers, `main_loop` the one task that
+//! Layout: `server` implements the protocol and forwards each request to its handler in
+//! `handlers/` (one file per method) and each notification to the owner task; `main_loop` the one task that
 //! owns state, `workspace` scanning and watching, `index` the per-line data built from reports,
 //! `to_proto` every conversion to LSP types, `config` the settings.
 //!
@@ -30,6 +31,7 @@
 //!   `topSites`.
 
 pub mod config;
+pub mod handlers;
 pub mod index;
 pub mod main_loop;
 pub mod server;

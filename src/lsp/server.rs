@@ -13,11 +13,10 @@ use tower_lsp_server::jsonrpc::Result;
 use tower_lsp_server::ls_types::*;
 use tower_lsp_server::{Client, LanguageServer};
 
-use crate::findings::FixKind;
+use crate::lsp::handlers;
 use crate::lsp::main_loop::{Event, Owner};
 use crate::lsp::to_proto::{self, Encoding};
 use crate::lsp::{Caps, Doc, Shared};
-use crate::source::edits;
 
 pub const CMD_REANALYZE: &str = "memlsp.reanalyze";
 pub const CMD_EXPLAIN: &str = "memlsp.explain";
@@ -236,71 +235,35 @@ impl LanguageServer for Backend {
     }
 
     async fn hover(&self, p: HoverParams) -> Result<Option<Hover>> {
-        let pos = &p.text_document_position_params;
-        let Some(path) = doc_path(&pos.text_document.uri) else {
+        let Some(path) = doc_path(&p.text_document_position_params.text_document.uri) else {
             return Ok(None);
         };
-        let view = self.shared.view();
-        let Some(entry) = view.index.line(&path, pos.position.line.saturating_add(1)) else {
-            return Ok(None);
-        };
-        if entry.findings.is_empty() && entry.sites.is_empty() {
-            return Ok(None);
-        }
-        Ok(Some(Hover {
-            contents: HoverContents::Markup(MarkupContent {
-                kind: MarkupKind::Markdown,
-                value: to_proto::hover_markdown(entry, &view.frames, &view.roots),
-            }),
-            range: None,
-        }))
+        Ok(handlers::hover::hover(&self.shared.view(), &path, &p))
     }
 
     async fn inlay_hint(&self, p: InlayHintParams) -> Result<Option<Vec<InlayHint>>> {
         let Some(path) = doc_path(&p.text_document.uri) else {
             return Ok(None);
         };
-        let view = self.shared.view();
-        if !view.inlay_hints {
-            return Ok(Some(Vec::new()));
-        }
-        let Some(file) = view.index.files.get(&path) else {
-            return Ok(Some(Vec::new()));
-        };
+        // Hints are placed against the buffer the client has now.
         self.barrier().await;
         let text = self.text_of(&path).unwrap_or_default();
-        let first = p.range.start.line.saturating_add(1);
-        let last = p.range.end.line.saturating_add(1).max(first);
-        let hints = file
-            .lines
-            .range(first..=last)
-            .filter_map(|(line, entry)| {
-                let site = entry.top_site().filter(|s| {
-                    s.site.percent >= view.inlay_min_percent && s.site.bytes >= view.inlay_min_bytes
-                })?;
-                let line0 = line - 1;
-                let lt = to_proto::line_of(&text, line0)?;
-                Some(to_proto::inlay_hint(site, line0, lt, view.encoding))
-            })
-            .collect();
-        Ok(Some(hints))
+        Ok(Some(handlers::inlay_hint::inlay_hints(
+            &self.shared.view(),
+            &path,
+            &text,
+            &p,
+        )))
     }
 
     async fn diagnostic(
         &self,
         p: DocumentDiagnosticParams,
     ) -> Result<DocumentDiagnosticReportResult> {
-        let items = doc_path(&p.text_document.uri)
-            .and_then(|path| self.shared.view().diagnostics.get(&path).cloned())
-            .unwrap_or_default();
-        Ok(DocumentDiagnosticReportResult::Report(
-            DocumentDiagnosticReport::Full(RelatedFullDocumentDiagnosticReport {
-                related_documents: None,
-                full_document_diagnostic_report: FullDocumentDiagnosticReport {
-                    result_id: None,
-                    items,
-                },
-            }),
+        let path = doc_path(&p.text_document.uri);
+        Ok(handlers::diagnostic::diagnostic(
+            &self.shared.view(),
+            path.as_deref(),
         ))
     }
 
@@ -309,103 +272,17 @@ impl LanguageServer for Backend {
             return Ok(None);
         };
         self.barrier().await;
-        let view = self.shared.view();
-        let Some(file) = view.index.files.get(&path) else {
-            return Ok(None);
-        };
         let Some(text) = self.text_of(&path) else {
             return Ok(None);
         };
-        let caps = self.caps();
-        let published = view.diagnostics.get(&path);
-        let mut out = Vec::new();
-        let first = p.range.start.line.saturating_add(1);
-        let last = p.range.end.line.saturating_add(1).max(first);
-        for (line, entry) in file.lines.range(first..=last) {
-            for lf in &entry.findings {
-                let f = &lf.finding;
-                let diag = published.and_then(|ds| {
-                    ds.iter().find(|d| {
-                        d.range.start.line + 1 == *line
-                            && d.code == Some(NumberOrString::String(f.code.to_string()))
-                    })
-                });
-                for fix in &f.fixes {
-                    let mut action = CodeAction {
-                        title: fix.title.clone(),
-                        kind: Some(CodeActionKind::QUICKFIX),
-                        diagnostics: diag.map(|d| vec![d.clone()]),
-                        ..Default::default()
-                    };
-                    if fix.kind == FixKind::Advice {
-                        action.command = Some(Command {
-                            title: fix.title.clone(),
-                            command: CMD_EXPLAIN.into(),
-                            arguments: Some(vec![json!({
-                                "code": f.code,
-                                "title": fix.title,
-                                "url": f.code.docs_url(),
-                            })]),
-                        });
-                        out.push(CodeActionOrCommand::CodeAction(action));
-                        continue;
-                    }
-                    // An allocator setting belongs in the entry script (the outermost user
-                    // frame), before anything imports torch; every other fix edits this line.
-                    let (target, target_line) = match (&fix.kind, &fix.target) {
-                        (FixKind::AllocConf { .. }, Some(t)) => (t.file.clone(), t.line),
-                        _ => (path.clone(), *line),
-                    };
-                    let target_text = if target == path {
-                        Some(text.clone())
-                    } else {
-                        self.text_of(&target)
-                    };
-                    let target_str = target.to_string_lossy().into_owned();
-                    // A bug in edit computation must not take the server down.
-                    let edits = match &target_text {
-                        Some(t) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            edits::edits_for(&fix.kind, &target_str, t, target_line)
-                        }))
-                        .unwrap_or_else(|_| Err(edits::NoEdit("computing the edit failed".into()))),
-                        None => Err(edits::NoEdit(format!("cannot read {target_str}"))),
-                    };
-                    let ws_edit = match &edits {
-                        Ok(e) if !e.is_empty() => to_proto::workspace_edit(
-                            e,
-                            &|f: &str| {
-                                if f == target_str {
-                                    target_text.clone()
-                                } else {
-                                    self.text_of(Path::new(f))
-                                }
-                            },
-                            &|f: &str| to_proto::uri(Path::new(f)),
-                            view.encoding,
-                        ),
-                        _ => None,
-                    };
-                    match ws_edit {
-                        Some(edit) => {
-                            action.edit = Some(edit);
-                            action.is_preferred = Some(fix.preferred);
-                        }
-                        None => {
-                            let reason = match edits {
-                                Err(edits::NoEdit(r)) => r,
-                                Ok(_) => "nothing to change on this line".into(),
-                            };
-                            action.title = format!("{} (no edit: {reason})", fix.title);
-                            if caps.disabled_code_actions {
-                                action.disabled = Some(CodeActionDisabled { reason });
-                            }
-                        }
-                    }
-                    out.push(CodeActionOrCommand::CodeAction(action));
-                }
-            }
-        }
-        Ok(Some(out))
+        Ok(Some(handlers::code_action::code_actions(
+            &self.shared.view(),
+            &path,
+            &text,
+            &p,
+            &|f| self.text_of(f),
+            self.caps().disabled_code_actions,
+        )))
     }
 
     async fn execute_command(&self, p: ExecuteCommandParams) -> Result<Option<LSPAny>> {

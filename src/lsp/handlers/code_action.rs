@@ -1,0 +1,120 @@
+//! `textDocument/codeAction`: each fix of each finding on the requested lines, as a real edit
+//! computed against the current text (the buffer, or the file), or a command that explains.
+
+use std::path::Path;
+
+use serde_json::json;
+use tower_lsp_server::ls_types::*;
+
+use crate::findings::FixKind;
+use crate::lsp::View;
+use crate::lsp::server::CMD_EXPLAIN;
+use crate::lsp::to_proto;
+use crate::source::edits;
+
+/// Actions for the lines of `p.range` of `path`; `text` is its current text, `text_of` gives
+/// other files' (an allocator setting goes into the entry script); `disabled_support` says
+/// whether the client shows disabled actions with their reason.
+pub fn code_actions(
+    view: &View,
+    path: &Path,
+    text: &str,
+    p: &CodeActionParams,
+    text_of: &dyn Fn(&Path) -> Option<String>,
+    disabled_support: bool,
+) -> Vec<CodeActionOrCommand> {
+    let Some(file) = view.index.files.get(path) else {
+        return Vec::new();
+    };
+    let path = path.to_path_buf();
+    let text = text.to_string();
+    let published = view.diagnostics.get(&path);
+    let mut out = Vec::new();
+    let first = p.range.start.line.saturating_add(1);
+    let last = p.range.end.line.saturating_add(1).max(first);
+    for (line, entry) in file.lines.range(first..=last) {
+        for lf in &entry.findings {
+            let f = &lf.finding;
+            let diag = published.and_then(|ds| {
+                ds.iter().find(|d| {
+                    d.range.start.line + 1 == *line
+                        && d.code == Some(NumberOrString::String(f.code.to_string()))
+                })
+            });
+            for fix in &f.fixes {
+                let mut action = CodeAction {
+                    title: fix.title.clone(),
+                    kind: Some(CodeActionKind::QUICKFIX),
+                    diagnostics: diag.map(|d| vec![d.clone()]),
+                    ..Default::default()
+                };
+                if fix.kind == FixKind::Advice {
+                    action.command = Some(Command {
+                        title: fix.title.clone(),
+                        command: CMD_EXPLAIN.into(),
+                        arguments: Some(vec![json!({
+                            "code": f.code,
+                            "title": fix.title,
+                            "url": f.code.docs_url(),
+                        })]),
+                    });
+                    out.push(CodeActionOrCommand::CodeAction(action));
+                    continue;
+                }
+                // An allocator setting belongs in the entry script (the outermost user
+                // frame), before anything imports torch; every other fix edits this line.
+                let (target, target_line) = match (&fix.kind, &fix.target) {
+                    (FixKind::AllocConf { .. }, Some(t)) => (t.file.clone(), t.line),
+                    _ => (path.clone(), *line),
+                };
+                let target_text = if target == path {
+                    Some(text.clone())
+                } else {
+                    text_of(&target)
+                };
+                let target_str = target.to_string_lossy().into_owned();
+                // A bug in edit computation must not take the server down.
+                let edits = match &target_text {
+                    Some(t) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        edits::edits_for(&fix.kind, &target_str, t, target_line)
+                    }))
+                    .unwrap_or_else(|_| Err(edits::NoEdit("computing the edit failed".into()))),
+                    None => Err(edits::NoEdit(format!("cannot read {target_str}"))),
+                };
+                let ws_edit = match &edits {
+                    Ok(e) if !e.is_empty() => to_proto::workspace_edit(
+                        e,
+                        &|f: &str| {
+                            if f == target_str {
+                                target_text.clone()
+                            } else {
+                                text_of(Path::new(f))
+                            }
+                        },
+                        &|f: &str| to_proto::uri(Path::new(f)),
+                        view.encoding,
+                    ),
+                    _ => None,
+                };
+                match ws_edit {
+                    Some(edit) => {
+                        action.edit = Some(edit);
+                        action.is_preferred = Some(fix.preferred);
+                    }
+                    None => {
+                        let reason = match edits {
+                            Err(edits::NoEdit(r)) => r,
+                            Ok(_) => "nothing to change on this line".into(),
+                        };
+                        action.title = format!("{} (no edit: {reason})", fix.title);
+                        if disabled_support {
+                            action.disabled = Some(CodeActionDisabled { reason });
+                        }
+                    }
+                }
+                out.push(CodeActionOrCommand::CodeAction(action));
+            }
+        }
+    }
+    out
+}
