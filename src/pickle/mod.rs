@@ -5,6 +5,8 @@
 //! arena node per object and a memo of node ids, so sharing is preserved and nothing is cloned.
 //! Code opcodes (`GLOBAL`, `REDUCE`, `BUILD`, …) become inert records; see [`vm`].
 
+pub mod opcodes;
+pub mod sink;
 pub mod value;
 pub mod vm;
 

@@ -10,6 +10,8 @@
 
 use rustc_hash::FxHashMap;
 
+use super::opcodes as op;
+pub use super::sink::Sink;
 use super::value::{Node, Tree, Val};
 
 /// Why decoding stopped.
@@ -59,46 +61,6 @@ impl Default for Limits {
             max_stack: 1 << 22,
             refuse_globals: false,
         }
-    }
-}
-
-/// Receives the dict items of designated lists while they are decoded, so a caller can turn
-/// millions of small dicts into its own compact records instead of keeping them in the tree.
-///
-/// A list is streamed when it is an item of a list that is the value of the dict key
-/// [`Sink::key`] — for a PyTorch snapshot, each per-device list of `device_traces`. Streamed
-/// lists become [`Node::StreamedList`] (a count), their dicts [`Node::Consumed`].
-pub trait Sink {
-    /// The dict key whose value is a list of lists to stream.
-    fn key(&self) -> &str;
-    /// One dict of streamed list number `list` (numbered in creation order), as its items in
-    /// order: `[key, value, key, value, …]`. An `Err` stops decoding with that message at the
-    /// current offset.
-    fn entry(&mut self, tree: &Tree<'_>, list: u32, pairs: &[Val]) -> Result<(), String>;
-    /// `offset` bytes of input are consumed (called every few MiB), e.g. to release pages.
-    fn progress(&mut self, _offset: usize) {}
-    /// Whether lists that are values of streamed dicts go to [`Sink::sequence`] instead of the
-    /// tree (a snapshot's frames lists: one fresh list of 30–120 frames per trace entry, which
-    /// would otherwise be most of the decoded graph).
-    fn takes_sequences(&self) -> bool {
-        false
-    }
-    /// A new such list: its sequence number (below `u32::MAX`), which the list's value carries
-    /// ([`Tree::sunk`]) wherever it is referenced.
-    fn new_sequence(&mut self) -> Result<u32, String> {
-        Err("this sink does not take lists".into())
-    }
-    /// Sequence `seq`, still empty, is about to receive exactly the items of `raw`: a run of
-    /// fewer than 1000 `BINGET`/`LONG_BINGET` opcodes (with their memo indices) ending at an
-    /// `APPENDS`. While `generation` is unchanged no memo slot was overwritten, so equal bytes
-    /// mean equal items: a sink that saw the same run before may fill the sequence from it and
-    /// return `true`, and the VM skips the run; with `false` the items follow as usual.
-    fn sequence_run(&mut self, _seq: u32, _raw: &[u8], _generation: u64) -> Result<bool, String> {
-        Ok(false)
-    }
-    /// Items appended to sequence `seq` (lists over 1000 items arrive in several batches).
-    fn sequence(&mut self, _tree: &Tree<'_>, _seq: u32, _items: &[Val]) -> Result<(), String> {
-        Err("this sink does not take lists".into())
     }
 }
 
@@ -508,8 +470,8 @@ impl<'a> Vm<'a, '_> {
             let Some(&op) = d.get(p) else { break };
             let arg = p + 1;
             let (v, next) = match op {
-                b'h' | b'j' => {
-                    let (idx, next) = if op == b'h' {
+                op::BINGET | op::LONG_BINGET => {
+                    let (idx, next) = if op == op::BINGET {
                         match d.get(arg) {
                             Some(&b) => (b as usize, arg + 1),
                             None => break,
@@ -528,11 +490,11 @@ impl<'a> Vm<'a, '_> {
                         None => break,
                     }
                 }
-                b'K' => match d.get(arg) {
+                op::BININT1 => match d.get(arg) {
                     Some(&b) => (Val::small_int(b as i64).unwrap_or(Val::NONE), arg + 1),
                     None => break,
                 },
-                b'M' => match d.get(arg..arg + 2) {
+                op::BININT2 => match d.get(arg..arg + 2) {
                     Some(s) => (
                         Val::small_int(u16::from_le_bytes([s[0], s[1]]) as i64)
                             .unwrap_or(Val::NONE),
@@ -540,7 +502,7 @@ impl<'a> Vm<'a, '_> {
                     ),
                     None => break,
                 },
-                b'J' => match d.get(arg..arg + 4) {
+                op::BININT => match d.get(arg..arg + 4) {
                     Some(s) => (
                         Val::small_int(i32::from_le_bytes([s[0], s[1], s[2], s[3]]) as i64)
                             .unwrap_or(Val::NONE),
@@ -548,7 +510,7 @@ impl<'a> Vm<'a, '_> {
                     ),
                     None => break,
                 },
-                0x8a => {
+                op::LONG1 => {
                     // LONG1 of 1..=7 bytes always fits an inline int.
                     let n = match d.get(arg) {
                         Some(&n) if (1..=7).contains(&n) => n as usize,
@@ -568,7 +530,7 @@ impl<'a> Vm<'a, '_> {
                         None => break,
                     }
                 }
-                0x8c => {
+                op::SHORT_BINUNICODE => {
                     let n = match d.get(arg) {
                         Some(&n) => n as usize,
                         None => break,
@@ -581,7 +543,7 @@ impl<'a> Vm<'a, '_> {
                         _ => break,
                     }
                 }
-                0x94 => {
+                op::MEMOIZE => {
                     // MEMOIZE the top of the stack (not across a MARK).
                     match self.stack.last() {
                         Some(&v) if self.marks.last().is_none_or(|&m| m < self.stack.len()) => {
@@ -617,14 +579,14 @@ impl<'a> Vm<'a, '_> {
         let (mut q, mut items) = (start, 0);
         while items < 1000 {
             match d.get(q) {
-                Some(b'h') => q += 2,
-                Some(b'j') => q += 5,
+                Some(&op::BINGET) => q += 2,
+                Some(&op::LONG_BINGET) => q += 5,
                 _ => break,
             }
             items += 1;
         }
         // A batch of 1000 may be followed by more for the same list.
-        if items >= 1000 || q >= d.len() || d[q] != b'e' {
+        if items >= 1000 || q >= d.len() || d[q] != op::APPENDS {
             return Ok(false);
         }
         let Some(sink) = self.sink.as_deref_mut() else {
@@ -1044,7 +1006,7 @@ impl<'a> Vm<'a, '_> {
             self.p += 1;
             match op {
                 // ---- framing / control ----
-                0x80 => {
+                op::PROTO => {
                     let proto = self.byte()?;
                     if proto > 5 {
                         return Err(
@@ -1053,7 +1015,7 @@ impl<'a> Vm<'a, '_> {
                     }
                     self.tree.protocol = Some(proto);
                 }
-                0x95 => {
+                op::FRAME => {
                     let n = self.u64()?;
                     // A frame only announces how many bytes follow; opcodes are read as usual.
                     let left = (self.d.len() - self.p) as u64;
@@ -1067,12 +1029,12 @@ impl<'a> Vm<'a, '_> {
                         });
                     }
                 }
-                b'.' => {
+                op::STOP => {
                     let root = self.pop()?;
                     self.tree.root = root;
                     return Ok(());
                 }
-                b'(' => {
+                op::MARK => {
                     if self.marks.len() >= self.limits.max_depth as usize {
                         return Err(self.err(
                             Limit,
@@ -1081,7 +1043,7 @@ impl<'a> Vm<'a, '_> {
                     }
                     self.marks.push(self.stack.len());
                 }
-                b'0' => {
+                op::POP => {
                     // POP: discards the top item, or the topmost mark if it is on top.
                     if self.marks.last() == Some(&self.stack.len()) {
                         self.marks.pop();
@@ -1089,37 +1051,37 @@ impl<'a> Vm<'a, '_> {
                         self.pop()?;
                     }
                 }
-                b'1' => {
+                op::POP_MARK => {
                     let m = self.pop_mark()?;
                     self.stack.truncate(m);
                 }
-                b'2' => {
+                op::DUP => {
                     let v = self.top()?;
                     self.push(v)?;
                 }
                 // ---- constants and numbers ----
-                b'N' => self.push(Val::NONE)?,
-                0x88 => self.push(Val::TRUE)?,
-                0x89 => self.push(Val::FALSE)?,
-                b'K' => {
+                op::NONE => self.push(Val::NONE)?,
+                op::NEWTRUE => self.push(Val::TRUE)?,
+                op::NEWFALSE => self.push(Val::FALSE)?,
+                op::BININT1 => {
                     let b = self.byte()?;
                     self.push(Val::small_int(b as i64).unwrap_or(Val::NONE))?;
                 }
-                b'M' => {
+                op::BININT2 => {
                     let v = self.u16()?;
                     self.push(Val::small_int(v as i64).unwrap_or(Val::NONE))?;
                 }
-                b'J' => {
+                op::BININT => {
                     let v = self.u32()? as i32 as i64;
                     self.push(Val::small_int(v).unwrap_or(Val::NONE))?;
                 }
-                0x8a => {
+                op::LONG1 => {
                     let n = self.byte()? as usize;
                     let b = self.take(n)?;
                     let v = self.new_long(b)?;
                     self.push(v)?;
                 }
-                0x8b => {
+                op::LONG4 => {
                     let n = self.u32()? as i32;
                     if n < 0 {
                         return Err(self.err(Invalid, "LONG4 with a negative length"));
@@ -1129,100 +1091,35 @@ impl<'a> Vm<'a, '_> {
                     let v = self.new_long(b)?;
                     self.push(v)?;
                 }
-                b'G' => {
+                op::BINFLOAT => {
                     let b = self.take(8)?;
                     let mut a = [0u8; 8];
                     a.copy_from_slice(b);
                     let v = self.new_node(Node::Float(f64::from_be_bytes(a)))?;
                     self.push(v)?;
                 }
-                b'I' => {
-                    let line = self.line()?;
-                    let v = match line {
-                        b"01" => Val::TRUE,
-                        b"00" => Val::FALSE,
-                        _ => {
-                            let s = std::str::from_utf8(line)
-                                .ok()
-                                .and_then(|s| s.trim().parse::<i64>().ok());
-                            match s {
-                                Some(i) => self.int_val(i)?,
-                                None => {
-                                    return Err(self.err(Invalid, "INT with a malformed number"));
-                                }
-                            }
-                        }
-                    };
-                    self.push(v)?;
-                }
-                b'L' => {
-                    let line = self.line()?;
-                    let text = std::str::from_utf8(line)
-                        .unwrap_or("")
-                        .trim()
-                        .trim_end_matches('L');
-                    let v = match text.parse::<i128>() {
-                        Ok(i) => {
-                            let bytes = i.to_le_bytes();
-                            self.new_long(&bytes)?
-                        }
-                        Err(_) => {
-                            return Err(
-                                self.err(Invalid, "LONG with a malformed or over-128-bit number")
-                            );
-                        }
-                    };
-                    self.push(v)?;
-                }
-                b'F' => {
-                    let line = self.line()?;
-                    let f = std::str::from_utf8(line)
-                        .ok()
-                        .and_then(|s| s.trim().parse::<f64>().ok());
-                    let Some(f) = f else {
-                        return Err(self.err(Invalid, "FLOAT with a malformed number"));
-                    };
-                    let v = self.new_node(Node::Float(f))?;
-                    self.push(v)?;
-                }
                 // ---- strings and bytes ----
-                0x8c => {
+                op::SHORT_BINUNICODE => {
                     let n = self.byte()? as usize;
                     let b = self.take(n)?;
                     let v = self.new_str(b)?;
                     self.push(v)?;
                 }
-                b'X' => {
+                op::BINUNICODE => {
                     let n = self.u32()? as u64;
                     let n = self.len_of(n)?;
                     let b = self.take(n)?;
                     let v = self.new_str(b)?;
                     self.push(v)?;
                 }
-                0x8d => {
+                op::BINUNICODE8 => {
                     let n = self.u64()?;
                     let n = self.len_of(n)?;
                     let b = self.take(n)?;
                     let v = self.new_str(b)?;
                     self.push(v)?;
                 }
-                b'V' => {
-                    let line = self.line()?;
-                    let s = raw_unicode_unescape(line);
-                    let v = self.new_node(Node::OwnedStr(Box::new(s)))?;
-                    self.push(v)?;
-                }
-                b'S' => {
-                    let line = self.line()?;
-                    let Some(s) = py_repr_unquote(line) else {
-                        return Err(self.err(Invalid, "STRING argument is not a quoted string"));
-                    };
-                    let v = self.new_node(Node::OwnedStr(Box::new(
-                        String::from_utf8_lossy(&s).into_owned(),
-                    )))?;
-                    self.push(v)?;
-                }
-                b'T' => {
+                op::BINSTRING => {
                     let n = self.u32()? as i32;
                     if n < 0 {
                         return Err(self.err(Invalid, "BINSTRING with a negative length"));
@@ -1232,26 +1129,26 @@ impl<'a> Vm<'a, '_> {
                     let v = self.text_str(b)?;
                     self.push(v)?;
                 }
-                b'U' => {
+                op::SHORT_BINSTRING => {
                     let n = self.byte()? as usize;
                     let b = self.take(n)?;
                     let v = self.text_str(b)?;
                     self.push(v)?;
                 }
-                b'B' => {
+                op::BINBYTES => {
                     let n = self.u32()? as u64;
                     let n = self.len_of(n)?;
                     let b = self.take(n)?;
                     let v = self.new_bytes(b)?;
                     self.push(v)?;
                 }
-                b'C' => {
+                op::SHORT_BINBYTES => {
                     let n = self.byte()? as usize;
                     let b = self.take(n)?;
                     let v = self.new_bytes(b)?;
                     self.push(v)?;
                 }
-                0x8e | 0x96 => {
+                op::BINBYTES8 | op::BYTEARRAY8 => {
                     let n = self.u64()?;
                     let n = self.len_of(n)?;
                     let b = self.take(n)?;
@@ -1259,7 +1156,7 @@ impl<'a> Vm<'a, '_> {
                     self.push(v)?;
                 }
                 // ---- containers ----
-                b']' => {
+                op::EMPTY_LIST => {
                     let streamed = self.starts_streamed_list();
                     let v = if streamed {
                         let ordinal = self.streamed;
@@ -1281,13 +1178,13 @@ impl<'a> Vm<'a, '_> {
                     };
                     self.push(v)?;
                 }
-                b'l' => {
+                op::LIST => {
                     let m = self.pop_mark()?;
                     let v = self.new_node(Node::List { start: 0, len: 0 })?;
                     self.append_items(v, m)?;
                     self.push(v)?;
                 }
-                b'}' => {
+                op::EMPTY_DICT => {
                     let v = match self.streamed_parent(self.stack.len()) {
                         Some(ordinal) => Val::stream_dict(ordinal),
                         None => self.new_node(Node::Dict {
@@ -1297,7 +1194,7 @@ impl<'a> Vm<'a, '_> {
                     };
                     self.push(v)?;
                 }
-                b'd' => {
+                op::DICT => {
                     let m = self.pop_mark()?;
                     let v = self.new_node(Node::Dict {
                         shape: u32::MAX,
@@ -1306,17 +1203,17 @@ impl<'a> Vm<'a, '_> {
                     self.set_items(v, m)?;
                     self.push(v)?;
                 }
-                b')' => {
+                op::EMPTY_TUPLE => {
                     let v = self.tuple_of(&[])?;
                     self.push(v)?;
                 }
-                b't' => {
+                op::TUPLE => {
                     let m = self.pop_mark()?;
                     let v = self.tuple_from(m)?;
                     self.push(v)?;
                 }
-                0x85..=0x87 => {
-                    let n = (op - 0x84) as usize;
+                op::TUPLE1..=op::TUPLE3 => {
+                    let n = (op - op::TUPLE1 + 1) as usize;
                     let floor = self.marks.last().copied().unwrap_or(0);
                     if self.stack.len() < floor + n {
                         return Err(self.err(Invalid, "stack underflow building a tuple"));
@@ -1325,19 +1222,19 @@ impl<'a> Vm<'a, '_> {
                     let v = self.tuple_from(from)?;
                     self.push(v)?;
                 }
-                b'a' => {
+                op::APPEND => {
                     let item = self.pop()?;
                     let list = self.top()?;
                     self.push(item)?;
                     let from = self.stack.len() - 1;
                     self.append_items(list, from)?;
                 }
-                b'e' => {
+                op::APPENDS => {
                     let m = self.pop_mark()?;
                     let list = self.top_below(m)?;
                     self.append_items(list, m)?;
                 }
-                b's' => {
+                op::SETITEM => {
                     let v = self.pop()?;
                     let k = self.pop()?;
                     let dict = self.top()?;
@@ -1346,16 +1243,16 @@ impl<'a> Vm<'a, '_> {
                     let from = self.stack.len() - 2;
                     self.set_items(dict, from)?;
                 }
-                b'u' => {
+                op::SETITEMS => {
                     let m = self.pop_mark()?;
                     let dict = self.top_below(m)?;
                     self.set_items(dict, m)?;
                 }
-                0x8f => {
+                op::EMPTY_SET => {
                     let v = self.new_node(Node::Set(Box::default()))?;
                     self.push(v)?;
                 }
-                0x90 => {
+                op::ADDITEMS => {
                     let m = self.pop_mark()?;
                     let set = self.top_below(m)?;
                     if !matches!(self.tree.node_mut(set), Some(Node::Set(_))) {
@@ -1363,7 +1260,7 @@ impl<'a> Vm<'a, '_> {
                     }
                     self.append_items(set, m)?;
                 }
-                0x91 => {
+                op::FROZENSET => {
                     let m = self.pop_mark()?;
                     let items: Vec<Val> = self.stack.drain(m..).collect();
                     let v = self.new_node(Node::Set(Box::new(items.clone())))?;
@@ -1371,27 +1268,23 @@ impl<'a> Vm<'a, '_> {
                     self.push(v)?;
                 }
                 // ---- memo ----
-                0x94 => {
+                op::MEMOIZE => {
                     let v = self.top()?;
                     self.memo.push(v);
                 }
-                b'q' => {
+                op::BINPUT => {
                     let i = self.byte()? as usize;
                     self.memo_put(i)?;
                 }
-                b'r' => {
+                op::LONG_BINPUT => {
                     let i = self.u32()? as usize;
                     self.memo_put(i)?;
                 }
-                b'p' => {
-                    let i = self.text_index("PUT")?;
-                    self.memo_put(i)?;
-                }
-                b'h' | b'j' => {
+                op::BINGET | op::LONG_BINGET => {
                     // A frames list seen before is skipped whole; otherwise this reference and
                     // the simple opcodes after it run in the fast loop.
                     if !(self.sink_sequences && self.skip_known_run()?) {
-                        let i = if op == b'h' {
+                        let i = if op == op::BINGET {
                             self.byte()? as usize
                         } else {
                             self.u32()? as usize
@@ -1400,116 +1293,9 @@ impl<'a> Vm<'a, '_> {
                         self.fast_ops();
                     }
                 }
-                b'g' => {
-                    let i = self.text_index("GET")?;
-                    self.memo_get(i)?;
-                }
                 // ---- code: recorded, never executed ----
-                b'c' => {
-                    let module = self.line()?;
-                    let name = self.line()?;
-                    if self.limits.refuse_globals {
-                        let (m, n) = (
-                            String::from_utf8_lossy(module),
-                            String::from_utf8_lossy(name),
-                        );
-                        return Err(self.refuse_code(&format!("{m}.{n}")));
-                    }
-                    let m = self.text_str(module)?;
-                    let n = self.text_str(name)?;
-                    let v = self.new_node(Node::Global(Box::new((m, n))))?;
-                    self.push(v)?;
-                }
-                0x93 => {
-                    let name = self.pop()?;
-                    let module = self.pop()?;
-                    if self.limits.refuse_globals {
-                        let what = format!(
-                            "{}.{}",
-                            self.tree.str(module).unwrap_or("?"),
-                            self.tree.str(name).unwrap_or("?")
-                        );
-                        return Err(self.refuse_code(&what));
-                    }
-                    let v = self.new_node(Node::Global(Box::new((module, name))))?;
-                    self.push(v)?;
-                }
-                b'R' => {
-                    let args = self.pop()?;
-                    let callable = self.pop()?;
-                    let v = self.record_call(callable, args, Val::NONE)?;
-                    self.push(v)?;
-                }
-                0x81 => {
-                    let args = self.pop()?;
-                    let cls = self.pop()?;
-                    let v = self.record_call(cls, args, Val::NONE)?;
-                    self.push(v)?;
-                }
-                0x92 => {
-                    let kwargs = self.pop()?;
-                    let args = self.pop()?;
-                    let cls = self.pop()?;
-                    let both = self.tuple_of(&[args, kwargs])?;
-                    let v = self.record_call(cls, both, Val::NONE)?;
-                    self.push(v)?;
-                }
-                b'b' => {
-                    let state = self.pop()?;
-                    let obj = self.pop()?;
-                    let v = self.record_call(obj, Val::NONE, state)?;
-                    self.push(v)?;
-                }
-                b'i' => {
-                    let module = self.line()?;
-                    let name = self.line()?;
-                    if self.limits.refuse_globals {
-                        let (m, n) = (
-                            String::from_utf8_lossy(module),
-                            String::from_utf8_lossy(name),
-                        );
-                        return Err(self.refuse_code(&format!("{m}.{n}")));
-                    }
-                    let m = self.pop_mark()?;
-                    let args = self.tuple_from(m)?;
-                    let mv = self.text_str(module)?;
-                    let nv = self.text_str(name)?;
-                    let g = self.new_node(Node::Global(Box::new((mv, nv))))?;
-                    let v = self.record_call(g, args, Val::NONE)?;
-                    self.push(v)?;
-                }
-                b'o' => {
-                    let m = self.pop_mark()?;
-                    if self.stack.len() <= m {
-                        return Err(self.err(Invalid, "OBJ without a class"));
-                    }
-                    let cls = self.stack[m];
-                    let args = self.tuple_from(m + 1)?;
-                    self.stack.truncate(m);
-                    let v = self.record_call(cls, args, Val::NONE)?;
-                    self.push(v)?;
-                }
-                b'P' | b'Q' => {
-                    return Err(self.err(
-                        Refused,
-                        "persistent ids (PERSID) are not supported: this is not a memory snapshot",
-                    ));
-                }
-                0x82..=0x84 => {
-                    return Err(self.err(
-                        Refused,
-                        "extension-registry opcodes (EXT1/2/4) are not supported",
-                    ));
-                }
-                0x97 | 0x98 => {
-                    return Err(self.err(
-                        Refused,
-                        "out-of-band buffers (pickle protocol 5 NEXT_BUFFER) are not supported",
-                    ));
-                }
-                _ => {
-                    return Err(self.err(Invalid, format!("unknown pickle opcode 0x{op:02x}")));
-                }
+                // Protocol-0 text opcodes, objects and globals: rare in snapshots.
+                _ => self.rare_op(op)?,
             }
         }
     }
@@ -1530,6 +1316,194 @@ impl<'a> Vm<'a, '_> {
             return Err(self.err(PickleErrorKind::Invalid, "no object below the MARK"));
         }
         Ok(self.stack[mark - 1])
+    }
+
+    /// The opcodes a snapshot rarely or never uses: protocol-0 text forms, memo text forms,
+    /// globals and object construction (recorded as inert nodes, never executed), extensions,
+    /// out-of-band buffers, and unknown opcodes.
+    fn rare_op(&mut self, op: u8) -> R<()> {
+        use PickleErrorKind::*;
+        match op {
+            op::INT => {
+                let line = self.line()?;
+                let v = match line {
+                    b"01" => Val::TRUE,
+                    b"00" => Val::FALSE,
+                    _ => {
+                        let s = std::str::from_utf8(line)
+                            .ok()
+                            .and_then(|s| s.trim().parse::<i64>().ok());
+                        match s {
+                            Some(i) => self.int_val(i)?,
+                            None => {
+                                return Err(self.err(Invalid, "INT with a malformed number"));
+                            }
+                        }
+                    }
+                };
+                self.push(v)?;
+            }
+            op::LONG => {
+                let line = self.line()?;
+                let text = std::str::from_utf8(line)
+                    .unwrap_or("")
+                    .trim()
+                    .trim_end_matches('L');
+                let v = match text.parse::<i128>() {
+                    Ok(i) => {
+                        let bytes = i.to_le_bytes();
+                        self.new_long(&bytes)?
+                    }
+                    Err(_) => {
+                        return Err(
+                            self.err(Invalid, "LONG with a malformed or over-128-bit number")
+                        );
+                    }
+                };
+                self.push(v)?;
+            }
+            op::FLOAT => {
+                let line = self.line()?;
+                let f = std::str::from_utf8(line)
+                    .ok()
+                    .and_then(|s| s.trim().parse::<f64>().ok());
+                let Some(f) = f else {
+                    return Err(self.err(Invalid, "FLOAT with a malformed number"));
+                };
+                let v = self.new_node(Node::Float(f))?;
+                self.push(v)?;
+            }
+            op::UNICODE => {
+                let line = self.line()?;
+                let s = raw_unicode_unescape(line);
+                let v = self.new_node(Node::OwnedStr(Box::new(s)))?;
+                self.push(v)?;
+            }
+            op::STRING => {
+                let line = self.line()?;
+                let Some(s) = py_repr_unquote(line) else {
+                    return Err(self.err(Invalid, "STRING argument is not a quoted string"));
+                };
+                let v = self.new_node(Node::OwnedStr(Box::new(
+                    String::from_utf8_lossy(&s).into_owned(),
+                )))?;
+                self.push(v)?;
+            }
+            op::PUT => {
+                let i = self.text_index("PUT")?;
+                self.memo_put(i)?;
+            }
+            op::GET => {
+                let i = self.text_index("GET")?;
+                self.memo_get(i)?;
+            }
+            op::GLOBAL => {
+                let module = self.line()?;
+                let name = self.line()?;
+                if self.limits.refuse_globals {
+                    let (m, n) = (
+                        String::from_utf8_lossy(module),
+                        String::from_utf8_lossy(name),
+                    );
+                    return Err(self.refuse_code(&format!("{m}.{n}")));
+                }
+                let m = self.text_str(module)?;
+                let n = self.text_str(name)?;
+                let v = self.new_node(Node::Global(Box::new((m, n))))?;
+                self.push(v)?;
+            }
+            op::STACK_GLOBAL => {
+                let name = self.pop()?;
+                let module = self.pop()?;
+                if self.limits.refuse_globals {
+                    let what = format!(
+                        "{}.{}",
+                        self.tree.str(module).unwrap_or("?"),
+                        self.tree.str(name).unwrap_or("?")
+                    );
+                    return Err(self.refuse_code(&what));
+                }
+                let v = self.new_node(Node::Global(Box::new((module, name))))?;
+                self.push(v)?;
+            }
+            op::REDUCE => {
+                let args = self.pop()?;
+                let callable = self.pop()?;
+                let v = self.record_call(callable, args, Val::NONE)?;
+                self.push(v)?;
+            }
+            op::NEWOBJ => {
+                let args = self.pop()?;
+                let cls = self.pop()?;
+                let v = self.record_call(cls, args, Val::NONE)?;
+                self.push(v)?;
+            }
+            op::NEWOBJ_EX => {
+                let kwargs = self.pop()?;
+                let args = self.pop()?;
+                let cls = self.pop()?;
+                let both = self.tuple_of(&[args, kwargs])?;
+                let v = self.record_call(cls, both, Val::NONE)?;
+                self.push(v)?;
+            }
+            op::BUILD => {
+                let state = self.pop()?;
+                let obj = self.pop()?;
+                let v = self.record_call(obj, Val::NONE, state)?;
+                self.push(v)?;
+            }
+            op::INST => {
+                let module = self.line()?;
+                let name = self.line()?;
+                if self.limits.refuse_globals {
+                    let (m, n) = (
+                        String::from_utf8_lossy(module),
+                        String::from_utf8_lossy(name),
+                    );
+                    return Err(self.refuse_code(&format!("{m}.{n}")));
+                }
+                let m = self.pop_mark()?;
+                let args = self.tuple_from(m)?;
+                let mv = self.text_str(module)?;
+                let nv = self.text_str(name)?;
+                let g = self.new_node(Node::Global(Box::new((mv, nv))))?;
+                let v = self.record_call(g, args, Val::NONE)?;
+                self.push(v)?;
+            }
+            op::OBJ => {
+                let m = self.pop_mark()?;
+                if self.stack.len() <= m {
+                    return Err(self.err(Invalid, "OBJ without a class"));
+                }
+                let cls = self.stack[m];
+                let args = self.tuple_from(m + 1)?;
+                self.stack.truncate(m);
+                let v = self.record_call(cls, args, Val::NONE)?;
+                self.push(v)?;
+            }
+            op::PERSID | op::BINPERSID => {
+                return Err(self.err(
+                    Refused,
+                    "persistent ids (PERSID) are not supported: this is not a memory snapshot",
+                ));
+            }
+            op::EXT1..=op::EXT4 => {
+                return Err(self.err(
+                    Refused,
+                    "extension-registry opcodes (EXT1/2/4) are not supported",
+                ));
+            }
+            op::NEXT_BUFFER | op::READONLY_BUFFER => {
+                return Err(self.err(
+                    Refused,
+                    "out-of-band buffers (pickle protocol 5 NEXT_BUFFER) are not supported",
+                ));
+            }
+            _ => {
+                return Err(self.err(Invalid, format!("unknown pickle opcode 0x{op:02x}")));
+            }
+        }
+        Ok(())
     }
 }
 
