@@ -39,8 +39,8 @@ apt_install() {
 
 if [ ! -d "$SHARED/jax_cpu_captures" ] || [ ! -d "$SHARED/torch_snapshots" ]; then
   # Like .ci/run: without the real captures there is nothing true to show an editor.
-  echo "== e2e: SKIP: $SHARED (the real captures) is missing"
-  exit 0
+  echo "== e2e: ERROR: $SHARED (the real captures) is missing" >&2
+  exit 1
 fi
 
 echo "== build the server (debug)"

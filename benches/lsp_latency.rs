@@ -77,7 +77,7 @@ fn user_file(path: &Path, lines: usize) {
 }
 
 fn main() {
-    let Some(src) = memlsp::testdata::shared(SOURCE) else {
+    let Some(src) = lsp_support::shared(SOURCE) else {
         return;
     };
     let (tmp, ws) = tempdir();

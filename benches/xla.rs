@@ -6,6 +6,9 @@
 //! BFC allocator events, per-op events with program_id/run_id on 8 threads), then times the
 //! metadata-only module listing and the full report.
 
+#[path = "../tests/support/shared.rs"]
+mod shared_data;
+
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -29,7 +32,7 @@ fn main() {
     }
     let base = base
         .or_else(|| {
-            memlsp::testdata::shared_dir()
+            shared_data::shared_dir()
                 .map(|d| d.join("jax_cpu_captures/e_attention_big/e_attention_big.xplane.pb"))
         })
         .filter(|p| p.is_file());

@@ -244,3 +244,22 @@ pub fn captures_in_dir(dir: &Path) -> Vec<PathBuf> {
     files.sort();
     files
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The server waits for a capture that is still being written instead of reporting it: an
+    /// empty file of either kind is "maybe still being written".
+    #[test]
+    fn an_empty_capture_of_either_kind_is_still_being_written() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["memory_snapshot.pickle", "host.xplane.pb"] {
+            let p = dir.path().join(name);
+            std::fs::write(&p, b"").unwrap();
+            let e = analyze_file(&p, &Options::default()).unwrap_err();
+            assert!(e.is_incomplete(), "{name}: {e}");
+            assert_eq!(e.offset, Some(0), "{name}");
+        }
+    }
+}

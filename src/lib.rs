@@ -16,7 +16,5 @@ pub mod report;
 pub mod sigbus;
 pub mod site;
 pub mod source;
-#[doc(hidden)]
-pub mod testdata;
 pub mod torch;
 pub mod xla;

@@ -35,3 +35,29 @@ fn every_code_has_a_page() {
         }
     }
 }
+
+/// The README's example is what `memlsp report` prints for the bundled fixture.
+#[test]
+fn readme_example_is_real_output() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let start = readme
+        .find("Example (bundled fixture `fixtures/torch/pt002_retained_graph.pickle`")
+        .expect("the README example");
+    let block = readme[start..].split("```").nth(1).expect("its code block");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memlsp"))
+        .args(["report", "fixtures/torch/pt002_retained_graph.pickle"])
+        .current_dir(root)
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut shown = 0;
+    for line in block.lines().filter(|l| !l.trim().is_empty() && *l != "…") {
+        assert!(
+            text.lines().any(|t| t == line),
+            "README example line not in the output: {line}\n{text}"
+        );
+        shown += 1;
+    }
+    assert!(shown >= 4);
+}

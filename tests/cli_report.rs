@@ -1,9 +1,9 @@
-//! `memlsp report` on real captures (skips while the engine is a stub on this branch).
+//! `memlsp report` on real captures: text and JSON, `--module`, `--diff`, rank directories.
 
 mod common;
 
+use common::shared;
 use common::{arg, memlsp};
-use memlsp::testdata::shared;
 use serde_json::Value;
 
 fn oracle_module<'a>(oracle: &'a Value, name: &str) -> &'a Value {
@@ -24,9 +24,6 @@ fn jax_report_text_and_json_agree() {
     let cwd = tempfile::tempdir().unwrap();
     let module = "jit_train_step(36)";
     let text = memlsp(&["report", arg(&capture), "--module", module], cwd.path());
-    if text.engine_missing() {
-        return;
-    }
     assert_eq!(text.code, 0, "{}", text.stderr);
     assert_eq!(text.stderr, "");
     let json = memlsp(
@@ -86,9 +83,6 @@ fn torch_report_totals_match_the_oracle() {
     };
     let cwd = tempfile::tempdir().unwrap();
     let run = memlsp(&["report", arg(&snap), "--format", "json"], cwd.path());
-    if run.engine_missing() {
-        return;
-    }
     assert_eq!(run.code, 0, "{}", run.stderr);
     let doc = run.json();
     let want: Value = serde_json::from_str(&std::fs::read_to_string(oracle).unwrap()).unwrap();
@@ -129,9 +123,6 @@ fn diff_reports_growth_between_two_snapshots() {
         ],
         cwd.path(),
     );
-    if run.engine_missing() {
-        return;
-    }
     assert_eq!(run.code, 0, "{}", run.stderr);
     let doc = run.json();
     let captures = doc["captures"].as_array().unwrap();
@@ -161,9 +152,6 @@ fn exclude_frames_moves_attribution_to_the_next_user_frame() {
         let mut args = vec!["report", arg(&snap), "--format", "json"];
         args.extend_from_slice(extra);
         let run = memlsp(&args, cwd.path());
-        if run.engine_missing() {
-            return None;
-        }
         assert_eq!(run.code, 0, "{}", run.stderr);
         Some(
             run.json()["captures"][0]["sites"][0]["file"]

@@ -19,13 +19,18 @@ fn inputs(target: &str) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .map(|rd| rd.flatten().map(|e| e.path()).collect())
         .unwrap_or_default();
-    files.retain(|p| p.is_file() && p.file_name().is_some_and(|n| n != ".gitkeep"));
+    files.retain(|p| p.is_file());
     files.sort();
     files
 }
 
 fn replay(target: &str, run: impl Fn(&[u8])) {
-    for f in inputs(target) {
+    let files = inputs(target);
+    assert!(
+        !files.is_empty(),
+        "fuzz/regressions/{target}/ holds no reproducer: this replay would check nothing"
+    );
+    for f in files {
         let data = std::fs::read(&f).unwrap();
         let start = Instant::now();
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&data)));

@@ -188,7 +188,7 @@ fn fixtures_report_and_check_outputs_are_unchanged() {
 
 #[test]
 fn shared_captures_report_outputs_are_unchanged() {
-    let Some(shared) = memlsp::testdata::shared("") else {
+    let Some(shared) = common::shared("") else {
         return;
     };
     let rel = if shared == repo().join("../shared/") || shared == repo().join("../shared") {

@@ -227,7 +227,7 @@ fn a_fifo_named_like_a_capture_is_refused_not_waited_on() {
         let p = dir.path().join(name);
         let made = std::process::Command::new("mkfifo").arg(&p).status();
         if !made.is_ok_and(|s| s.success()) {
-            eprintln!("SKIP: mkfifo is not available");
+            common::skip("mkfifo is not available");
             return;
         }
         let start = Instant::now();

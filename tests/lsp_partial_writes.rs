@@ -56,7 +56,7 @@ fn complaints_about(msgs: &[Value], name: &str) -> Vec<String> {
 #[test]
 fn an_xplane_copied_with_one_second_pauses_is_reported_once_after_the_last_write() {
     let (_tmp, ws) = tempdir();
-    let Some(src) = memlsp::testdata::shared("jax_cpu_captures/b_mlp_nodonate") else {
+    let Some(src) = lsp_support::shared("jax_cpu_captures/b_mlp_nodonate") else {
         return;
     };
     let py = ws.join("jax/b_mlp_nodonate.py");
@@ -112,7 +112,7 @@ fn an_xplane_copied_with_one_second_pauses_is_reported_once_after_the_last_write
 #[test]
 fn a_snapshot_copied_with_one_second_pauses_is_quiet_until_complete() {
     let Some(src) =
-        memlsp::testdata::shared("torch_snapshots/real/kkaitlyn111__memory_ctx128_fullstep.pickle")
+        lsp_support::shared("torch_snapshots/real/kkaitlyn111__memory_ctx128_fullstep.pickle")
     else {
         return;
     };

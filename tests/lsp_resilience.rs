@@ -41,7 +41,7 @@ fn still_serving(lsp: &mut Lsp, file: &Path) {
 
 #[test]
 fn a_panic_in_one_analysis_is_contained() {
-    let Some(src) = memlsp::testdata::shared(SNAPSHOT) else {
+    let Some(src) = lsp_support::shared(SNAPSHOT) else {
         return;
     };
     let (_tmp, ws) = tempdir();
@@ -78,10 +78,10 @@ fn a_panic_in_one_analysis_is_contained() {
 
 #[test]
 fn captures_deleted_or_truncated_while_read_do_not_crash_or_report() {
-    let Some(big) = memlsp::testdata::shared(BIG) else {
+    let Some(big) = lsp_support::shared(BIG) else {
         return;
     };
-    let Some(good) = memlsp::testdata::shared(SNAPSHOT) else {
+    let Some(good) = lsp_support::shared(SNAPSHOT) else {
         return;
     };
     let (_tmp, ws) = tempdir();
@@ -122,7 +122,7 @@ fn captures_deleted_or_truncated_while_read_do_not_crash_or_report() {
 /// error or a result, never death by signal (a memory-mapped file raised SIGBUS here).
 #[test]
 fn a_snapshot_truncated_while_read_never_kills_the_process() {
-    let Some(big) = memlsp::testdata::shared(BIG) else {
+    let Some(big) = lsp_support::shared(BIG) else {
         return;
     };
     let (_tmp, ws) = tempdir();
@@ -155,7 +155,7 @@ fn a_snapshot_truncated_while_read_never_kills_the_process() {
 
 #[test]
 fn ten_thousand_files_a_2gb_pkl_symlink_loops_and_unreadable_files() {
-    let Some(good) = memlsp::testdata::shared(SNAPSHOT) else {
+    let Some(good) = lsp_support::shared(SNAPSHOT) else {
         return;
     };
     let (_tmp, ws) = tempdir();
@@ -306,7 +306,7 @@ fn malformed_requests_and_out_of_range_positions_get_answers() {
 
 #[test]
 fn documents_closed_mid_analysis() {
-    let Some(src) = memlsp::testdata::shared(SNAPSHOT) else {
+    let Some(src) = lsp_support::shared(SNAPSHOT) else {
         return;
     };
     let (_tmp, ws) = tempdir();

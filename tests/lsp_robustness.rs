@@ -94,7 +94,7 @@ fn garbage_and_a_1gb_file_neither_block_hover_nor_crash() {
 
 #[test]
 fn max_file_bytes_refuses_then_a_raised_limit_reanalyses() {
-    let Some(src) = memlsp::testdata::shared("jax_cpu_captures/b_mlp_nodonate") else {
+    let Some(src) = lsp_support::shared("jax_cpu_captures/b_mlp_nodonate") else {
         return;
     };
     let (_tmp, ws) = tempdir();
@@ -134,7 +134,7 @@ fn max_file_bytes_refuses_then_a_raised_limit_reanalyses() {
 
 #[test]
 fn clients_that_can_watch_files_get_a_registration_and_their_events_count() {
-    let Some(src) = memlsp::testdata::shared("jax_cpu_captures/b_mlp_nodonate") else {
+    let Some(src) = lsp_support::shared("jax_cpu_captures/b_mlp_nodonate") else {
         return;
     };
     let (_tmp, ws) = tempdir();

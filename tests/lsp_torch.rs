@@ -37,7 +37,7 @@ fn workspace(ws: &Path) {
 
 #[test]
 fn optimizer_state_sites_get_live_memory_hints_and_a_stack_hover() {
-    let Some(src) = memlsp::testdata::shared(SNAPSHOT) else {
+    let Some(src) = lsp_support::shared(SNAPSHOT) else {
         return;
     };
     let (_tmp, ws) = tempdir();
@@ -109,7 +109,7 @@ fn optimizer_state_sites_get_live_memory_hints_and_a_stack_hover() {
 
 #[test]
 fn a_snapshot_dumped_slowly_is_quiet_until_complete_then_deleted_clears() {
-    let Some(src) = memlsp::testdata::shared(SNAPSHOT) else {
+    let Some(src) = lsp_support::shared(SNAPSHOT) else {
         return;
     };
     let (_tmp, ws) = tempdir();

@@ -170,7 +170,7 @@ fn os_system_pickle_leaves_no_marker_and_names_the_offset() {
 
 #[test]
 fn capture_directories_are_never_written() {
-    let Some(shared) = memlsp::testdata::shared("") else {
+    let Some(shared) = common::shared("") else {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
@@ -180,7 +180,7 @@ fn capture_directories_are_never_written() {
     let pickle = shared.join("torch_snapshots/real/bcrafton__memory_snapshot.pickle");
     let xplane = shared.join("jax-real-captures/tracelens_mi300_jax08_gemm/tw003.xplane.pb");
     if !pickle.is_file() || !xplane.is_file() {
-        eprintln!("SKIP: shared captures missing");
+        common::skip("the shared captures this test copies are missing");
         return;
     }
     std::fs::copy(&pickle, caps.join("memory_snapshot.pickle")).unwrap();

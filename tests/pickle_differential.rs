@@ -6,6 +6,8 @@
 //! with CPython at protocols 2–5 and prints a canonical JSON description. We decode each pickle and
 //! must produce the same description — including which lists and dicts are one shared object.
 
+mod common;
+
 use std::collections::HashMap;
 use std::process::Command;
 
@@ -165,7 +167,9 @@ fn vm_decodes_what_cpython_pickled_protocols_2_to_5() {
             String::from_utf8_lossy(&o.stderr)
         ),
         Err(e) => {
-            eprintln!("SKIP: python3 is not available ({e}); the differential test needs CPython");
+            common::skip(&format!(
+                "python3 is not available ({e}); the differential test needs CPython"
+            ));
             return;
         }
     };

@@ -2,6 +2,8 @@
 //! with the oracle's raw counts (segments, blocks per state, segment field sums, trace entries,
 //! actions). The analyses' numbers are checked separately in `torch_oracle.rs`.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -12,7 +14,7 @@ use serde_json::Value;
 
 #[test]
 fn every_real_snapshot_decodes_to_the_oracle_counts() {
-    let Some(dir) = memlsp::testdata::shared("torch_snapshots") else {
+    let Some(dir) = common::shared("torch_snapshots") else {
         return;
     };
     let mut files: Vec<_> = std::fs::read_dir(dir.join("real"))

@@ -212,7 +212,7 @@ fn check(path: &Path, oracle_text: &str) -> Vec<String> {
 
 #[test]
 fn every_real_snapshot_matches_its_oracle() {
-    let Some(dir) = memlsp::testdata::shared("torch_snapshots") else {
+    let Some(dir) = common::shared("torch_snapshots") else {
         return;
     };
     let mut files: Vec<_> = std::fs::read_dir(dir.join("real"))

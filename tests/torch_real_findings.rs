@@ -2,13 +2,15 @@
 //! out), healthy training and inference captures raise no warning, and the top-site hint points
 //! at the oracle's top user site.
 
+mod common;
+
 use memlsp::findings::Severity;
 use memlsp::options::Options;
 use serde_json::Value;
 
 #[test]
 fn real_snapshots_raise_warnings_only_where_memory_went_wrong() {
-    let Some(dir) = memlsp::testdata::shared("torch_snapshots") else {
+    let Some(dir) = common::shared("torch_snapshots") else {
         return;
     };
     let mut files: Vec<_> = std::fs::read_dir(dir.join("real"))

@@ -14,7 +14,7 @@ use memlsp::report::CaptureReport;
 use serde_json::Value;
 
 fn cpu(name: &str) -> Option<PathBuf> {
-    memlsp::testdata::shared(&format!("jax_cpu_captures/{name}/{name}.xplane.pb"))
+    common::shared(&format!("jax_cpu_captures/{name}/{name}.xplane.pb"))
 }
 
 fn report(name: &str, module: Option<&str>) -> Option<CaptureReport> {
@@ -28,7 +28,7 @@ fn report(name: &str, module: Option<&str>) -> Option<CaptureReport> {
 }
 
 fn oracle_module(name: &str, module: &str) -> Value {
-    let p = memlsp::testdata::shared(&format!("jax_cpu_captures/{name}/oracle.json")).unwrap();
+    let p = common::shared(&format!("jax_cpu_captures/{name}/oracle.json")).unwrap();
     let o: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
     o["modules"]
         .as_array()
@@ -252,7 +252,7 @@ fn plan_json_matches_the_oracle_for_the_chosen_module() {
 
 #[test]
 fn every_real_capture_is_reported_without_error() {
-    let Some(dir) = memlsp::testdata::shared("jax-real-captures") else {
+    let Some(dir) = common::shared("jax-real-captures") else {
         return;
     };
     let mut n = 0;
@@ -270,7 +270,7 @@ fn every_real_capture_is_reported_without_error() {
 
 #[test]
 fn tensorflow_capture_without_hlo_reports_the_allocator_only() {
-    let Some(d) = memlsp::testdata::shared("jax-real-captures/xprof_demo_gpu_multi_worker") else {
+    let Some(d) = common::shared("jax-real-captures/xprof_demo_gpu_multi_worker") else {
         return;
     };
     let f = memlsp::analyze::captures_in_dir(&d).remove(0);

@@ -1,5 +1,7 @@
 //! The plan numbers of every module of every capture equal xprof's (`oracle.json`).
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -9,7 +11,7 @@ use serde_json::Value;
 fn capture_dirs() -> Option<Vec<PathBuf>> {
     let mut out = Vec::new();
     for set in ["jax_cpu_captures", "jax-real-captures"] {
-        let dir = memlsp::testdata::shared(set)?;
+        let dir = common::shared(set)?;
         let mut dirs: Vec<PathBuf> = std::fs::read_dir(&dir)
             .unwrap()
             .flatten()

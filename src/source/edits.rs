@@ -747,15 +747,18 @@ mod tests {
             String::new(),
             "\n\n\n".to_string(),
         ];
-        if let Some(dir) = crate::testdata::shared("jax_cpu_captures") {
-            for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-                let name = e.file_name().to_string_lossy().into_owned();
-                if let Ok(t) = std::fs::read_to_string(e.path().join(format!("{name}.py"))) {
-                    texts.push(t);
-                }
-            }
+        // And the real programs bundled with the fixtures.
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        for rel in [
+            "fixtures/jax/decorator_nodonate.py",
+            "fixtures/jax/scan_layers.py",
+            "fixtures/jax/grads_kept.py",
+            "fixtures/torch/train_leak.py",
+            "fixtures/lsp/proj/train.py",
+            "fixtures/lsp/proj/model.py",
+        ] {
+            texts.push(std::fs::read_to_string(root.join(rel)).unwrap());
         }
-        assert!(texts.len() >= 7);
         let kinds = [
             DETACH,
             ITEM,

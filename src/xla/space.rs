@@ -62,9 +62,10 @@ impl SpaceFile {
             .map_err(|e| CaptureError::io(path, &e))?
             .len();
         if len == 0 {
+            // As for a pickle: an empty file is one being created, not a broken one.
             return Err(CaptureError::new(
                 path,
-                ErrorKind::Empty,
+                ErrorKind::Truncated,
                 Some(0),
                 "capture file is empty",
                 "the profiler may still be writing it; re-run after stop_trace()",

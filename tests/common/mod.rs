@@ -4,6 +4,11 @@
 use std::path::Path;
 use std::process::{Command, Stdio};
 
+#[path = "../support/shared.rs"]
+mod shared_data;
+#[allow(unused_imports)]
+pub use shared_data::{required, shared, shared_dir, skip};
+
 pub struct Run {
     pub code: i32,
     pub stdout: String,
@@ -44,17 +49,6 @@ impl Run {
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_str(&self.stdout)
             .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", self.stdout))
-    }
-
-    /// Fails the test if the engine that reads this capture is a stub (both engines are
-    /// built; this guards against a build that dropped one). Always `false` otherwise.
-    pub fn engine_missing(&self) -> bool {
-        assert!(
-            !(self.code == 2 && self.stderr.contains("not built yet")),
-            "engine missing: {}",
-            self.stderr
-        );
-        false
     }
 }
 

@@ -10,6 +10,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+#[path = "../support/shared.rs"]
+mod shared_data;
+#[allow(unused_imports)]
+pub use shared_data::{required, shared, shared_dir, skip};
+
 pub struct Lsp {
     child: Child,
     stdin: ChildStdin,
