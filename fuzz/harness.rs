@@ -65,7 +65,7 @@ pub fn xplane(data: &[u8], dir: &Path) {
     if std::fs::write(&path, data).is_err() {
         return;
     }
-    let _ = memlsp::xla::capture::list_modules(&path);
+    let _ = memlsp::xla::list_modules(&path);
     let opts = Options::default();
     if let Ok(cap) = memlsp::xla::Capture::open(&path) {
         let _ = memlsp::xla::analyse(&cap, &opts.analysis);

@@ -60,7 +60,7 @@ fn plan_numbers_equal_xprof_memory_viewer_for_every_module() {
             .map(|v| v.as_i64().unwrap())
             .collect();
         for color in spaces {
-            let plans = cap.plans(color).unwrap();
+            let plans = memlsp::xla::plan::plans(&cap, color).unwrap();
             let by_name: BTreeMap<&str, &memlsp::xla::plan::Plan> =
                 plans.iter().map(|p| (p.module.as_str(), p)).collect();
             let expected: Vec<&Value> = oracle["modules"]
@@ -186,7 +186,7 @@ fn allocator_numbers_equal_xprof_memory_profile() {
             serde_json::from_str(&std::fs::read_to_string(dir.join("oracle.json")).unwrap())
                 .unwrap();
         let cap = Capture::open(&xplane_in(&dir)).unwrap();
-        let plans = cap.plans(0).unwrap();
+        let plans = memlsp::xla::plan::plans(&cap, 0).unwrap();
         let rt = memlsp::xla::runtime::read(&cap, &plans).unwrap();
         let mp = &oracle["memory_profile"];
         let want = mp["allocators"].as_object().unwrap();

@@ -1,13 +1,14 @@
-//! One capture file end to end: index → metadata → plans → runtime → findings → report.
+//! An opened capture: its plane index and the HLO modules of `/host:metadata` (decode only;
+//! plans are computed by `plan::plans`).
 
 use std::path::Path;
 
 use super::hlo::{self, ModuleEntry};
-use super::plan::{self, Plan};
 use super::space::SpaceFile;
 use crate::error::CaptureError;
 
-/// Module names and plan totals, read from `/host:metadata` only (no event is decoded).
+/// The planes of a capture and its HLO modules, read from `/host:metadata` only (no event is
+/// decoded).
 pub struct Capture {
     pub file: SpaceFile,
     pub modules: Vec<ModuleEntry>,
@@ -42,25 +43,4 @@ impl Capture {
             versions,
         })
     }
-
-    /// The plan of every module, memory colour `color`.
-    pub fn plans(&self, color: i64) -> Result<Vec<Plan>, CaptureError> {
-        self.modules
-            .iter()
-            .map(|m| {
-                let proto = hlo::decode(&self.file.path, m)?;
-                Ok(plan::compute(m, &proto, color))
-            })
-            .collect()
-    }
-}
-
-/// `(module name, total peak bytes)` of every module: the metadata-only listing.
-pub fn list_modules(path: &Path) -> Result<Vec<(String, u64)>, CaptureError> {
-    let cap = Capture::open(path)?;
-    Ok(cap
-        .plans(0)?
-        .into_iter()
-        .map(|p| (p.module, p.total_peak_bytes))
-        .collect())
 }

@@ -33,7 +33,16 @@ pub mod pb {
     }
 }
 
-pub use capture::{Capture, list_modules};
+pub use capture::Capture;
+
+/// `(module name, total peak bytes)` of every module: the metadata-only listing.
+pub fn list_modules(path: &std::path::Path) -> Result<Vec<(String, u64)>, CaptureError> {
+    let cap = Capture::open(path)?;
+    Ok(plan::plans(&cap, 0)?
+        .into_iter()
+        .map(|p| (p.module, p.total_peak_bytes))
+        .collect())
+}
 
 /// What the engine hands to the pipeline for one capture.
 pub struct Output {
@@ -44,7 +53,7 @@ pub struct Output {
 
 /// Analyse an opened capture: choose the module, read the runtime view, diagnose.
 pub fn analyse(cap: &Capture, opts: &AnalysisOptions) -> Result<Output, CaptureError> {
-    let plans = cap.plans(0)?;
+    let plans = plan::plans(cap, 0)?;
     let rt = runtime::read(cap, &plans)?;
     let chosen = select::select(&cap.file.path, &plans, &rt, opts.module.as_deref())?;
     let Some((plan, why)) = chosen else {

@@ -5,6 +5,18 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::hlo::{self, Frame};
 use super::pb::xla as hpb;
+use crate::error::CaptureError;
+
+/// The plan of every module of an opened capture, in memory colour `color`.
+pub fn plans(cap: &super::capture::Capture, color: i64) -> Result<Vec<Plan>, CaptureError> {
+    cap.modules
+        .iter()
+        .map(|m| {
+            let proto = hlo::decode(&cap.file.path, m)?;
+            Ok(compute(m, &proto, color))
+        })
+        .collect()
+}
 
 /// Buffers below this size are lumped into one `small` row, as xprof does.
 pub const SMALL_BUFFER_BYTES: u64 = 16384;
