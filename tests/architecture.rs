@@ -180,7 +180,7 @@ fn module_of(rel: &Path) -> String {
 }
 
 /// Every `crate::…` / `super::…` path in `code` as an absolute module path, with its line.
-fn imports(code: &str, module: &str, is_mod_file: bool) -> Vec<(usize, String)> {
+fn imports(code: &str, module: &str) -> Vec<(usize, String)> {
     let mut out = Vec::new();
     let b = code.as_bytes();
     let ident = |i: usize| -> (String, usize) {
@@ -257,10 +257,8 @@ fn imports(code: &str, module: &str, is_mod_file: bool) -> Vec<(usize, String)> 
         } else {
             m.split("::").collect()
         };
-        // In a `mod.rs`, `super` is the parent of the directory's module; in `x.rs` it is the
-        // module that declares `x`.
-        let drop = if is_mod_file { up } else { up };
-        for _ in 0..drop {
+        // `super` is the parent module, for `x.rs` and `x/mod.rs` alike.
+        for _ in 0..up {
             parts.pop();
         }
         parts.join("::")
@@ -320,7 +318,6 @@ fn violations(rel: &Path, text: &str) -> Vec<String> {
         .is_some_and(|n| n.to_string_lossy().ends_with("_tests.rs"));
     let code = code_only(text);
     let code = if is_test_file { "" } else { non_test(&code) };
-    let is_mod_file = rel.file_name().is_some_and(|n| n == "mod.rs");
     let Some((from, from_name)) = layer(&module).or(if module.is_empty() {
         Some((usize::MAX, "crate root"))
     } else {
@@ -331,7 +328,7 @@ fn violations(rel: &Path, text: &str) -> Vec<String> {
         ));
         return out;
     };
-    for (line, target) in imports(code, &module, is_mod_file) {
+    for (line, target) in imports(code, &module) {
         let Some((to, to_name)) = layer(&target) else {
             continue; // a macro or an item of the crate root
         };
