@@ -119,6 +119,11 @@ pub struct Site {
     pub role: Option<SiteRole>,
     /// Rank / device / module the site belongs to.
     pub scope: Option<String>,
+    /// For an inferred site: the line the reference tool (xprof) shows for these buffers, when
+    /// it shows one (library code).
+    pub reference_line: Option<Location>,
+    /// For an inferred site: the loop (`while` of a scan) that carries these buffers.
+    pub carried_by: Option<String>,
 }
 
 impl Serialize for Site {
@@ -138,6 +143,12 @@ impl Serialize for Site {
         }
         if let Some(scope) = &self.scope {
             m.serialize_entry("scope", scope)?;
+        }
+        if let Some(l) = &self.reference_line {
+            m.serialize_entry("reference_line", l)?;
+        }
+        if let Some(w) = &self.carried_by {
+            m.serialize_entry("carried_by", w)?;
         }
         m.serialize_entry("stack", &self.stack)?;
         m.end()

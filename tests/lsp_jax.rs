@@ -98,7 +98,7 @@ fn no_donation_is_pinned_to_the_jit_line_with_a_working_fix() {
     assert!(
         h27["tooltip"]
             .as_str()
-            .is_some_and(|t| t.starts_with("40.02 MiB in 6 blocks")),
+            .is_some_and(|t| t.starts_with("40.00 MiB in 3 blocks")),
         "{h27}"
     );
     assert!(on(44).is_none() && on(45).is_none(), "{hints:#?}");

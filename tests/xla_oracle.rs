@@ -46,6 +46,7 @@ fn plan_numbers_equal_xprof_memory_viewer_for_every_module() {
         dirs.len()
     );
     let mut checked = 0;
+    let mut names_checked = 0;
     let mut failures = Vec::new();
     for dir in dirs {
         let oracle: Value =
@@ -145,6 +146,38 @@ fn plan_numbers_equal_xprof_memory_viewer_for_every_module() {
                 if want_top != got_top {
                     failures.push(format!("{ctx}: top5 {got_top:?} vs {want_top:?}"));
                 }
+                // The rows' instructions: the value xprof shows in that memory (for a buffer
+                // revived by SHARE_WITH, the sharer). xprof's order among equal sizes is
+                // arbitrary, so rows above the fifth size compare as a multiset, and rows of the
+                // fifth size must be among ours of that size.
+                let fifth = want_top.last().copied().unwrap_or(0);
+                let mut want_above: Vec<(u64, String)> = Vec::new();
+                for t in m["top5_at_peak"].as_array().unwrap() {
+                    let (size, instr) = (u(&t["size_bytes"]), t["instruction"].as_str().unwrap());
+                    if size > fifth {
+                        want_above.push((size, instr.to_string()));
+                    } else if !named
+                        .iter()
+                        .any(|b| b.size == size && b.instruction == instr)
+                    {
+                        failures.push(format!(
+                            "{ctx}: xprof's row {instr} ({size} B) is not among ours of that size"
+                        ));
+                    }
+                }
+                let mut got_above: Vec<(u64, String)> = named
+                    .iter()
+                    .filter(|b| b.size > fifth)
+                    .map(|b| (b.size, b.instruction.clone()))
+                    .collect();
+                want_above.sort();
+                got_above.sort();
+                if want_above != got_above {
+                    failures.push(format!(
+                        "{ctx}: rows above the fifth size {got_above:?}, xprof {want_above:?}"
+                    ));
+                }
+                names_checked += 1;
                 let mut by_src: BTreeMap<Option<String>, (u64, u64)> = BTreeMap::new();
                 for b in &named {
                     let key = b.source.as_ref().map(|s| format!("{}:{}", s.file, s.line));
@@ -173,7 +206,11 @@ fn plan_numbers_equal_xprof_memory_viewer_for_every_module() {
         failures.join("\n")
     );
     assert!(checked > 100, "only {checked} modules checked");
-    eprintln!("{checked} modules equal xprof");
+    assert!(
+        names_checked > 100,
+        "row names of only {names_checked} modules checked"
+    );
+    eprintln!("{checked} modules equal xprof ({names_checked} with their rows' instructions)");
 }
 
 #[test]

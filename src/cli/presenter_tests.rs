@@ -86,6 +86,8 @@ fn fixture() -> (tempfile::TempDir, Locator, CaptureReport) {
             frame: SiteFrame::User,
             role: Some(SiteRole::Activation),
             scope: None,
+            reference_line: None,
+            carried_by: None,
         }],
         findings: vec![oom, leak],
         shown_path: None,

@@ -265,6 +265,8 @@ pub(crate) mod tests {
                 frame: SiteFrame::User,
                 role: None,
                 scope: scope.map(str::to_string),
+                reference_line: None,
+                carried_by: None,
             }],
             findings: vec![finding],
             shown_path: None,

@@ -343,6 +343,16 @@ pub fn hover_markdown(entry: &LineEntry, filter: &FrameFilter, roots: &[PathBuf]
             md.push_str(&format!("; role: {} (*inferred*)", role.as_str()));
         }
         md.push('\n');
+        match (&s.reference_line, &s.carried_by) {
+            (Some(x), _) => md.push_str(&format!(
+                "\nxprof shows these buffers at `{}:{}` (library code); memlsp attributes them to this line, the first frame of yours (*inferred*)\n",
+                x.file, x.line
+            )),
+            (None, Some(via)) => md.push_str(&format!(
+                "\nxprof shows no line for these buffers; memlsp attributes them to this line because `{via}`, the loop called here, carries them (*inferred*)\n"
+            )),
+            _ => {}
+        }
         if !ls.frames.is_empty() {
             md.push_str("\nAllocation stack (innermost first):\n```text\n");
             md.push_str(&stack_block(&ls.frames, filter, roots));

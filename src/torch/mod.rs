@@ -131,6 +131,8 @@ pub fn report_sites(snap: &Snapshot, a: &Analysis, opts: &AnalysisOptions) -> Ve
                 },
                 role: Some(site_role(a, &a.findings, s)),
                 scope: None,
+                reference_line: None,
+                carried_by: None,
             }
         })
         .collect()

@@ -523,6 +523,9 @@ fn jx003_backward_dominates(ctx: &Context) -> Option<Finding> {
     let _ = (fwd, bwd, ws, other, heap);
     let no_fit = no_fit(ctx);
     let _ = no_fit;
+    if let Some(f) = f32_copies(ctx) {
+        return Some(f);
+    }
     let mut out: Option<Finding> = None;
     // JX003: the backward pass dominates.
     if bwd > 0 && pct(bwd, heap) >= 50.0 {
@@ -566,6 +569,99 @@ fn jx003_backward_dominates(ctx: &Context) -> Option<Finding> {
     }
 
     out
+}
+
+/// Element type and dimensions of `f32[16384,512]{1,0}` (dimensions sorted, so a transposed
+/// copy matches).
+fn dims_of(shape: &str) -> Option<(&str, Vec<u64>)> {
+    let (ty, rest) = shape.split_once('[')?;
+    let mut dims: Vec<u64> = rest
+        .split(']')
+        .next()?
+        .split(',')
+        .filter_map(|d| d.trim().parse().ok())
+        .collect();
+    dims.sort_unstable();
+    Some((ty.trim(), dims))
+}
+
+/// JX003, the f32-copy form: heap buffers at the peak that are f32 arrays with the dimensions of
+/// a bf16/f16 parameter, made outside the backward pass — the upcast gradients or updates of a
+/// low-precision model. A read fact (shapes, sizes, lines) pointing at an inferred cause.
+fn f32_copies(ctx: &Context) -> Option<Finding> {
+    let p = ctx.plan;
+    let heap = p.heap_peak_bytes;
+    let low: Vec<(&super::plan::Param, Vec<u64>)> = p
+        .parameters
+        .iter()
+        .filter_map(|x| {
+            let (ty, dims) = dims_of(&x.shape)?;
+            matches!(ty, "bf16" | "f16").then_some((x, dims))
+        })
+        .collect();
+    if low.is_empty() {
+        return None;
+    }
+    let twin = |b: &PeakBuffer| {
+        let (ty, dims) = dims_of(&b.shape)?;
+        if ty != "f32" || dims.len() < 2 || b.role == Role::Backward {
+            return None;
+        }
+        low.iter().find(|(_, d)| *d == dims).map(|(x, _)| *x)
+    };
+    let rows = p
+        .at_peak
+        .iter()
+        .filter(|b| b.heap && b.size >= (1 << 20) && twin(b).is_some());
+    let groups = by_line(ctx, rows);
+    let (loc, stack, rows, bytes) = groups.into_iter().next()?;
+    if pct(bytes, heap) < 10.0 {
+        return None;
+    }
+    let b = rows[0];
+    let param = twin(b)?;
+    let mut f = Finding::new(
+        Code::JX003,
+        Severity::Warning,
+        format!(
+            "f32 copies of bf16 arrays hold {} ({:.1}% of the heap peak): this line makes {} {}, the f32 version of {} ({})",
+            fmt_bytes(bytes),
+            pct(bytes, heap),
+            b.instruction,
+            super::hlo::without_layout(&b.shape),
+            param.op_name,
+            param.shape
+        ),
+    )
+    .at(loc, stack)
+    .bytes(bytes, Some(pct(bytes, heap)));
+    for r in &rows {
+        f = f.evidence(Evidence::read(format!(
+            "{}: {} # {} — {} live at the heap peak",
+            r.instruction,
+            r.shape,
+            r.op_name,
+            fmt_bytes(r.size)
+        )));
+    }
+    f = f
+        .evidence(Evidence::read(format!(
+            "parameter {} is {} ({})",
+            param.op_name,
+            param.shape,
+            fmt_bytes(param.bytes)
+        )))
+        .evidence(Evidence::inferred(
+            "an f32 array with a bf16 parameter's dimensions, made outside the backward pass: an upcast gradient or update (e.g. `g.astype(jnp.float32) / loss_scale`)",
+        ))
+        .fix(
+            Fix::advice(
+                "keep it in bf16 (unscale in bf16) or fuse the upcast into the update, so at most one f32 copy is live",
+            )
+            .saving(bytes / 2)
+            .cost(format!("bf16 rounding of the unscaled gradient; {CONFIRM}")),
+        );
+    Some(f)
 }
 
 /// JX008: XLA already rematerialized.

@@ -156,26 +156,28 @@ pub fn source_of(
 ) -> (Option<Frame>, Vec<Frame>) {
     let md = instr.metadata.as_ref();
     let frames = stack_frames(idx, md.map(|m| m.stack_frame_id).unwrap_or(0));
-    if let Some(f) = frames.first() {
-        if !f.file.is_empty() && f.line != 0 {
-            return (Some(f.clone()), frames);
-        }
+    // xprof's order: the op's own source_file/source_line first, then its stack frame.
+    if let Some(m) = md.filter(|m| !m.source_file.is_empty()) {
+        let function = frames
+            .first()
+            .filter(|f| f.file == m.source_file && f.line == m.source_line)
+            .map(|f| f.function.clone())
+            .unwrap_or_default();
+        let f = Frame {
+            file: m.source_file.clone(),
+            line: m.source_line,
+            column: m.source_column,
+            function,
+        };
+        let stack = if frames.is_empty() {
+            vec![f.clone()]
+        } else {
+            frames
+        };
+        return (Some(f), stack);
     }
-    match md {
-        Some(m) if !m.source_file.is_empty() => {
-            let f = Frame {
-                file: m.source_file.clone(),
-                line: m.source_line,
-                column: m.source_column,
-                function: String::new(),
-            };
-            let stack = if frames.is_empty() {
-                vec![f.clone()]
-            } else {
-                frames
-            };
-            (Some(f), stack)
-        }
+    match frames.first() {
+        Some(f) if !f.file.is_empty() && f.line != 0 => (Some(f.clone()), frames),
         _ => (None, frames),
     }
 }

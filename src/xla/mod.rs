@@ -87,7 +87,7 @@ pub fn analyse(cap: &Capture, opts: &AnalysisOptions) -> Result<Output, CaptureE
         pick: &pick,
     };
     let findings = diagnose::diagnose(&ctx);
-    let sites = sites::sites(plan, &pick, opts.top);
+    let sites = sites::sites(plan, &opts.frames, opts.top);
     let summary = summary::summarize(summary::Parts {
         plan,
         plans: &plans,

@@ -394,10 +394,13 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
         trace = best.1;
     }
 
-    // Replay.
+    // Replay (XPLANE_FORMAT.md §4). `live` holds root canonical buffers; `display` maps a root to
+    // the buffer xprof shows for it: itself, or the buffer whose SHARE_WITH revived it (the value
+    // that occupies the memory now). Shares into a buffer already live (in place) change nothing.
     let mut peak_ids: Vec<i64> = Vec::new();
     if let Some(t) = trace.and_then(|ti| traces.get(ti)) {
         let mut live: Vec<i64> = Vec::new();
+        let mut display: FxHashMap<i64, i64> = FxHashMap::default();
         let mut heap: i64 = 0;
         let mut peak: i64 = 0;
         for (pos, e) in t.events.iter().enumerate() {
@@ -405,14 +408,21 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
             if !bufs.contains_key(&e.buffer_id) {
                 continue;
             }
-            let mut grew = None;
+            // (root that became live, the buffer it shows)
+            let mut grew: Option<(i64, i64)> = None;
             match e.kind {
                 0 => {
                     let root = root_of(&bufs, e.buffer_id);
-                    if let Some(b) = bufs.get_mut(&root) {
-                        b.refs += 1;
+                    let refs = match bufs.get_mut(&root) {
+                        Some(b) => {
+                            b.refs += 1;
+                            b.refs
+                        }
+                        None => continue,
+                    };
+                    if refs == 1 {
+                        grew = Some((root, e.buffer_id));
                     }
-                    grew = Some(e.buffer_id);
                 }
                 1 => {
                     let root = root_of(&bufs, e.buffer_id);
@@ -425,6 +435,7 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
                     };
                     if refs == 0 {
                         live.retain(|&x| x != root);
+                        display.remove(&root);
                         heap =
                             heap.saturating_sub(bufs.get(&root).map(|b| b.proto.size).unwrap_or(0));
                     }
@@ -446,19 +457,23 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
                         None => continue,
                     };
                     if refs == 1 {
-                        grew = Some(canon);
+                        grew = Some((root, e.buffer_id));
                     }
                 }
                 _ => {}
             }
-            if let Some(id) = grew {
-                live.push(id);
-                heap = heap.saturating_add(bufs.get(&id).map(|b| b.proto.size).unwrap_or(0));
+            if let Some((root, shown)) = grew {
+                live.push(root);
+                display.insert(root, shown);
+                heap = heap.saturating_add(bufs.get(&root).map(|b| b.proto.size).unwrap_or(0));
                 if heap > peak {
                     peak = heap;
                     plan.peak_position = pos;
                     plan.peak_instruction = e.instruction_name.clone();
-                    peak_ids = live.clone();
+                    peak_ids = live
+                        .iter()
+                        .map(|r| display.get(r).copied().unwrap_or(*r))
+                        .collect();
                 }
             }
         }

@@ -117,23 +117,45 @@ pub(super) fn sections(w: &mut String, r: &CaptureReport, x: &Summary, top: usiz
             b.op_name
         );
     }
-    if !r.sites.is_empty() {
-        let _ = writeln!(w, "\nBy Python line {}:", tag(Label::Read));
-        for site in &r.sites {
+    let by_line = |w: &mut String, label: Label| {
+        for site in r.sites.iter().filter(|s| s.label == label) {
             let at = site
                 .location
                 .as_ref()
                 .map(|l| format!("{}:{} {}", l.file, l.line, l.function))
                 .unwrap_or_else(|| "(no source line: parameters, compiler-created buffers)".into());
+            let why = match (&site.reference_line, &site.carried_by) {
+                (Some(x), _) => format!(" (xprof shows {}:{}, library code)", x.file, x.line),
+                (None, Some(via)) => {
+                    format!(" (xprof shows no line; carried by {via}, the loop called here)")
+                }
+                _ => String::new(),
+            };
             let _ = writeln!(
                 w,
-                "  {:>11} in {:>3} buffer(s)  {:5.1}% of the {:<9}  {at}",
+                "  {:>11} in {:>3} buffer(s)  {:5.1}% of the {:<9}  {at}{why}",
                 fmt_bytes(site.bytes),
                 site.blocks,
                 site.percent,
                 site.percent_of.as_str()
             );
         }
+    };
+    if r.sites.iter().any(|s| s.label == Label::Read) {
+        let _ = writeln!(
+            w,
+            "\nBy Python line, as xprof maps buffers {}:",
+            tag(Label::Read)
+        );
+        by_line(w, Label::Read);
+    }
+    if r.sites.iter().any(|s| s.label == Label::Inferred) {
+        let _ = writeln!(
+            w,
+            "\nAttributed to your code by memlsp {} (buffers the rows above show without a user line):",
+            tag(Label::Inferred)
+        );
+        by_line(w, Label::Inferred);
     }
     runtime(w, x, module);
     w.push('\n');
