@@ -10,6 +10,7 @@ pub mod load;
 pub mod model;
 pub mod patterns;
 pub mod ranks;
+pub mod replay;
 pub mod sites;
 pub mod stacks;
 pub mod text;

@@ -1,0 +1,3 @@
+//! Rules of the allocator on small hand-made traces.
+
+use super::*;
