@@ -69,7 +69,7 @@ fn real_snapshots_replay_and_validate() {
         );
         for d in &r.devices {
             println!(
-                "|   device {} | {} | {} | {} | {} | {} | {} | addr {}/{} live_end {} |",
+                "|   device {} | {} | {} | {} | {} | {} | {} | addr {}/{} first miss {:?} live_end {} |",
                 d.device,
                 d.trace_entries,
                 d.segment_events_recorded,
@@ -79,6 +79,7 @@ fn real_snapshots_replay_and_validate() {
                 d.validated,
                 d.allocation_addresses_matched,
                 d.allocations,
+                d.first_address_mismatch,
                 d.live_blocks_end_matched
             );
         }

@@ -355,7 +355,37 @@ pub(crate) fn rebuild(
         });
     }
 
-    // Live blocks; a block freed during the trace gets the size its request rounds to, plus the
+    // A block freed during the trace has no recorded size. An allocation always takes the start
+    // of a free block, so the live block just below it ends where it begins: when that is one of
+    // these blocks, its size is known.
+    let mut ends: BTreeMap<u64, u64> = BTreeMap::new();
+    {
+        let mut cur: BTreeMap<u64, bool> =
+            live.iter().map(|(&a, l)| (a, l.size.is_none())).collect();
+        for e in trace {
+            match e.action {
+                Action::Alloc => {
+                    if let Some((&p, &unknown)) = cur.range(..e.addr).next_back()
+                        && unknown
+                        && !ends.contains_key(&p)
+                        && regions
+                            .range(..=p)
+                            .next_back()
+                            .is_some_and(|(_, &(rend, _, _))| e.addr < rend)
+                    {
+                        ends.insert(p, e.addr);
+                    }
+                    cur.insert(e.addr, false);
+                }
+                Action::FreeCompleted => {
+                    cur.remove(&e.addr);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    // Other blocks freed during the trace get the size their request rounds to, plus the
     // remainder the allocator would not have split off.
     let addrs: Vec<u64> = live.keys().copied().collect();
     for (i, &a) in addrs.iter().enumerate() {
@@ -375,6 +405,12 @@ pub(crate) fn rebuild(
         let room = limit - a;
         let (size, inferred) = match l.size {
             Some(s) => (s, false),
+            None if ends
+                .get(&a)
+                .is_some_and(|&end| end - a >= settings.round_size(l.requested)) =>
+            {
+                (ends.get(&a).map_or(0, |&end| end - a), true)
+            }
             None => {
                 let base = settings.round_size(l.requested);
                 let gap = room.saturating_sub(base);

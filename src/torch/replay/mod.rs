@@ -44,6 +44,8 @@ pub struct DeviceReplay {
     /// `alloc` entries the model served, and how many at the recorded address.
     pub allocations: u64,
     pub allocation_addresses_matched: u64,
+    /// Trace index of the first `alloc` the model placed elsewhere.
+    pub first_address_mismatch: Option<u64>,
     /// Allocated blocks at the end (address and size) equal the snapshot's.
     pub live_blocks_end_matched: bool,
     /// Peaks over the trace (from the rebuilt initial state on).
@@ -312,6 +314,7 @@ fn validate(p: &Prepared) -> (DeviceReplay, run::Outcome) {
         reserved_end_bytes_replayed: out.reserved_end,
         allocations: out.allocations,
         allocation_addresses_matched: out.addresses_matched,
+        first_address_mismatch: out.first_address_mismatch.map(|i| i as u64),
         live_blocks_end_matched: live_ok,
         peak_allocated_bytes: out.peak_allocated,
         peak_reserved_bytes: out.peak_reserved,

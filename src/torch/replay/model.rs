@@ -480,8 +480,20 @@ impl Model {
         }
     }
 
+    /// Would `get_free_block` find a cached block for a request of `size` (rounded) bytes?
+    pub fn would_find(&self, size: u64, stream: u64) -> bool {
+        self.pick_free_block(size <= SMALL_SIZE, stream, size)
+            .is_some()
+    }
+
     /// `get_free_block`: take the best-fitting cached block out of its free list.
     fn get_free_block(&mut self, small: bool, stream: u64, size: u64) -> Option<u64> {
+        let key = self.pick_free_block(small, stream, size)?;
+        self.free.remove(&key);
+        Some(key.3)
+    }
+
+    fn pick_free_block(&self, small: bool, stream: u64, size: u64) -> Option<FreeKey> {
         let key = {
             let mut it = self
                 .free
@@ -512,8 +524,7 @@ impl Model {
         if size >= s.max_split_size && key.2 >= size.saturating_add(s.max_non_split_rounding) {
             return None;
         }
-        self.free.remove(&key);
-        Some(key.3)
+        Some(key)
     }
 
     fn is_expandable(&self, addr: u64) -> bool {

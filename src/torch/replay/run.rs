@@ -24,6 +24,13 @@ pub(crate) enum OpKind {
         refused: bool,
         releases: u32,
     },
+    /// Where the recorded run released segments before a malloc that needed a new one: if the
+    /// model has no cached block for the request here, the releases were the malloc's OOM path
+    /// and the malloc runs now; otherwise they were an `empty_cache()` call.
+    Probe {
+        entry: usize,
+        releases: u32,
+    },
     FreeRequested,
     FreeCompleted,
     EmptyCache,
@@ -139,8 +146,8 @@ pub(crate) fn plan(trace: &[TraceEntry], init: &InitialState) -> Plan {
                 let kind = OpKind::Malloc {
                     entry: i,
                     oom,
-                    refused: oom || oom_path,
-                    releases: if oom_path { rel.len() as u32 } else { 0 },
+                    refused: oom,
+                    releases: 0,
                 };
                 if oom_path {
                     for k in ws..i {
@@ -150,6 +157,15 @@ pub(crate) fn plan(trace: &[TraceEntry], init: &InitialState) -> Plan {
                     }
                     ops.push(Op {
                         pos: rel[0],
+                        step: i,
+                        kind: OpKind::Probe {
+                            entry: i,
+                            releases: rel.len() as u32,
+                        },
+                        aref,
+                    });
+                    ops.push(Op {
+                        pos: i,
                         step: i,
                         kind,
                         aref,
@@ -334,6 +350,7 @@ pub(crate) struct Outcome {
     pub peak_reserved: u64,
     pub allocations: u64,
     pub addresses_matched: u64,
+    pub first_address_mismatch: Option<usize>,
     /// Mallocs the model failed where the recorded run succeeded (trace index of the first).
     pub unexpected_ooms: u64,
     pub first_unexpected_oom: Option<usize>,
@@ -398,6 +415,8 @@ pub(crate) fn replay(
     early.sort_unstable();
     let mut ei = 0usize;
     let mut capacity_dev = Capacity(capacity);
+    // Mallocs a probe already ran.
+    let mut ran_early: FxHashMap<usize, ()> = FxHashMap::default();
 
     for op in ops {
         while ei < early.len() && early[ei].0 <= op.pos {
@@ -414,12 +433,49 @@ pub(crate) fn replay(
         }
         m.step = op.step;
         match op.kind {
+            OpKind::Probe { entry, releases } => {
+                let e = &trace[entry];
+                let oom = e.action == Action::Oom;
+                let size = if oom {
+                    e.size
+                } else {
+                    m.settings.round_size(e.size)
+                };
+                if m.would_find(size, e.stream) {
+                    m.release_cached_blocks();
+                } else {
+                    ran_early.insert(entry, ());
+                    let (lo, hi) = growth_by_step.get(&op.step).copied().unwrap_or((1, 0));
+                    let g: &[SegEvent] = if lo <= hi { &growth[lo..=hi] } else { &[] };
+                    let mut dev = Recorded {
+                        refused: true,
+                        oom,
+                        releases,
+                        growth: g,
+                        used: vec![false; g.len()],
+                    };
+                    let result = m.malloc_rounded(size, e.stream, &mut dev);
+                    settle(
+                        &mut out,
+                        &mut m,
+                        &mut addr_of,
+                        op.aref,
+                        entry,
+                        e,
+                        oom,
+                        result,
+                    );
+                }
+            }
             OpKind::Malloc {
                 entry,
                 oom,
                 refused,
                 releases,
             } => {
+                if ran_early.contains_key(&entry) {
+                    continue;
+                }
                 if !oom && edits.free_at.get(&op.aref).is_some_and(|&p| p <= entry) {
                     continue; // never allocated
                 }
@@ -444,28 +500,16 @@ pub(crate) fn replay(
                 } else {
                     m.malloc(e.size, e.stream, &mut capacity_dev)
                 };
-                match (result, oom) {
-                    (Malloc::Ok { addr, .. }, false) => {
-                        out.allocations += 1;
-                        if addr == e.addr {
-                            out.addresses_matched += 1;
-                        }
-                        if let Some(slot) = addr_of.get_mut(op.aref as usize) {
-                            *slot = addr;
-                        }
-                    }
-                    (Malloc::Oom, false) => {
-                        out.unexpected_ooms += 1;
-                        out.first_unexpected_oom.get_or_insert(entry);
-                    }
-                    (Malloc::Ok { addr, .. }, true) => {
-                        out.ooms.push((entry, e.size, m.reserved, true));
-                        // The program never got this block: hand it back at once.
-                        m.free_requested(addr);
-                        m.free_completed(addr);
-                    }
-                    (Malloc::Oom, true) => out.ooms.push((entry, e.size, m.reserved, false)),
-                }
+                settle(
+                    &mut out,
+                    &mut m,
+                    &mut addr_of,
+                    op.aref,
+                    entry,
+                    e,
+                    oom,
+                    result,
+                );
             }
             OpKind::FreeRequested | OpKind::FreeCompleted => {
                 if edits.free_at.contains_key(&op.aref) {
@@ -508,6 +552,44 @@ pub(crate) fn replay(
         .collect();
     out.events = std::mem::take(&mut m.events);
     out
+}
+
+/// Book a malloc's result.
+#[allow(clippy::too_many_arguments)]
+fn settle(
+    out: &mut Outcome,
+    m: &mut Model,
+    addr_of: &mut [u64],
+    aref: u32,
+    entry: usize,
+    e: &TraceEntry,
+    oom: bool,
+    result: Malloc,
+) {
+    match (result, oom) {
+        (Malloc::Ok { addr, .. }, false) => {
+            out.allocations += 1;
+            if addr == e.addr {
+                out.addresses_matched += 1;
+            } else {
+                out.first_address_mismatch.get_or_insert(entry);
+            }
+            if let Some(slot) = addr_of.get_mut(aref as usize) {
+                *slot = addr;
+            }
+        }
+        (Malloc::Oom, false) => {
+            out.unexpected_ooms += 1;
+            out.first_unexpected_oom.get_or_insert(entry);
+        }
+        (Malloc::Ok { addr, .. }, true) => {
+            out.ooms.push((entry, e.size, m.reserved, true));
+            // The program never got this block: hand it back at once.
+            m.free_requested(addr);
+            m.free_completed(addr);
+        }
+        (Malloc::Oom, true) => out.ooms.push((entry, e.size, m.reserved, false)),
+    }
 }
 
 /// Compare predicted with recorded segment events step by step: (matched, first mismatch).
