@@ -256,9 +256,12 @@ mod tests {
         assert_eq!(s.round_size(1_258_291), 1_310_720);
         assert_eq!(s.round_size(1 << 21), 1 << 21);
         assert_eq!(s.round_size(u64::MAX), u64::MAX, "saturates");
-        assert!(s.apply("roundup_power2_divisions", "[1:2,>:0]"));
+        // As PyTorch parses it: the first value also fills the smaller intervals, `>` fills
+        // from the last named interval on.
+        assert!(s.apply("roundup_power2_divisions", "[64:2,256:4,>:8]"));
         assert_eq!(s.divisions(1 << 20), 2);
-        assert_eq!(s.divisions(100 << 20), 0);
+        assert_eq!(s.divisions(100 << 20), 2);
+        assert_eq!(s.divisions(300 << 20), 8);
         assert!(!s.apply("roundup_power2_divisions", "3"));
         assert!(
             !s.apply("max_split_size_mb", "10"),
