@@ -4,7 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use memlsp::torch::load::{LoadOptions, load_snapshot};
-use memlsp::torch::replay::replay_snapshot;
+use memlsp::torch::model::Action;
+use memlsp::torch::replay::{advise_settings_for_oom, replay_snapshot, what_if};
 
 fn shared_real() -> Option<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/torch_snapshots/real");
@@ -82,6 +83,23 @@ fn real_snapshots_replay_and_validate() {
                 d.first_address_mismatch,
                 d.live_blocks_end_matched
             );
+        }
+        // Recorded OOMs: what would have avoided them (only offered where the replay validated).
+        for d in &r.devices {
+            let traces = snap.device_traces.as_deref().unwrap_or(&[]);
+            let has_oom = traces
+                .get(d.device as usize)
+                .is_some_and(|t| t.iter().any(|e| e.action == Action::Oom));
+            if !has_oom {
+                continue;
+            }
+            let a = advise_settings_for_oom(&snap, d.device);
+            assert_eq!(a.simulated, d.validated, "{name} device {}: {a:?}", d.device);
+            println!("  {name} device {}: OOM advice {a:?}", d.device);
+            let w = what_if(&snap, d.device, &[]);
+            assert_eq!(w.peak_reserved_after, w.peak_reserved_before, "{name}: {w:?}");
+            assert_eq!(w.peak_allocated_after, w.peak_allocated_before, "{name}: {w:?}");
+            assert!(w.ooms.iter().all(|o| !o.fits_after), "unchanged: {w:?}");
         }
         if entries >= 1000 {
             big += 1;
