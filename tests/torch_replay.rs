@@ -94,11 +94,21 @@ fn real_snapshots_replay_and_validate() {
                 continue;
             }
             let a = advise_settings_for_oom(&snap, d.device);
-            assert_eq!(a.simulated, d.validated, "{name} device {}: {a:?}", d.device);
+            assert_eq!(
+                a.simulated, d.validated,
+                "{name} device {}: {a:?}",
+                d.device
+            );
             println!("  {name} device {}: OOM advice {a:?}", d.device);
             let w = what_if(&snap, d.device, &[]);
-            assert_eq!(w.peak_reserved_after, w.peak_reserved_before, "{name}: {w:?}");
-            assert_eq!(w.peak_allocated_after, w.peak_allocated_before, "{name}: {w:?}");
+            assert_eq!(
+                w.peak_reserved_after, w.peak_reserved_before,
+                "{name}: {w:?}"
+            );
+            assert_eq!(
+                w.peak_allocated_after, w.peak_allocated_before,
+                "{name}: {w:?}"
+            );
             assert!(w.ooms.iter().all(|o| !o.fits_after), "unchanged: {w:?}");
         }
         if entries >= 1000 {

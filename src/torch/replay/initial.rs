@@ -105,14 +105,6 @@ impl Ranges {
         }
         true
     }
-
-    fn containing(&self, a: u64) -> Option<(u64, u64)> {
-        self.0
-            .range(..=a)
-            .next_back()
-            .filter(|(_, e)| **e > a)
-            .map(|(&s, &e)| (s, e))
-    }
 }
 
 /// Which expandable segment an address belongs to.
@@ -239,7 +231,8 @@ pub(crate) fn rebuild(
     for e in trace.iter().rev() {
         match e.action {
             Action::Alloc => {
-                if live.remove(&e.addr).is_none() {
+                let was_live = live.remove(&e.addr).is_some();
+                if !was_live {
                     st.problem(|| format!("alloc at {:#x} is not live afterwards", e.addr));
                 }
             }

@@ -301,7 +301,10 @@ fn validate(p: &Prepared) -> (DeviceReplay, run::Outcome) {
         notes.push("allocated blocks at the end differ from the snapshot's".into());
     }
     if p.trace.len() == 1 {
-        notes.push("trace of 1 entry (legacy max_entries=1): nothing to replay".into());
+        notes.push(
+            "trace of 1 entry (recorded with max_entries=1): the check covers that entry only"
+                .into(),
+        );
     }
     let r = DeviceReplay {
         device: p.device,

@@ -88,9 +88,6 @@ impl Seg {
             LARGE_BUFFER
         }
     }
-    fn end(&self) -> u64 {
-        self.addr.saturating_add(self.size)
-    }
 }
 
 /// Free-list key: (pool is small, stream, size, address) — PyTorch's `BlockComparatorSize`
@@ -346,9 +343,13 @@ impl Model {
         (nb.seg == b.seg && end != addr).then_some((end, *nb))
     }
 
-    /// Is this block the whole of a non-expandable segment (`!prev && !next`)?
+    /// Is this block the whole of its segment (`!prev && !next`)?
     fn is_whole_segment(&self, addr: u64) -> bool {
-        self.prev_of(addr).is_none() && self.next_of(addr).is_none()
+        self.blocks.get(&addr).is_some_and(|b| {
+            self.segs
+                .get(b.seg as usize)
+                .is_some_and(|s| s.addr == addr && s.size == b.size)
+        })
     }
 
     /// Merge a free (mapped) block at `addr` with free neighbours; returns the merged address.
@@ -929,19 +930,11 @@ impl Model {
         let Some(b) = self.blocks.get(&addr).copied() else {
             return;
         };
-        if self.prev_of(addr).is_none() && self.next_of(addr).is_none() && b.state == St::Unmapped {
+        if self.is_whole_segment(addr) && b.state == St::Unmapped {
             self.detach(addr, b);
             if let Some(s) = self.segs.get_mut(b.seg as usize) {
                 s.alive = false;
             }
         }
-    }
-
-    /// The block handed out at `addr`, if allocated.
-    pub fn allocated_block(&self, addr: u64) -> Option<u64> {
-        self.blocks
-            .get(&addr)
-            .filter(|b| b.state == St::Alloc)
-            .map(|b| b.size)
     }
 }

@@ -3,6 +3,9 @@
 use super::model::{Device, Malloc, Model, SegKind};
 use super::run::Capacity;
 use super::*;
+use crate::torch::model::Action::{
+    Alloc, FreeCompleted, FreeRequested, Oom, SegmentAlloc, SegmentFree, SegmentMap, SegmentUnmap,
+};
 use crate::torch::model::{Action, Block, BlockState, Segment, Snapshot, TraceEntry};
 
 const MB: u64 = 1 << 20;
@@ -275,10 +278,6 @@ const S2: u64 = 0x7f00_1000_0000;
 /// Two 20 MiB segments, four 5 MiB tensors each, every other one freed, then a 20 MiB request
 /// fails with 10 MiB free on the device.
 fn fragmented() -> Snapshot {
-    use Action::{
-        Alloc, FreeCompleted, FreeRequested, Oom, SegmentAlloc, SegmentFree, SegmentMap,
-        SegmentUnmap,
-    };
     use BlockState::*;
     let mut t = vec![e(SegmentAlloc, S1, 20 * MB)];
     for k in 0..4 {
@@ -395,10 +394,6 @@ fn what_if_is_not_offered_when_the_replay_does_not_validate() {
 
 #[test]
 fn pre_trace_blocks_and_empty_cache_are_rebuilt() {
-    use Action::{
-        Alloc, FreeCompleted, FreeRequested, Oom, SegmentAlloc, SegmentFree, SegmentMap,
-        SegmentUnmap,
-    };
     use BlockState::*;
     // Before the trace: S1 held a 3 MiB tensor at S1 and one at S1+3 MiB whose request (2 MiB)
     // left 1 MiB unsplit; both are freed in the trace, then empty_cache() releases S1.
@@ -430,10 +425,6 @@ fn pre_trace_blocks_and_empty_cache_are_rebuilt() {
 
 #[test]
 fn hostile_sizes_never_panic() {
-    use Action::{
-        Alloc, FreeCompleted, FreeRequested, Oom, SegmentAlloc, SegmentFree, SegmentMap,
-        SegmentUnmap,
-    };
     let t = vec![
         e(Alloc, u64::MAX, u64::MAX),
         e(FreeRequested, 0, u64::MAX),
