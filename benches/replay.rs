@@ -2,7 +2,7 @@
 //!
 //! Times `replay_snapshot` (state rebuild, replay, comparison) on the largest real snapshot of
 //! `../shared/torch_snapshots/real` (or FILE), then on a synthetic trace of 3 million entries
-//! built in memory (alloc/free churn over 64 cached 1 GiB segments) to show how it scales.
+//! built in memory (alloc/free churn over 64 cached 1 GiB and 512 cached 2 MiB segments) to show how it scales.
 //! Each number is the median of 5 rounds.
 
 use std::path::{Path, PathBuf};
@@ -38,40 +38,44 @@ fn largest_real() -> Option<PathBuf> {
 
 fn report(what: &str, snap: &Snapshot) {
     let entries: usize = snap.device_traces.iter().flatten().map(Vec::len).sum();
-    let mut validated = false;
-    let secs = median_secs(|| validated = replay_snapshot(snap).validated);
+    let mut last = None;
+    let secs = median_secs(|| last = Some(replay_snapshot(snap)));
+    let (validated, note) = last.map_or((false, None), |r| (r.validated, r.note));
     println!(
-        "{what}: {entries} trace entries, replay {:.1} ms ({:.2} M entries/s), validated: {validated}",
+        "{what}: {entries} trace entries, replay {:.1} ms ({:.2} M entries/s), validated: {validated}{}",
         secs * 1e3,
-        entries as f64 / secs.max(1e-9) / 1e6
+        entries as f64 / secs.max(1e-9) / 1e6,
+        note.map(|n| format!(" ({n})")).unwrap_or_default()
     );
 }
 
 fn synthetic(n: usize) -> Snapshot {
     const GIB: u64 = 1 << 30;
-    let segments = (0..64u64)
-        .map(|k| Segment {
-            device: 0,
-            address: 0x7f00_0000_0000 + k * 2 * GIB,
-            total_size: GIB,
-            allocated_size: 0,
-            active_size: 0,
+    let segment = |address: u64, size: u64| Segment {
+        device: 0,
+        address,
+        total_size: size,
+        allocated_size: 0,
+        active_size: 0,
+        requested_size: 0,
+        stream: 0,
+        segment_type: Some(if size == 2 << 20 { "small" } else { "large" }.into()),
+        is_expandable: false,
+        pool_id: Some((0, 0)),
+        stack: None,
+        blocks: vec![Block {
+            address,
+            size,
             requested_size: 0,
-            stream: 0,
-            segment_type: Some("large".into()),
-            is_expandable: false,
-            pool_id: Some((0, 0)),
+            state: BlockState::Inactive,
             stack: None,
-            blocks: vec![Block {
-                address: 0x7f00_0000_0000 + k * 2 * GIB,
-                size: GIB,
-                requested_size: 0,
-                state: BlockState::Inactive,
-                stack: None,
-                history_len: 0,
-            }],
-        })
+            history_len: 0,
+        }],
+    };
+    let mut segments: Vec<Segment> = (0..64u64)
+        .map(|k| segment(0x7f00_0000_0000 + k * 2 * GIB, GIB))
         .collect();
+    segments.extend((0..512u64).map(|k| segment(0x7e00_0000_0000 + k * (4 << 20), 2 << 20)));
     // A window of 256 live tensors of pseudo-random sizes (512 B … 64 MiB); the oldest is freed
     // before each new allocation; everything is freed at the end.
     let mut t = Vec::with_capacity(n);
