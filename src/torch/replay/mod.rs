@@ -347,18 +347,11 @@ pub fn replay_snapshot(snap: &Snapshot) -> CaptureReplay {
     } else if devices.is_empty() {
         Some("every device trace is empty: memory history was not recorded".to_string())
     } else {
-        let bad: Vec<String> = devices
+        let notes: Vec<String> = devices
             .iter()
-            .filter(|d| !d.validated)
-            .map(|d| {
-                format!(
-                    "device {}: {}",
-                    d.device,
-                    d.note.clone().unwrap_or_default()
-                )
-            })
+            .filter_map(|d| d.note.as_ref().map(|n| format!("device {}: {n}", d.device)))
             .collect();
-        join_note(bad)
+        join_note(notes)
     };
     CaptureReplay {
         validated: !devices.is_empty() && devices.iter().all(|d| d.validated),
