@@ -248,7 +248,7 @@ fn seg(addr: u64, size: u64, blocks: &[(u64, BlockState)]) -> Segment {
                 stack: None,
                 history_len: 0,
             };
-            at += s;
+            at = at.saturating_add(*s);
             b
         })
         .collect();
