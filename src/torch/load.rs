@@ -592,6 +592,31 @@ const TRACE_KEYS: &[&str; 7] = &[
     "frames",
 ];
 
+/// `roundup_power2_divisions` as recorded: `{"1": d, "2": d, …}` keyed by the interval's start in
+/// MiB (a power of two); a list is taken in order. Keys that are not powers of two are ignored.
+fn roundup_divisions(t: &Tree, v: Val) -> Vec<u64> {
+    const INTERVALS: usize = 16;
+    let mut out = vec![0u64; INTERVALS];
+    let value = |x: Val| t.int128(x).and_then(|i| u64::try_from(i).ok()).unwrap_or(0);
+    if matches!(t.kind(v), Kind::List | Kind::Tuple) {
+        for (i, &x) in t.items(v).iter().take(INTERVALS).enumerate() {
+            out[i] = value(x);
+        }
+        return out;
+    }
+    for (k, x) in t.pairs(v) {
+        let key = t
+            .str(k)
+            .and_then(|s| s.parse::<u64>().ok())
+            .or_else(|| t.int128(k).and_then(|i| u64::try_from(i).ok()));
+        if let Some(mb) = key.filter(|m| m.is_power_of_two()) {
+            let i = (mb.trailing_zeros() as usize).min(INTERVALS - 1);
+            out[i] = value(x);
+        }
+    }
+    out
+}
+
 impl<'t, 'a> Builder<'t, 'a> {
     fn shape_error(&self, what: &str) -> CaptureError {
         CaptureError::new(
@@ -854,6 +879,13 @@ impl<'t, 'a> Builder<'t, 'a> {
                 Some("max_split_size") => {
                     st.max_split_size = t.int128(v).and_then(|i| u64::try_from(i).ok())
                 }
+                Some("garbage_collection_threshold") => {
+                    st.garbage_collection_threshold =
+                        t.float(v).or_else(|| t.int128(v).map(|i| i as f64))
+                }
+                Some("roundup_power2_divisions") => {
+                    st.roundup_power2_divisions = Some(roundup_divisions(t, v))
+                }
                 _ => {}
             }
         }
@@ -918,6 +950,38 @@ sys.stdout.buffer.write(pickle.dumps({'segments': [seg], 'device_traces': [[]]},
         assert_eq!(frames[0].filename, "/w/train.py");
         assert_eq!(frames[0].line, 12);
         assert_eq!(s.device_traces.as_ref().map(|t| t.len()), Some(1));
+    }
+
+    #[test]
+    fn allocator_settings_keep_roundup_divisions_and_gc_threshold() {
+        let json = br#"{"segments": [], "device_traces": [[]], "allocator_settings": {
+            "PYTORCH_CUDA_ALLOC_CONF": "roundup_power2_divisions:[256:4,>:8]",
+            "max_split_size": -1, "garbage_collection_threshold": 0.0,
+            "expandable_segments": false,
+            "roundup_power2_divisions": {"1": 0, "2": 0, "256": 4, "512": 8, "32768": 8,
+                                         "3": 99, "x": 5}}}"#;
+        let s = decode_snapshot(Path::new("t.json"), json, &DecodeOptions::default()).unwrap();
+        let st = s.allocator_settings.unwrap();
+        assert_eq!(st.max_split_size, None, "-1 is unlimited");
+        assert_eq!(st.garbage_collection_threshold, Some(0.0));
+        let d = st.roundup_power2_divisions.unwrap();
+        assert_eq!(d.len(), 16);
+        assert_eq!((d[0], d[1], d[8], d[9], d[15]), (0, 0, 4, 8, 8));
+        assert_eq!(
+            d.iter().filter(|&&x| x == 99 || x == 5).count(),
+            0,
+            "bad keys ignored"
+        );
+        // Hostile values: negative or huge divisions read as 0, never panic.
+        let json = br#"{"segments": [], "allocator_settings": {"roundup_power2_divisions":
+            {"1": -4, "1024": 1.5e300, "9223372036854775808": 2}}}"#;
+        let s = decode_snapshot(Path::new("t.json"), json, &DecodeOptions::default()).unwrap();
+        let d = s
+            .allocator_settings
+            .unwrap()
+            .roundup_power2_divisions
+            .unwrap();
+        assert_eq!((d[0], d[10], d[15]), (0, 0, 2));
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod load;
 pub mod model;
 pub mod patterns;
 pub mod ranks;
+pub mod replay;
 pub mod sites;
 pub mod stacks;
 pub mod summary;

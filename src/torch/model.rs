@@ -223,6 +223,13 @@ pub struct AllocatorSettings {
     pub expandable_segments: Option<bool>,
     /// `None` = unlimited (recorded as −1).
     pub max_split_size: Option<u64>,
+    /// `roundup_power2_divisions` (2.3+): divisions per size interval, index `i` covering
+    /// requests in `[2^i MiB, 2^(i+1) MiB)` (index 0 also covers smaller ones, the last one all
+    /// larger), read from the recorded `{"1": d, "2": d, …, "32768": d}`; 0 = plain 512 B rounding.
+    /// `None` when absent.
+    pub roundup_power2_divisions: Option<Vec<u64>>,
+    /// `garbage_collection_threshold` (0 = off).
+    pub garbage_collection_threshold: Option<f64>,
 }
 
 /// A whole snapshot file.

@@ -1,0 +1,434 @@
+//! The allocator state at a device's first trace entry, rebuilt by walking its trace backwards
+//! from the snapshot's segments (as PyTorch's MemoryViz does): undo each `alloc`,
+//! `free_requested`, `free_completed`, `segment_alloc`, `segment_free`, `segment_map` and
+//! `segment_unmap`.
+
+use std::collections::BTreeMap;
+
+use super::model::ES_DEFAULT_SPAN;
+use super::settings::{LARGE_BUFFER, SMALL_BUFFER, SMALL_SIZE, Settings};
+use crate::torch::model::{Action, BlockState, Segment, TraceEntry};
+
+/// A cudaMalloc'd segment at the start.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct InitSeg {
+    pub addr: u64,
+    pub size: u64,
+    pub stream: u64,
+    pub small: bool,
+}
+
+/// One expandable segment: its address range and the parts mapped at the start.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct InitEs {
+    pub base: u64,
+    pub span: u64,
+    pub stream: u64,
+    pub small: bool,
+    /// Mapped ranges `(start, end)`.
+    pub mapped: Vec<(u64, u64)>,
+}
+
+/// A block in use (or awaiting its `free_completed`) at the start.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct InitAlloc {
+    pub addr: u64,
+    pub size: u64,
+    pub requested: u64,
+    pub pending: bool,
+    /// The size was inferred from the request (the block was freed during the trace).
+    pub inferred: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct InitialState {
+    pub segs: Vec<InitSeg>,
+    pub es: Vec<InitEs>,
+    pub allocs: Vec<InitAlloc>,
+    /// Trace entries that contradict the state (count, first description).
+    pub problems: u64,
+    pub first_problem: Option<String>,
+}
+
+impl InitialState {
+    fn problem(&mut self, what: impl FnOnce() -> String) {
+        self.problems += 1;
+        if self.first_problem.is_none() {
+            self.first_problem = Some(what());
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Live {
+    size: Option<u64>,
+    requested: u64,
+    pending: bool,
+}
+
+/// Sorted disjoint ranges `[start, end)`.
+#[derive(Clone, Debug, Default)]
+struct Ranges(BTreeMap<u64, u64>);
+
+impl Ranges {
+    fn add(&mut self, a: u64, b: u64) {
+        let (mut a, mut b) = (a, b);
+        if let Some((&s, &e)) = self.0.range(..=a).next_back()
+            && e >= a
+        {
+            a = s;
+            b = b.max(e);
+            self.0.remove(&s);
+        }
+        let inside: Vec<(u64, u64)> = self.0.range(a..=b).map(|(&s, &e)| (s, e)).collect();
+        for (s, e) in inside {
+            b = b.max(e);
+            self.0.remove(&s);
+        }
+        self.0.insert(a, b);
+    }
+
+    /// Remove `[a, b)`; `false` when it was not wholly inside one range.
+    fn remove(&mut self, a: u64, b: u64) -> bool {
+        let Some((&s, &e)) = self.0.range(..=a).next_back() else {
+            return false;
+        };
+        if e < b {
+            return false;
+        }
+        self.0.remove(&s);
+        if s < a {
+            self.0.insert(s, a);
+        }
+        if b < e {
+            self.0.insert(b, e);
+        }
+        true
+    }
+}
+
+/// Which expandable segment an address belongs to.
+#[derive(Clone, Debug)]
+struct EsInfo {
+    stream: u64,
+    small: bool,
+    lo: u64,
+    hi: u64,
+    ranges: Ranges,
+}
+
+/// Rebuild the state before `trace[0]` from the device's `segments`.
+pub(crate) fn rebuild(
+    segments: &[&Segment],
+    trace: &[TraceEntry],
+    settings: &Settings,
+) -> InitialState {
+    let mut st = InitialState::default();
+    let mut segs: BTreeMap<u64, (u64, u64, bool)> = BTreeMap::new();
+    let mut es: Vec<EsInfo> = Vec::new();
+    let mut live: BTreeMap<u64, Live> = BTreeMap::new();
+
+    let find_es = |es: &mut Vec<EsInfo>, stream: u64, small: bool| -> usize {
+        match es
+            .iter()
+            .position(|e| e.stream == stream && e.small == small)
+        {
+            Some(i) => i,
+            None => {
+                es.push(EsInfo {
+                    stream,
+                    small,
+                    lo: u64::MAX,
+                    hi: 0,
+                    ranges: Ranges::default(),
+                });
+                es.len() - 1
+            }
+        }
+    };
+
+    for s in segments {
+        let small = s.segment_type.as_deref() == Some("small");
+        let end = s.address.saturating_add(s.total_size);
+        if s.is_expandable {
+            let i = find_es(&mut es, s.stream, small);
+            es[i].ranges.add(s.address, end);
+            es[i].lo = es[i].lo.min(s.address);
+            es[i].hi = es[i].hi.max(end);
+        } else {
+            segs.insert(s.address, (s.total_size, s.stream, small));
+        }
+        for b in &s.blocks {
+            let pending = match b.state {
+                BlockState::ActiveAllocated => false,
+                BlockState::ActivePendingFree => true,
+                BlockState::Inactive => continue,
+                BlockState::Other(_) => {
+                    st.problem(|| {
+                        format!("block state {:?} at {:#x}", b.state.as_str(), b.address)
+                    });
+                    continue;
+                }
+            };
+            live.insert(
+                b.address,
+                Live {
+                    size: Some(b.size),
+                    requested: b.requested_size,
+                    pending,
+                },
+            );
+        }
+    }
+
+    // Expandable ranges that the trace maps: the pool is the one of the request that follows.
+    for (i, e) in trace.iter().enumerate() {
+        if !matches!(e.action, Action::SegmentMap | Action::SegmentUnmap) {
+            continue;
+        }
+        let end = e.addr.saturating_add(e.size);
+        let known = es.iter().position(|x| {
+            x.stream == e.stream && x.lo <= e.addr && e.addr < x.hi.max(x.lo.saturating_add(1))
+        });
+        let idx = match known {
+            Some(k) => k,
+            None if e.action == Action::SegmentMap => {
+                let small = trace[i + 1..]
+                    .iter()
+                    .find(|n| {
+                        matches!(n.action, Action::Alloc | Action::Oom) && n.stream == e.stream
+                    })
+                    .map(|n| {
+                        let size = if n.action == Action::Alloc {
+                            settings.round_size(n.size)
+                        } else {
+                            n.size
+                        };
+                        size <= SMALL_SIZE
+                    })
+                    .unwrap_or(e.size % LARGE_BUFFER != 0);
+                find_es(&mut es, e.stream, small)
+            }
+            None => {
+                // Nearest known expandable segment of that stream below the address.
+                let below = es
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, x)| x.stream == e.stream && x.lo <= e.addr)
+                    .max_by_key(|(_, x)| x.lo)
+                    .map(|(k, _)| k);
+                match below {
+                    Some(k) => k,
+                    None => find_es(&mut es, e.stream, e.size % LARGE_BUFFER != 0),
+                }
+            }
+        };
+        es[idx].lo = es[idx].lo.min(e.addr);
+        es[idx].hi = es[idx].hi.max(end);
+    }
+
+    // Walk backwards.
+    for e in trace.iter().rev() {
+        match e.action {
+            Action::Alloc => {
+                let was_live = live.remove(&e.addr).is_some();
+                if !was_live {
+                    st.problem(|| format!("alloc at {:#x} is not live afterwards", e.addr));
+                }
+            }
+            Action::FreeRequested => match live.get_mut(&e.addr) {
+                Some(l) if l.pending => l.pending = false,
+                Some(_) => st.problem(|| format!("free_requested of {:#x} twice", e.addr)),
+                None => {
+                    st.problem(|| format!("free_requested of {:#x} never completes", e.addr));
+                    live.insert(
+                        e.addr,
+                        Live {
+                            size: None,
+                            requested: e.size,
+                            pending: false,
+                        },
+                    );
+                }
+            },
+            Action::FreeCompleted => {
+                if live.contains_key(&e.addr) {
+                    st.problem(|| format!("free_completed of {:#x}, live afterwards", e.addr));
+                }
+                live.insert(
+                    e.addr,
+                    Live {
+                        size: None,
+                        requested: e.size,
+                        pending: true,
+                    },
+                );
+            }
+            Action::SegmentAlloc => {
+                match segs.remove(&e.addr) {
+                    Some((size, _, _)) if size == e.size => {}
+                    _ => {
+                        st.problem(|| format!("segment_alloc {:#x} not in the later state", e.addr))
+                    }
+                }
+                let end = e.addr.saturating_add(e.size);
+                if live.range(e.addr..end).next().is_some() {
+                    st.problem(|| format!("segment_alloc {:#x} holds blocks already", e.addr));
+                }
+            }
+            Action::SegmentFree => {
+                if segs.contains_key(&e.addr) {
+                    st.problem(|| format!("segment_free {:#x} still present afterwards", e.addr));
+                }
+                segs.insert(e.addr, (e.size, e.stream, e.size == SMALL_BUFFER));
+            }
+            Action::SegmentMap | Action::SegmentUnmap => {
+                let end = e.addr.saturating_add(e.size);
+                let owner = es
+                    .iter()
+                    .position(|x| x.stream == e.stream && x.lo <= e.addr && e.addr < x.hi);
+                let Some(k) = owner else {
+                    st.problem(|| {
+                        format!("{} {:#x}: no expandable segment", e.action.as_str(), e.addr)
+                    });
+                    continue;
+                };
+                if e.action == Action::SegmentMap {
+                    if !es[k].ranges.remove(e.addr, end) {
+                        st.problem(|| format!("segment_map {:#x} not mapped afterwards", e.addr));
+                    }
+                    if live.range(e.addr..end).next().is_some() {
+                        st.problem(|| format!("segment_map {:#x} holds blocks already", e.addr));
+                    }
+                } else {
+                    es[k].ranges.add(e.addr, end);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    // The regions blocks live in, in address order: (start, end, small, expandable).
+    let mut regions: BTreeMap<u64, (u64, bool, bool)> = BTreeMap::new();
+    for (&a, &(size, stream, small)) in &segs {
+        regions.insert(a, (a.saturating_add(size), small, false));
+        st.segs.push(InitSeg {
+            addr: a,
+            size,
+            stream,
+            small,
+        });
+    }
+    for x in &es {
+        for (&s, &e) in &x.ranges.0 {
+            regions.insert(s, (e, x.small, true));
+        }
+    }
+
+    // Expandable address ranges: from the lowest address seen up to the next thing above.
+    let mut starts: Vec<u64> = segs.keys().copied().collect();
+    starts.extend(es.iter().filter(|x| x.lo != u64::MAX).map(|x| x.lo));
+    starts.sort_unstable();
+    for x in es.iter().filter(|x| x.lo != u64::MAX) {
+        let page = if x.small { SMALL_BUFFER } else { LARGE_BUFFER };
+        let next = starts
+            .iter()
+            .find(|&&s| s > x.lo)
+            .copied()
+            .unwrap_or(u64::MAX);
+        let cap = x.lo.saturating_add(ES_DEFAULT_SPAN);
+        let limit = next.min(cap).max(x.hi);
+        let span = (limit - x.lo) / page * page;
+        st.es.push(InitEs {
+            base: x.lo,
+            span: span.max(x.hi - x.lo),
+            stream: x.stream,
+            small: x.small,
+            mapped: x.ranges.0.iter().map(|(&s, &e)| (s, e)).collect(),
+        });
+    }
+
+    // A block freed during the trace has no recorded size. An allocation always takes the start
+    // of a free block, so the live block just below it ends where it begins: when that is one of
+    // these blocks, its size is known.
+    let mut ends: BTreeMap<u64, u64> = BTreeMap::new();
+    {
+        let mut cur: BTreeMap<u64, bool> =
+            live.iter().map(|(&a, l)| (a, l.size.is_none())).collect();
+        for e in trace {
+            match e.action {
+                Action::Alloc => {
+                    if let Some((&p, &unknown)) = cur.range(..e.addr).next_back()
+                        && unknown
+                        && !ends.contains_key(&p)
+                        && regions
+                            .range(..=p)
+                            .next_back()
+                            .is_some_and(|(_, &(rend, _, _))| e.addr < rend)
+                    {
+                        ends.insert(p, e.addr);
+                    }
+                    cur.insert(e.addr, false);
+                }
+                Action::FreeCompleted => {
+                    cur.remove(&e.addr);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    // Other blocks freed during the trace get the size their request rounds to, plus the
+    // remainder the allocator would not have split off.
+    let addrs: Vec<u64> = live.keys().copied().collect();
+    for (i, &a) in addrs.iter().enumerate() {
+        let Some(l) = live.get(&a).copied() else {
+            continue;
+        };
+        let Some((_, &(rend, small, expandable))) = regions.range(..=a).next_back() else {
+            st.problem(|| format!("block {a:#x} lies in no segment at the start"));
+            continue;
+        };
+        if rend <= a {
+            st.problem(|| format!("block {a:#x} lies in no segment at the start"));
+            continue;
+        }
+        let next = addrs.get(i + 1).copied().unwrap_or(u64::MAX);
+        let limit = rend.min(next);
+        let room = limit - a;
+        let (size, inferred) = match l.size {
+            Some(s) => (s, false),
+            None if ends
+                .get(&a)
+                .is_some_and(|&end| end - a >= settings.round_size(l.requested)) =>
+            {
+                (ends.get(&a).map_or(0, |&end| end - a), true)
+            }
+            None => {
+                let base = settings.round_size(l.requested);
+                let gap = room.saturating_sub(base);
+                let absorb = if small || settings.expandable_segments {
+                    false
+                } else if base >= settings.max_split_size {
+                    gap < settings.max_non_split_rounding
+                } else {
+                    // A large-pool free block is always > 1 MiB: a smaller gap was part of it.
+                    let _ = expandable;
+                    gap <= SMALL_SIZE
+                };
+                (if absorb { room } else { base }, true)
+            }
+        };
+        if size > room {
+            st.problem(|| format!("block {a:#x} overlaps the next block or its segment end"));
+        }
+        st.allocs.push(InitAlloc {
+            addr: a,
+            size: size.min(room),
+            requested: l.requested,
+            pending: l.pending,
+            inferred,
+        });
+    }
+    st
+}

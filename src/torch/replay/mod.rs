@@ -1,0 +1,526 @@
+//! A replay of PyTorch's CUDA caching allocator, validated against the segment events the
+//! allocator recorded, and what-if replays on top of it.
+//!
+//! For each device: the allocator state at the first trace entry is rebuilt by walking the trace
+//! backwards from the snapshot's segments ([`initial`]); the program's requests (`alloc`,
+//! `free_requested`, `free_completed`, `oom`, and `empty_cache()` calls inferred from releases
+//! outside any allocation) are replayed through a model of `DeviceCachingAllocator`
+//! ([`model`]); the model's `segment_alloc`/`segment_free`/`segment_map`/`segment_unmap` are
+//! compared with the recorded ones, and its reserved bytes at the end with the snapshot's.
+//! A what-if ([`what_if`]) replays the same requests with a change and is only called
+//! simulated where the unchanged replay validated. See docs/REPLAY.md.
+//!
+//! Plain data in, plain data out: no IO, no rendering.
+
+mod initial;
+mod model;
+mod run;
+mod settings;
+#[cfg(test)]
+mod tests;
+
+use serde::Serialize;
+
+pub use model::SegKind;
+pub use settings::Settings;
+
+use crate::torch::model::{Action, Snapshot, TraceEntry};
+use initial::InitialState;
+use run::{Edits, Plan};
+
+/// The replay of one device.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DeviceReplay {
+    pub device: i64,
+    pub trace_entries: u64,
+    /// Every recorded segment event matched in order and size, none extra, reserved bytes at
+    /// the end equal.
+    pub validated: bool,
+    pub segment_events_recorded: u64,
+    pub segment_events_matched: u64,
+    pub segment_events_replayed: u64,
+    pub reserved_end_bytes_recorded: u64,
+    pub reserved_end_bytes_replayed: u64,
+    /// `alloc` entries the model served, and how many at the recorded address.
+    pub allocations: u64,
+    pub allocation_addresses_matched: u64,
+    /// Trace index of the first `alloc` the model placed elsewhere.
+    pub first_address_mismatch: Option<u64>,
+    /// Allocated blocks at the end (address and size) equal the snapshot's.
+    pub live_blocks_end_matched: bool,
+    /// Peaks over the trace (from the rebuilt initial state on).
+    pub peak_allocated_bytes: u64,
+    pub peak_reserved_bytes: u64,
+    pub note: Option<String>,
+}
+
+/// The replay of one capture (every device with a trace).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CaptureReplay {
+    pub validated: bool,
+    pub segment_events_recorded: u64,
+    pub segment_events_matched: u64,
+    pub reserved_end_bytes_recorded: u64,
+    pub reserved_end_bytes_replayed: u64,
+    pub note: Option<String>,
+    pub devices: Vec<DeviceReplay>,
+}
+
+/// One change to replay with.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub enum Change {
+    /// Free these allocations (their `alloc` entry indices in the device trace) just before
+    /// trace entry `at` instead of when recorded; one whose `alloc` is at or after `at` is
+    /// never made.
+    FreeEarly { allocs: Vec<usize>, at: usize },
+    /// `expandable_segments:True|False`.
+    ExpandableSegments(bool),
+    /// `max_split_size_mb:N` (N ≥ 20, as PyTorch requires).
+    MaxSplitSizeMb(u64),
+    /// `roundup_power2_divisions:N` or `roundup_power2_divisions:[256:4,>:8]`.
+    RoundupPower2Divisions(String),
+}
+
+/// One recorded `oom` entry under a what-if.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct OomOutcome {
+    pub trace_index: u64,
+    /// The rounded request that failed.
+    pub request_bytes: u64,
+    /// Reserved + `device_free` at the OOM in the unchanged replay.
+    pub capacity_bytes: Option<u64>,
+    /// The request would have been served under the change.
+    pub fits_after: bool,
+}
+
+/// A what-if result for one device.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct WhatIf {
+    pub device: i64,
+    /// The unchanged replay validated on this device, so the numbers are a simulation of the
+    /// allocator; `false`: not offered (see `note`), the numbers are left at 0.
+    pub simulated: bool,
+    pub settings: Settings,
+    pub peak_allocated_before: u64,
+    pub peak_allocated_after: u64,
+    pub peak_reserved_before: u64,
+    pub peak_reserved_after: u64,
+    /// Device memory the replay may reserve (smallest reserved + device_free over the recorded
+    /// OOMs); `None`: unknown, new segments always succeed.
+    pub capacity_bytes: Option<u64>,
+    pub ooms: Vec<OomOutcome>,
+    /// Allocations that succeeded in the recorded run but fail under the change.
+    pub new_ooms: u64,
+    pub note: Option<String>,
+}
+
+/// One setting tried for a fragmentation OOM.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SettingTrial {
+    /// As written in `PYTORCH_CUDA_ALLOC_CONF`.
+    pub setting: String,
+    /// Every recorded OOM would have been served, and no new one appears.
+    pub avoids_oom: bool,
+    pub peak_reserved_after: u64,
+}
+
+/// Settings that would have avoided a device's recorded OOMs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct OomSettingsAdvice {
+    pub device: i64,
+    pub simulated: bool,
+    pub trials: Vec<SettingTrial>,
+    /// `expandable_segments:True` avoids the OOMs.
+    pub expandable_segments_avoids: Option<bool>,
+    /// The smallest `max_split_size_mb` tried that avoids them.
+    pub smallest_max_split_size_mb: Option<u64>,
+    pub note: Option<String>,
+}
+
+/// The `max_split_size_mb` values [`advise_settings_for_oom`] tries.
+pub const MAX_SPLIT_TRIALS_MB: [u64; 5] = [32, 64, 128, 256, 512];
+
+/// Everything a device's replays share.
+struct Prepared<'s> {
+    device: i64,
+    trace: &'s [TraceEntry],
+    settings: Settings,
+    init: InitialState,
+    plan: Plan,
+    /// Why this device cannot validate whatever the model does.
+    blocker: Option<String>,
+    /// Facts worth stating even when it validates.
+    remarks: Vec<String>,
+    reserved_recorded: u64,
+    live_recorded: Vec<(u64, u64)>,
+}
+
+fn prepare(snap: &Snapshot, device: i64) -> Prepared<'_> {
+    let trace: &[TraceEntry] = snap
+        .device_traces
+        .as_ref()
+        .and_then(|t| usize::try_from(device).ok().and_then(|d| t.get(d)))
+        .map_or(&[], Vec::as_slice);
+    let segments: Vec<_> = snap
+        .segments
+        .iter()
+        .filter(|s| s.device == device)
+        .collect();
+    let mut remarks = Vec::new();
+    let mut blocker = None;
+    let settings = match &snap.allocator_settings {
+        Some(s) => {
+            if s.garbage_collection_threshold.is_some_and(|g| g > 0.0) {
+                blocker = Some(
+                    "garbage_collection_threshold is set: its collections depend on \
+                     set_per_process_memory_fraction, which the snapshot does not record"
+                        .to_string(),
+                );
+            }
+            Settings::from_recorded(s)
+        }
+        None => {
+            remarks.push(
+                "allocator_settings not recorded (torch < 2.3): PyTorch's defaults assumed".into(),
+            );
+            Settings::default()
+        }
+    };
+    if snap.dropped_trace_entries > 0 {
+        remarks.push(format!(
+            "{} oldest trace entries were dropped when loading",
+            snap.dropped_trace_entries
+        ));
+    }
+    if segments
+        .iter()
+        .any(|s| s.pool_id.is_some_and(|p| p != (0, 0)))
+    {
+        blocker = Some(
+            "segments of private pools (CUDA graphs / MemPool): which requests went to them is \
+             not in the trace"
+                .to_string(),
+        );
+    }
+    if trace
+        .iter()
+        .any(|e| matches!(e.action, Action::Other(_) | Action::Annotate) && e.size > 0)
+    {
+        remarks.push("trace has actions the model ignores".into());
+    }
+    let init = initial::rebuild(&segments, trace, &settings);
+    if init.problems > 0 {
+        remarks.push(format!(
+            "{} trace entries contradict the rebuilt state (first: {})",
+            init.problems,
+            init.first_problem.clone().unwrap_or_default()
+        ));
+    }
+    let plan = run::plan(trace, &init);
+    if plan.unmatched_frees > 0 {
+        remarks.push(format!(
+            "{} frees of allocations unknown to the rebuilt state",
+            plan.unmatched_frees
+        ));
+    }
+    let reserved_recorded = segments
+        .iter()
+        .fold(0u64, |a, s| a.saturating_add(s.total_size));
+    let mut live_recorded: Vec<(u64, u64)> = segments
+        .iter()
+        .flat_map(|s| s.blocks.iter())
+        .filter(|b| b.state == crate::torch::model::BlockState::ActiveAllocated)
+        .map(|b| (b.address, b.size))
+        .collect();
+    live_recorded.sort_unstable();
+    Prepared {
+        device,
+        trace,
+        settings,
+        init,
+        plan,
+        blocker,
+        remarks,
+        reserved_recorded,
+        live_recorded,
+    }
+}
+
+fn join_note(parts: Vec<String>) -> Option<String> {
+    (!parts.is_empty()).then(|| parts.join("; "))
+}
+
+fn validate(p: &Prepared) -> (DeviceReplay, run::Outcome) {
+    let out = run::replay(
+        p.trace,
+        &p.plan,
+        &p.init,
+        p.settings.clone(),
+        true,
+        None,
+        &Edits::default(),
+    );
+    let (matched, first) = run::compare(&p.plan.recorded, &out.events);
+    let recorded = p.plan.recorded.len() as u64;
+    let replayed = out.events.len() as u64;
+    let mut live_end = out.live_end.clone();
+    live_end.sort_unstable();
+    let live_ok = live_end == p.live_recorded;
+    let mut notes = Vec::new();
+    let mut validated =
+        matched == recorded && replayed == recorded && out.reserved_end == p.reserved_recorded;
+    if p.trace.is_empty() {
+        validated = false;
+        notes.push("no trace entries on this device".to_string());
+    }
+    if let Some(b) = &p.blocker {
+        validated = false;
+        notes.push(b.clone());
+    }
+    if let Some((_, what)) = first {
+        notes.push(format!("first difference {what}"));
+    }
+    if out.reserved_end != p.reserved_recorded {
+        notes.push(format!(
+            "reserved at the end: recorded {} B, replayed {} B",
+            p.reserved_recorded, out.reserved_end
+        ));
+    }
+    if out.unexpected_ooms > 0 {
+        notes.push(format!(
+            "the model ran out of memory on {} allocation(s) the program got (first at trace \
+             entry {})",
+            out.unexpected_ooms,
+            out.first_unexpected_oom.unwrap_or(0)
+        ));
+    }
+    if !validated || !live_ok {
+        notes.extend(p.remarks.iter().cloned());
+    }
+    if !live_ok && validated {
+        notes.push("allocated blocks at the end differ from the snapshot's".into());
+    }
+    if p.trace.len() == 1 {
+        notes.push(
+            "trace of 1 entry (recorded with max_entries=1): the check covers that entry only"
+                .into(),
+        );
+    }
+    let r = DeviceReplay {
+        device: p.device,
+        trace_entries: p.trace.len() as u64,
+        validated,
+        segment_events_recorded: recorded,
+        segment_events_matched: matched,
+        segment_events_replayed: replayed,
+        reserved_end_bytes_recorded: p.reserved_recorded,
+        reserved_end_bytes_replayed: out.reserved_end,
+        allocations: out.allocations,
+        allocation_addresses_matched: out.addresses_matched,
+        first_address_mismatch: out.first_address_mismatch.map(|i| i as u64),
+        live_blocks_end_matched: live_ok,
+        peak_allocated_bytes: out.peak_allocated,
+        peak_reserved_bytes: out.peak_reserved,
+        note: join_note(notes),
+    };
+    (r, out)
+}
+
+/// Replay one device and compare with what was recorded.
+pub fn replay_device(snap: &Snapshot, device: i64) -> DeviceReplay {
+    validate(&prepare(snap, device)).0
+}
+
+/// Replay every device that has trace entries.
+pub fn replay_snapshot(snap: &Snapshot) -> CaptureReplay {
+    let devices: Vec<DeviceReplay> = match &snap.device_traces {
+        Some(t) => (0..t.len() as i64)
+            .filter(|&d| t.get(d as usize).is_some_and(|v| !v.is_empty()))
+            .map(|d| replay_device(snap, d))
+            .collect(),
+        None => Vec::new(),
+    };
+    let sum =
+        |f: fn(&DeviceReplay) -> u64| devices.iter().fold(0u64, |a, d| a.saturating_add(f(d)));
+    let note = if snap.device_traces.is_none() {
+        Some("no trace: memory history was not recorded (only segments)".to_string())
+    } else if devices.is_empty() {
+        Some("every device trace is empty: memory history was not recorded".to_string())
+    } else {
+        let notes: Vec<String> = devices
+            .iter()
+            .filter_map(|d| d.note.as_ref().map(|n| format!("device {}: {n}", d.device)))
+            .collect();
+        join_note(notes)
+    };
+    CaptureReplay {
+        validated: !devices.is_empty() && devices.iter().all(|d| d.validated),
+        segment_events_recorded: sum(|d| d.segment_events_recorded),
+        segment_events_matched: sum(|d| d.segment_events_matched),
+        reserved_end_bytes_recorded: sum(|d| d.reserved_end_bytes_recorded),
+        reserved_end_bytes_replayed: sum(|d| d.reserved_end_bytes_replayed),
+        note,
+        devices,
+    }
+}
+
+/// Device memory the allocator could have reserved: the smallest reserved + `device_free` over
+/// the recorded OOMs of the unchanged replay.
+fn capacity_of(p: &Prepared, out: &run::Outcome) -> Option<u64> {
+    out.ooms
+        .iter()
+        .filter_map(|&(i, _, reserved, _)| {
+            p.trace
+                .get(i)
+                .and_then(TraceEntry::device_free)
+                .map(|f| reserved.saturating_add(f))
+        })
+        .min()
+}
+
+/// Replay a device's requests with `changes` and report peaks and the fate of each recorded OOM.
+pub fn what_if(snap: &Snapshot, device: i64, changes: &[Change]) -> WhatIf {
+    let p = prepare(snap, device);
+    what_if_prepared(&p, changes)
+}
+
+fn what_if_prepared(p: &Prepared, changes: &[Change]) -> WhatIf {
+    let (base, out0) = validate(p);
+    let mut settings = p.settings.clone();
+    let mut edits = Edits::default();
+    let mut notes = Vec::new();
+    for c in changes {
+        match c {
+            Change::FreeEarly { allocs, at } => {
+                for a in allocs {
+                    match p.plan.alloc_aref.get(a) {
+                        Some(&r) => {
+                            edits.free_at.insert(r, *at);
+                        }
+                        None => notes.push(format!("trace entry {a} is not an alloc")),
+                    }
+                }
+            }
+            Change::ExpandableSegments(on) => settings.expandable_segments = *on,
+            Change::MaxSplitSizeMb(mb) => {
+                if !settings.apply("max_split_size_mb", &mb.to_string()) {
+                    notes.push(format!(
+                        "max_split_size_mb:{mb} is below PyTorch's minimum of 20"
+                    ));
+                }
+            }
+            Change::RoundupPower2Divisions(v) => {
+                if !settings.apply("roundup_power2_divisions", v) {
+                    notes.push(format!(
+                        "roundup_power2_divisions:{v} is not a valid setting"
+                    ));
+                }
+            }
+        }
+    }
+    let mut w = WhatIf {
+        device: p.device,
+        simulated: false,
+        settings: settings.clone(),
+        peak_allocated_before: 0,
+        peak_allocated_after: 0,
+        peak_reserved_before: 0,
+        peak_reserved_after: 0,
+        capacity_bytes: None,
+        ooms: Vec::new(),
+        new_ooms: 0,
+        note: None,
+    };
+    if !base.validated {
+        notes.insert(
+            0,
+            format!(
+                "not simulated: the unchanged replay does not validate on this device ({})",
+                base.note.clone().unwrap_or_default()
+            ),
+        );
+        w.note = join_note(notes);
+        return w;
+    }
+    let capacity = capacity_of(p, &out0);
+    let after = run::replay(p.trace, &p.plan, &p.init, settings, false, capacity, &edits);
+    w.simulated = true;
+    w.capacity_bytes = capacity;
+    w.peak_allocated_before = out0.peak_allocated;
+    w.peak_reserved_before = out0.peak_reserved;
+    w.peak_allocated_after = after.peak_allocated;
+    w.peak_reserved_after = after.peak_reserved;
+    w.new_ooms = after.unexpected_ooms;
+    w.ooms = after
+        .ooms
+        .iter()
+        .map(|&(i, size, _, fits)| OomOutcome {
+            trace_index: i as u64,
+            request_bytes: size,
+            capacity_bytes: out0.ooms.iter().find(|o| o.0 == i).and_then(|o| {
+                p.trace
+                    .get(i)
+                    .and_then(TraceEntry::device_free)
+                    .map(|f| o.2.saturating_add(f))
+            }),
+            fits_after: fits,
+        })
+        .collect();
+    if capacity.is_none() {
+        notes.push("no recorded OOM: device capacity unknown, new segments always succeed".into());
+    }
+    w.note = join_note(notes);
+    w
+}
+
+/// For a device whose trace records OOMs (PT008: fragmentation), try `expandable_segments:True`
+/// and `max_split_size_mb` for each of [`MAX_SPLIT_TRIALS_MB`]; name the smallest that avoids
+/// every recorded OOM without a new one.
+pub fn advise_settings_for_oom(snap: &Snapshot, device: i64) -> OomSettingsAdvice {
+    let p = prepare(snap, device);
+    let mut a = OomSettingsAdvice {
+        device,
+        simulated: false,
+        trials: Vec::new(),
+        expandable_segments_avoids: None,
+        smallest_max_split_size_mb: None,
+        note: None,
+    };
+    if !p.trace.iter().any(|e| e.action == Action::Oom) {
+        a.note = Some("no oom entry in this device's trace".into());
+        return a;
+    }
+    let mut trial = |setting: String, changes: &[Change]| -> Option<bool> {
+        let w = what_if_prepared(&p, changes);
+        if !w.simulated {
+            a.note = w.note;
+            return None;
+        }
+        let avoids = w.new_ooms == 0 && w.ooms.iter().all(|o| o.fits_after);
+        a.trials.push(SettingTrial {
+            setting,
+            avoids_oom: avoids,
+            peak_reserved_after: w.peak_reserved_after,
+        });
+        Some(avoids)
+    };
+    let Some(exp) = trial(
+        "expandable_segments:True".into(),
+        &[Change::ExpandableSegments(true)],
+    ) else {
+        return a;
+    };
+    a.expandable_segments_avoids = Some(exp);
+    for mb in MAX_SPLIT_TRIALS_MB {
+        if trial(
+            format!("max_split_size_mb:{mb}"),
+            &[Change::MaxSplitSizeMb(mb)],
+        ) == Some(true)
+            && a.smallest_max_split_size_mb.is_none()
+        {
+            a.smallest_max_split_size_mb = Some(mb);
+        }
+    }
+    a.simulated = true;
+    a
+}

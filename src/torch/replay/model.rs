@@ -1,0 +1,940 @@
+//! A model of PyTorch's `DeviceCachingAllocator` (c10/cuda/CUDACachingAllocator.cpp) for one
+//! device: segments cut into blocks, best-fit free lists per pool ordered by
+//! (stream, size, address), splitting, merging, the OOM release path and expandable segments.
+//!
+//! Whether the device grants a new segment (cudaMalloc) or page mapping is not the model's to
+//! know: a [`Device`] answers, either from what the recorded trace shows or from a capacity.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::settings::{
+    LARGE_BUFFER, SMALL_BUFFER, SMALL_SIZE, Settings, allocation_size, round_up,
+};
+
+/// What happened to device memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SegKind {
+    SegmentAlloc,
+    SegmentFree,
+    SegmentMap,
+    SegmentUnmap,
+}
+
+impl SegKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SegKind::SegmentAlloc => "segment_alloc",
+            SegKind::SegmentFree => "segment_free",
+            SegKind::SegmentMap => "segment_map",
+            SegKind::SegmentUnmap => "segment_unmap",
+        }
+    }
+}
+
+/// One segment event, recorded or predicted; `step` ties it to the trace position that caused it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegEvent {
+    pub kind: SegKind,
+    pub addr: u64,
+    pub size: u64,
+    pub step: usize,
+}
+
+/// Answers whether the device gives more memory.
+pub trait Device {
+    /// May `bytes` more be reserved on top of `reserved`? `attempt`: 0 first try, 1 after the
+    /// oversize blocks were released (max_split_size), 2 after every cached segment was released.
+    /// `released`: segments the model released so far in this malloc.
+    fn grant(&mut self, reserved: u64, bytes: u64, attempt: u8, released: u64) -> bool;
+    /// An address for a new segment of `size` bytes (`expandable`: the base of a new expandable
+    /// range), or `None` to let the model pick a fresh one.
+    fn segment_address(&mut self, size: u64, expandable: bool) -> Option<u64>;
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum St {
+    Free,
+    Alloc,
+    /// Freed by the program, not yet reusable (`free_requested` without `free_completed`).
+    Pending,
+    /// Expandable-segment address space without memory behind it.
+    Unmapped,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Blk {
+    pub size: u64,
+    pub seg: u32,
+    pub state: St,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Seg {
+    pub addr: u64,
+    /// Bytes (expandable: the whole reserved address range).
+    pub size: u64,
+    pub stream: u64,
+    pub small: bool,
+    pub expandable: bool,
+    pub alive: bool,
+}
+
+impl Seg {
+    fn page(&self) -> u64 {
+        if self.small {
+            SMALL_BUFFER
+        } else {
+            LARGE_BUFFER
+        }
+    }
+}
+
+/// Free-list key: (pool is small, stream, size, address) — PyTorch's `BlockComparatorSize`
+/// within one pool.
+type FreeKey = (bool, u64, u64, u64);
+
+/// Where fresh model-made addresses start (far above any real 47-bit address).
+const SYNTHETIC_BASE: u64 = 1 << 56;
+/// Address space reserved for an expandable segment whose end is not known.
+pub(crate) const ES_DEFAULT_SPAN: u64 = 1 << 40;
+
+/// Result of one allocation request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Malloc {
+    Ok { addr: u64, block: u64 },
+    Oom,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Model {
+    pub settings: Settings,
+    pub blocks: BTreeMap<u64, Blk>,
+    free: BTreeSet<FreeKey>,
+    /// Unmapped expandable blocks: (small, stream, address).
+    unmapped: BTreeSet<(bool, u64, u64)>,
+    pub segs: Vec<Seg>,
+    pub reserved: u64,
+    pub allocated: u64,
+    pub peak_reserved: u64,
+    pub peak_allocated: u64,
+    pub events: Vec<SegEvent>,
+    /// The step new events are tagged with.
+    pub step: usize,
+    next_synthetic: u64,
+    /// `events.len()` when the current malloc began.
+    call_start: usize,
+}
+
+impl Model {
+    pub fn new(settings: Settings) -> Model {
+        Model {
+            settings,
+            blocks: BTreeMap::new(),
+            free: BTreeSet::new(),
+            unmapped: BTreeSet::new(),
+            segs: Vec::new(),
+            reserved: 0,
+            allocated: 0,
+            peak_reserved: 0,
+            peak_allocated: 0,
+            events: Vec::new(),
+            step: 0,
+            next_synthetic: SYNTHETIC_BASE,
+            call_start: 0,
+        }
+    }
+
+    // ---- building the initial state ----
+
+    /// Add a segment (non-expandable) whose blocks are all free; returns its index.
+    pub fn add_segment(&mut self, addr: u64, size: u64, stream: u64, small: bool) -> u32 {
+        let i = self.segs.len() as u32;
+        self.segs.push(Seg {
+            addr,
+            size,
+            stream,
+            small,
+            expandable: false,
+            alive: true,
+        });
+        self.blocks.insert(
+            addr,
+            Blk {
+                size,
+                seg: i,
+                state: St::Free,
+            },
+        );
+        self.free.insert((small, stream, size, addr));
+        self.reserved = self.reserved.saturating_add(size);
+        self.bump_peaks();
+        i
+    }
+
+    /// Add an expandable segment spanning `[addr, addr+span)`, all unmapped; returns its index.
+    pub fn add_expandable(&mut self, addr: u64, span: u64, stream: u64, small: bool) -> u32 {
+        let i = self.segs.len() as u32;
+        self.segs.push(Seg {
+            addr,
+            size: span,
+            stream,
+            small,
+            expandable: true,
+            alive: true,
+        });
+        self.blocks.insert(
+            addr,
+            Blk {
+                size: span,
+                seg: i,
+                state: St::Unmapped,
+            },
+        );
+        self.unmapped.insert((small, stream, addr));
+        i
+    }
+
+    /// Mark `[addr, addr+size)` of an expandable segment as mapped and free (initial state).
+    pub fn init_map(&mut self, seg: u32, addr: u64, size: u64) -> bool {
+        let Some((&start, &b)) = self.blocks.range(..=addr).next_back() else {
+            return false;
+        };
+        if b.seg != seg
+            || b.state != St::Unmapped
+            || start.saturating_add(b.size) < addr.saturating_add(size)
+        {
+            return false;
+        }
+        let s = &self.segs[seg as usize];
+        let key = (s.small, s.stream);
+        self.unmapped.remove(&(key.0, key.1, start));
+        self.blocks.remove(&start);
+        if addr > start {
+            self.put_unmapped(start, addr - start, seg);
+        }
+        let end = addr + size;
+        let bend = start + b.size;
+        if bend > end {
+            self.put_unmapped(end, bend - end, seg);
+        }
+        self.blocks.insert(
+            addr,
+            Blk {
+                size,
+                seg,
+                state: St::Free,
+            },
+        );
+        let merged = self.merge_free(addr);
+        self.insert_free(merged);
+        self.reserved = self.reserved.saturating_add(size);
+        self.bump_peaks();
+        true
+    }
+
+    /// Carve an allocated (or pending) block out of a free block (initial state).
+    pub fn init_alloc(&mut self, addr: u64, size: u64, pending: bool) -> bool {
+        let Some((&start, &b)) = self.blocks.range(..=addr).next_back() else {
+            return false;
+        };
+        if b.state != St::Free
+            || start.saturating_add(b.size) < addr.saturating_add(size)
+            || size == 0
+        {
+            return false;
+        }
+        self.remove_free(start);
+        self.blocks.remove(&start);
+        if addr > start {
+            self.blocks.insert(
+                start,
+                Blk {
+                    size: addr - start,
+                    seg: b.seg,
+                    state: St::Free,
+                },
+            );
+            self.insert_free(start);
+        }
+        let end = addr + size;
+        let bend = start + b.size;
+        if bend > end {
+            self.blocks.insert(
+                end,
+                Blk {
+                    size: bend - end,
+                    seg: b.seg,
+                    state: St::Free,
+                },
+            );
+            self.insert_free(end);
+        }
+        self.blocks.insert(
+            addr,
+            Blk {
+                size,
+                seg: b.seg,
+                state: if pending { St::Pending } else { St::Alloc },
+            },
+        );
+        if !pending {
+            self.allocated = self.allocated.saturating_add(size);
+        }
+        self.bump_peaks();
+        true
+    }
+
+    /// After the initial state is built: new synthetic addresses start above all known ones.
+    pub fn finish_init(&mut self) {
+        self.peak_allocated = self.allocated;
+        self.peak_reserved = self.reserved;
+        self.events.clear();
+    }
+
+    // ---- small helpers ----
+
+    fn bump_peaks(&mut self) {
+        self.peak_reserved = self.peak_reserved.max(self.reserved);
+        self.peak_allocated = self.peak_allocated.max(self.allocated);
+    }
+
+    fn key_of(&self, addr: u64) -> Option<FreeKey> {
+        let b = self.blocks.get(&addr)?;
+        let s = self.segs.get(b.seg as usize)?;
+        Some((s.small, s.stream, b.size, addr))
+    }
+
+    fn insert_free(&mut self, addr: u64) {
+        if let Some(k) = self.key_of(addr) {
+            self.free.insert(k);
+        }
+    }
+
+    fn remove_free(&mut self, addr: u64) {
+        if let Some(k) = self.key_of(addr) {
+            self.free.remove(&k);
+        }
+    }
+
+    fn put_unmapped(&mut self, addr: u64, size: u64, seg: u32) {
+        self.blocks.insert(
+            addr,
+            Blk {
+                size,
+                seg,
+                state: St::Unmapped,
+            },
+        );
+        let s = &self.segs[seg as usize];
+        self.unmapped.insert((s.small, s.stream, addr));
+    }
+
+    fn prev_of(&self, addr: u64) -> Option<(u64, Blk)> {
+        let b = self.blocks.get(&addr)?;
+        let (&p, &pb) = self.blocks.range(..addr).next_back()?;
+        (pb.seg == b.seg && p.saturating_add(pb.size) == addr).then_some((p, pb))
+    }
+
+    fn next_of(&self, addr: u64) -> Option<(u64, Blk)> {
+        let b = self.blocks.get(&addr)?;
+        let end = addr.saturating_add(b.size);
+        let nb = self.blocks.get(&end)?;
+        (nb.seg == b.seg && end != addr).then_some((end, *nb))
+    }
+
+    /// Is this block the whole of its segment (`!prev && !next`)?
+    fn is_whole_segment(&self, addr: u64) -> bool {
+        self.blocks.get(&addr).is_some_and(|b| {
+            self.segs
+                .get(b.seg as usize)
+                .is_some_and(|s| s.addr == addr && s.size == b.size)
+        })
+    }
+
+    /// Merge a free (mapped) block at `addr` with free neighbours; returns the merged address.
+    /// The merged block is not in the free list.
+    fn merge_free(&mut self, addr: u64) -> u64 {
+        self.merge_same(addr, St::Free)
+    }
+
+    fn merge_same(&mut self, addr: u64, state: St) -> u64 {
+        let mut addr = addr;
+        if let Some((n, nb)) = self.next_of(addr)
+            && nb.state == state
+        {
+            self.detach(n, nb);
+            if let Some(b) = self.blocks.get_mut(&addr) {
+                b.size = b.size.saturating_add(nb.size);
+            }
+        }
+        if let Some((p, pb)) = self.prev_of(addr)
+            && pb.state == state
+        {
+            let b = self.blocks.remove(&addr);
+            self.detach(p, pb);
+            if let Some(b) = b {
+                self.blocks.insert(
+                    p,
+                    Blk {
+                        size: pb.size.saturating_add(b.size),
+                        seg: b.seg,
+                        state,
+                    },
+                );
+            }
+            addr = p;
+        }
+        addr
+    }
+
+    /// Remove a block from the address map and its free/unmapped set.
+    fn detach(&mut self, addr: u64, b: Blk) {
+        let s = &self.segs[b.seg as usize];
+        match b.state {
+            St::Free => {
+                self.free.remove(&(s.small, s.stream, b.size, addr));
+            }
+            St::Unmapped => {
+                self.unmapped.remove(&(s.small, s.stream, addr));
+            }
+            _ => {}
+        }
+        self.blocks.remove(&addr);
+    }
+
+    fn released_in_call(&self) -> u64 {
+        self.events.get(self.call_start..).map_or(0, |v| {
+            v.iter()
+                .filter(|e| matches!(e.kind, SegKind::SegmentFree | SegKind::SegmentUnmap))
+                .count() as u64
+        })
+    }
+
+    fn emit(&mut self, kind: SegKind, addr: u64, size: u64) {
+        self.events.push(SegEvent {
+            kind,
+            addr,
+            size,
+            step: self.step,
+        });
+    }
+
+    /// A free address range of `size` bytes that overlaps nothing known: `wanted` when free,
+    /// else a fresh one above every known block.
+    fn fresh_address(&mut self, size: u64, wanted: Option<u64>) -> u64 {
+        if let Some(a) = wanted
+            && a != 0
+            && !self.overlaps(a, size)
+        {
+            return a;
+        }
+        let top = self
+            .blocks
+            .last_key_value()
+            .map_or(0, |(&a, b)| a.saturating_add(b.size));
+        let a = round_up(self.next_synthetic.max(top), SMALL_BUFFER);
+        self.next_synthetic = a.saturating_add(size.max(1));
+        a
+    }
+
+    fn overlaps(&self, addr: u64, size: u64) -> bool {
+        let end = addr.saturating_add(size);
+        if let Some((&p, pb)) = self.blocks.range(..=addr).next_back()
+            && p.saturating_add(pb.size) > addr
+        {
+            return true;
+        }
+        self.blocks.range(addr..end).next().is_some()
+    }
+
+    // ---- the allocator ----
+
+    /// `malloc` of `req` bytes on `stream`: the model's block address, or OOM.
+    pub fn malloc(&mut self, req: u64, stream: u64, dev: &mut dyn Device) -> Malloc {
+        let size = self.settings.round_size(req);
+        self.malloc_rounded(size, stream, dev)
+    }
+
+    /// `malloc` of an already rounded size (an `oom` entry records the rounded size).
+    pub fn malloc_rounded(&mut self, size: u64, stream: u64, dev: &mut dyn Device) -> Malloc {
+        let small = size <= SMALL_SIZE;
+        let alloc_size = allocation_size(size);
+        self.call_start = self.events.len();
+        let mut block = self.get_free_block(small, stream, size);
+        if block.is_none() {
+            block = self.alloc_block(small, stream, size, alloc_size, dev, 0);
+            if block.is_none() && self.release_available_cached_blocks(small, stream, size) {
+                block = self.alloc_block(small, stream, size, alloc_size, dev, 1);
+            }
+            if block.is_none() {
+                self.release_cached_blocks();
+                block = self.alloc_block(small, stream, size, alloc_size, dev, 2);
+            }
+        }
+        match block {
+            Some(addr) => {
+                let b = self.alloc_found_block(addr, size);
+                Malloc::Ok { addr, block: b }
+            }
+            None => Malloc::Oom,
+        }
+    }
+
+    /// Would `get_free_block` find a cached block for a request of `size` (rounded) bytes?
+    pub fn would_find(&self, size: u64, stream: u64) -> bool {
+        self.pick_free_block(size <= SMALL_SIZE, stream, size)
+            .is_some()
+    }
+
+    /// `get_free_block`: take the best-fitting cached block out of its free list.
+    fn get_free_block(&mut self, small: bool, stream: u64, size: u64) -> Option<u64> {
+        let key = self.pick_free_block(small, stream, size)?;
+        self.free.remove(&key);
+        Some(key.3)
+    }
+
+    fn pick_free_block(&self, small: bool, stream: u64, size: u64) -> Option<FreeKey> {
+        let key = {
+            let mut it = self
+                .free
+                .range((small, stream, size, 0)..)
+                .take_while(|k| k.0 == small && k.1 == stream);
+            let mut cur = *it.next()?;
+            if self.is_expandable(cur.3) {
+                if self.settings.expandable_segments {
+                    // Best fit counts an expandable block with the unmapped space after it.
+                    for next in it {
+                        if !self.is_expandable(cur.3)
+                            || self.expandable_size(next.3) >= self.expandable_size(cur.3)
+                        {
+                            break;
+                        }
+                        cur = *next;
+                    }
+                } else {
+                    cur = *it.find(|k| !self.is_expandable(k.3))?;
+                }
+            }
+            cur
+        };
+        let s = &self.settings;
+        if size < s.max_split_size && key.2 >= s.max_split_size {
+            return None;
+        }
+        if size >= s.max_split_size && key.2 >= size.saturating_add(s.max_non_split_rounding) {
+            return None;
+        }
+        Some(key)
+    }
+
+    fn is_expandable(&self, addr: u64) -> bool {
+        self.blocks
+            .get(&addr)
+            .and_then(|b| self.segs.get(b.seg as usize))
+            .is_some_and(|s| s.expandable)
+    }
+
+    fn expandable_size(&self, addr: u64) -> u64 {
+        let Some(b) = self.blocks.get(&addr) else {
+            return 0;
+        };
+        let next = match self.next_of(addr) {
+            Some((_, nb)) if nb.state == St::Unmapped => nb.size,
+            _ => 0,
+        };
+        b.size.saturating_add(next)
+    }
+
+    /// `alloc_found_block`: hand out the block at `addr` (already out of the free list), split
+    /// when the rest is worth keeping; returns the block's size.
+    fn alloc_found_block(&mut self, addr: u64, size: u64) -> u64 {
+        let Some(b) = self.blocks.get(&addr).copied() else {
+            return 0;
+        };
+        let small = self.segs[b.seg as usize].small;
+        let mut bsize = b.size;
+        if self.settings.should_split(small, b.size, size) && size < b.size {
+            let rest = addr + size;
+            self.blocks.insert(
+                rest,
+                Blk {
+                    size: b.size - size,
+                    seg: b.seg,
+                    state: St::Free,
+                },
+            );
+            self.insert_free(rest);
+            bsize = size;
+        }
+        self.blocks.insert(
+            addr,
+            Blk {
+                size: bsize,
+                seg: b.seg,
+                state: St::Alloc,
+            },
+        );
+        self.allocated = self.allocated.saturating_add(bsize);
+        self.bump_peaks();
+        bsize
+    }
+
+    /// `alloc_block`: a new segment (or mapped pages) for the request; the block is not in the
+    /// free list.
+    fn alloc_block(
+        &mut self,
+        small: bool,
+        stream: u64,
+        size: u64,
+        alloc_size: u64,
+        dev: &mut dyn Device,
+        attempt: u8,
+    ) -> Option<u64> {
+        if self.settings.expandable_segments {
+            return self.try_allocate_expandable_block(small, stream, size, dev, attempt);
+        }
+        if !dev.grant(self.reserved, alloc_size, attempt, self.released_in_call()) {
+            return None;
+        }
+        let wanted = dev.segment_address(alloc_size, false);
+        let addr = self.fresh_address(alloc_size, wanted);
+        let i = self.segs.len() as u32;
+        self.segs.push(Seg {
+            addr,
+            size: alloc_size,
+            stream,
+            small,
+            expandable: false,
+            alive: true,
+        });
+        self.blocks.insert(
+            addr,
+            Blk {
+                size: alloc_size,
+                seg: i,
+                state: St::Free,
+            },
+        );
+        self.reserved = self.reserved.saturating_add(alloc_size);
+        self.bump_peaks();
+        self.emit(SegKind::SegmentAlloc, addr, alloc_size);
+        Some(addr)
+    }
+
+    fn try_allocate_expandable_block(
+        &mut self,
+        small: bool,
+        stream: u64,
+        size: u64,
+        dev: &mut dyn Device,
+        attempt: u8,
+    ) -> Option<u64> {
+        let mut cand = self.find_expandable_block(small, stream, size, dev);
+        if self.blocks.get(&cand)?.state == St::Unmapped {
+            let want = self.blocks.get(&cand)?.size.min(size);
+            cand = self.map_block(cand, want, dev, attempt)?;
+        }
+        loop {
+            let b = *self.blocks.get(&cand)?;
+            if b.size >= size {
+                break;
+            }
+            let (n, nb) = self.next_of(cand)?;
+            if nb.state != St::Unmapped {
+                return None;
+            }
+            let want = (size - b.size).min(nb.size);
+            cand = self.map_block(n, want, dev, attempt)?;
+        }
+        self.remove_free(cand);
+        Some(cand)
+    }
+
+    /// `find_expandable_block`: the lowest-address place with enough free + unmapped room.
+    fn find_expandable_block(
+        &mut self,
+        small: bool,
+        stream: u64,
+        size: u64,
+        dev: &mut dyn Device,
+    ) -> u64 {
+        let candidates: Vec<u64> = self
+            .unmapped
+            .range((small, stream, 0)..)
+            .take_while(|k| k.0 == small && k.1 == stream)
+            .map(|k| k.2)
+            .collect();
+        for u in candidates {
+            let mut c = u;
+            if let Some((p, pb)) = self.prev_of(u)
+                && pb.state == St::Free
+            {
+                c = p;
+            }
+            let mut bytes = 0u64;
+            let mut at = Some(c);
+            while bytes < size {
+                let Some(a) = at else { break };
+                let Some(b) = self.blocks.get(&a) else { break };
+                if !matches!(b.state, St::Free | St::Unmapped) {
+                    break;
+                }
+                bytes = bytes.saturating_add(b.size);
+                at = self.next_of(a).map(|(n, _)| n);
+            }
+            if bytes >= size {
+                return c;
+            }
+        }
+        let page = if small { SMALL_BUFFER } else { LARGE_BUFFER };
+        let wanted = dev.segment_address(page, true);
+        let addr = self.fresh_address(page, wanted);
+        let span = self.span_below_next(addr, ES_DEFAULT_SPAN, small);
+        let i = self.add_expandable(addr, span, stream, small);
+        self.segs[i as usize].alive = true;
+        addr
+    }
+
+    /// An expandable range at `addr` must not run into the next known block.
+    pub fn span_below_next(&self, addr: u64, span: u64, small: bool) -> u64 {
+        let page = if small { SMALL_BUFFER } else { LARGE_BUFFER };
+        let limit = self
+            .blocks
+            .range(addr.saturating_add(1)..)
+            .next()
+            .map_or(u64::MAX, |(&a, _)| a);
+        let span = span.min(limit.saturating_sub(addr));
+        (span / page * page).max(page.min(span))
+    }
+
+    /// `map_block`: back `size` bytes (rounded up to pages) at the start of an unmapped block;
+    /// returns the address of the resulting free block (merged with free neighbours).
+    fn map_block(
+        &mut self,
+        addr: u64,
+        size: u64,
+        dev: &mut dyn Device,
+        attempt: u8,
+    ) -> Option<u64> {
+        let b = *self.blocks.get(&addr)?;
+        if b.state != St::Unmapped {
+            return None;
+        }
+        let seg = self.segs[b.seg as usize].clone();
+        let page = seg.page();
+        let off = addr.saturating_sub(seg.addr);
+        let begin = off / page;
+        let end = off.saturating_add(size).div_ceil(page);
+        let mapped = end.saturating_sub(begin).saturating_mul(page).min(b.size);
+        if mapped == 0 || !dev.grant(self.reserved, mapped, attempt, self.released_in_call()) {
+            return None;
+        }
+        self.unmapped.remove(&(seg.small, seg.stream, addr));
+        self.blocks.insert(
+            addr,
+            Blk {
+                size: mapped,
+                seg: b.seg,
+                state: St::Free,
+            },
+        );
+        if mapped < b.size {
+            self.put_unmapped(addr + mapped, b.size - mapped, b.seg);
+        }
+        let merged = self.merge_free(addr);
+        self.insert_free(merged);
+        self.reserved = self.reserved.saturating_add(mapped);
+        self.bump_peaks();
+        self.emit(SegKind::SegmentMap, addr, mapped);
+        Some(merged)
+    }
+
+    /// The program frees a block (`free_requested`): no longer allocated, not yet reusable.
+    pub fn free_requested(&mut self, addr: u64) -> bool {
+        match self.blocks.get_mut(&addr) {
+            Some(b) if b.state == St::Alloc => {
+                b.state = St::Pending;
+                self.allocated = self.allocated.saturating_sub(b.size);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// `free_block` (`free_completed`): the block returns to the cache, merged with neighbours.
+    pub fn free_completed(&mut self, addr: u64) -> bool {
+        match self.blocks.get(&addr).copied() {
+            Some(b) if b.state == St::Pending || b.state == St::Alloc => {
+                if b.state == St::Alloc {
+                    self.allocated = self.allocated.saturating_sub(b.size);
+                }
+                if let Some(bm) = self.blocks.get_mut(&addr) {
+                    bm.state = St::Free;
+                }
+                let merged = self.merge_free(addr);
+                self.insert_free(merged);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// `release_cached_blocks` (OOM retry and `empty_cache()`): every cached block that is a
+    /// whole segment is freed, large pool first, each pool in (stream, size, address) order;
+    /// expandable segments give back their completely free pages.
+    pub fn release_cached_blocks(&mut self) {
+        for small in [false, true] {
+            let keys: Vec<FreeKey> = self
+                .free
+                .range((small, 0, 0, 0)..)
+                .take_while(|k| k.0 == small)
+                .copied()
+                .collect();
+            let mut to_unmap = Vec::new();
+            for k in keys {
+                if self.is_expandable(k.3) {
+                    to_unmap.push(k.3);
+                } else if self.is_whole_segment(k.3) {
+                    self.release_block(k.3);
+                }
+            }
+            for a in to_unmap {
+                if let Some(u) = self.unmap_block(a) {
+                    self.maybe_release_expandable(u);
+                }
+            }
+        }
+    }
+
+    /// `release_available_cached_blocks` (only with `max_split_size`): free just enough
+    /// oversize cached segments for the request.
+    fn release_available_cached_blocks(&mut self, small: bool, stream: u64, size: u64) -> bool {
+        let max_split = self.settings.max_split_size;
+        if max_split == u64::MAX {
+            return false;
+        }
+        let key_size = size.max(max_split);
+        let first = self
+            .free
+            .range((small, stream, key_size, 0)..)
+            .next()
+            .copied()
+            .filter(|k| k.0 == small && k.1 == stream);
+        match first {
+            Some(k) => {
+                if self.is_expandable(k.3) || !self.is_whole_segment(k.3) {
+                    // cudaFree needs a segment's base address; PyTorch never gets here with
+                    // a split or expandable block in practice.
+                    return false;
+                }
+                self.release_block(k.3);
+                true
+            }
+            None => {
+                let below: Vec<FreeKey> = self
+                    .free
+                    .range(..(small, stream, key_size, 0))
+                    .rev()
+                    .take_while(|k| k.0 == small && k.1 == stream && k.2 >= max_split)
+                    .copied()
+                    .collect();
+                let mut total = 0u64;
+                for k in below {
+                    if total >= key_size {
+                        break;
+                    }
+                    if self.is_expandable(k.3) || !self.is_whole_segment(k.3) {
+                        continue;
+                    }
+                    total = total.saturating_add(k.2);
+                    self.release_block(k.3);
+                }
+                total >= key_size
+            }
+        }
+    }
+
+    /// `release_block`: cudaFree a cached whole segment.
+    fn release_block(&mut self, addr: u64) {
+        let Some(b) = self.blocks.get(&addr).copied() else {
+            return;
+        };
+        self.detach(addr, b);
+        if let Some(s) = self.segs.get_mut(b.seg as usize) {
+            s.alive = false;
+        }
+        self.reserved = self.reserved.saturating_sub(b.size);
+        self.emit(SegKind::SegmentFree, addr, b.size);
+    }
+
+    /// `unmap_block`: unmap the whole pages inside a free expandable block; returns the address
+    /// of the (merged) unmapped block, or `None` when no whole page was free.
+    fn unmap_block(&mut self, addr: u64) -> Option<u64> {
+        let b = *self.blocks.get(&addr)?;
+        if b.state != St::Free {
+            return None;
+        }
+        let seg = self.segs[b.seg as usize].clone();
+        let page = seg.page();
+        let off = addr - seg.addr;
+        let begin = off.div_ceil(page);
+        let end = off.saturating_add(b.size) / page;
+        if begin >= end {
+            return None;
+        }
+        let u_start = seg.addr + begin * page;
+        let u_size = (end - begin) * page;
+        self.detach(addr, b);
+        if u_start > addr {
+            self.blocks.insert(
+                addr,
+                Blk {
+                    size: u_start - addr,
+                    seg: b.seg,
+                    state: St::Free,
+                },
+            );
+            self.insert_free(addr);
+        }
+        let after = (addr + b.size).saturating_sub(u_start + u_size);
+        if after > 0 {
+            let a = u_start + u_size;
+            self.blocks.insert(
+                a,
+                Blk {
+                    size: after,
+                    seg: b.seg,
+                    state: St::Free,
+                },
+            );
+            self.insert_free(a);
+        }
+        self.blocks.insert(
+            u_start,
+            Blk {
+                size: u_size,
+                seg: b.seg,
+                state: St::Unmapped,
+            },
+        );
+        let merged = self.merge_same(u_start, St::Unmapped);
+        self.unmapped.insert((seg.small, seg.stream, merged));
+        self.reserved = self.reserved.saturating_sub(u_size);
+        self.emit(SegKind::SegmentUnmap, u_start, u_size);
+        Some(merged)
+    }
+
+    /// `release_expandable_segment`: an expandable segment that is all unmapped goes away.
+    fn maybe_release_expandable(&mut self, addr: u64) {
+        let Some(b) = self.blocks.get(&addr).copied() else {
+            return;
+        };
+        if self.is_whole_segment(addr) && b.state == St::Unmapped {
+            self.detach(addr, b);
+            if let Some(s) = self.segs.get_mut(b.seg as usize) {
+                s.alive = false;
+            }
+        }
+    }
+}

@@ -1,0 +1,647 @@
+//! Turning a device trace into the program's requests and replaying them through the model.
+//!
+//! The program's requests are `alloc` (a malloc), `oom` (a malloc that failed),
+//! `free_requested`, `free_completed` and `empty_cache()` — the last one is not recorded, so a run
+//! of `segment_free`/`segment_unmap` outside an allocation is read as one. Everything else
+//! (segment events) is the allocator's answer, which the model must predict.
+
+use rustc_hash::FxHashMap;
+
+use super::initial::InitialState;
+use super::model::{Device, Malloc, Model, SegEvent, SegKind};
+use super::settings::Settings;
+use crate::torch::model::{Action, TraceEntry};
+
+pub(crate) const NONE: u32 = u32::MAX;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OpKind {
+    /// A malloc; `oom`: it failed in the recorded run. `refused`: the recorded run shows the
+    /// device refusing memory during it (its releases are `releases` recorded events).
+    Malloc {
+        entry: usize,
+        oom: bool,
+        refused: bool,
+        releases: u32,
+    },
+    /// Where the recorded run released segments before a malloc that needed a new one: if the
+    /// model has no cached block for the request here, the releases were the malloc's OOM path
+    /// and the malloc runs now; otherwise they were an `empty_cache()` call.
+    Probe {
+        entry: usize,
+        releases: u32,
+    },
+    FreeRequested,
+    FreeCompleted,
+    EmptyCache,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Op {
+    /// Trace index the op runs at (before the entry at `pos` is otherwise considered).
+    pub pos: usize,
+    /// Step its segment events are compared under.
+    pub step: usize,
+    pub kind: OpKind,
+    /// The allocation the op makes or frees (`NONE` for none).
+    pub aref: u32,
+}
+
+/// The requests of one device trace, in two orders: as recorded (malloc of a window that went
+/// through the OOM path runs where its first release was recorded) and as requested (every
+/// malloc at its own entry, the model decides releases itself).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Plan {
+    pub recorded_order: Vec<Op>,
+    pub request_order: Vec<Op>,
+    pub recorded: Vec<SegEvent>,
+    /// Allocation references: initial allocations first (index = position in
+    /// `InitialState::allocs`), then one per `alloc` entry.
+    pub arefs: usize,
+    /// `alloc` entry index → aref.
+    pub alloc_aref: FxHashMap<usize, u32>,
+    /// Frees whose allocation is unknown.
+    pub unmatched_frees: u64,
+}
+
+fn seg_kind(a: Action) -> Option<SegKind> {
+    Some(match a {
+        Action::SegmentAlloc => SegKind::SegmentAlloc,
+        Action::SegmentFree => SegKind::SegmentFree,
+        Action::SegmentMap => SegKind::SegmentMap,
+        Action::SegmentUnmap => SegKind::SegmentUnmap,
+        _ => return None,
+    })
+}
+
+fn is_release(a: Action) -> bool {
+    matches!(a, Action::SegmentFree | Action::SegmentUnmap)
+}
+
+fn is_growth(a: Action) -> bool {
+    matches!(a, Action::SegmentAlloc | Action::SegmentMap)
+}
+
+pub(crate) fn plan(trace: &[TraceEntry], init: &InitialState) -> Plan {
+    let mut p = Plan::default();
+    let mut live: FxHashMap<u64, u32> = FxHashMap::default();
+    for (i, a) in init.allocs.iter().enumerate() {
+        live.insert(a.addr, i as u32);
+    }
+    let mut next_aref = init.allocs.len() as u32;
+    let mut step_of: Vec<usize> = vec![usize::MAX; trace.len()];
+    let mut ws = 0usize;
+
+    // Releases in a closed window that no malloc follows: empty_cache() runs.
+    fn empty_cache_runs(
+        trace: &[TraceEntry],
+        from: usize,
+        to: usize,
+        step_of: &mut [usize],
+        ops: &mut Vec<Op>,
+        ops2: &mut Vec<Op>,
+    ) {
+        let mut k = from;
+        while k < to {
+            if is_release(trace[k].action) {
+                let start = k;
+                while k < to && is_release(trace[k].action) {
+                    step_of[k] = start;
+                    k += 1;
+                }
+                let op = Op {
+                    pos: start,
+                    step: start,
+                    kind: OpKind::EmptyCache,
+                    aref: NONE,
+                };
+                ops.push(op);
+                ops2.push(op);
+            } else {
+                k += 1;
+            }
+        }
+    }
+
+    let mut ops = Vec::new();
+    let mut ops2 = Vec::new();
+    for (i, e) in trace.iter().enumerate() {
+        match e.action {
+            Action::Alloc | Action::Oom => {
+                let oom = e.action == Action::Oom;
+                let rel: Vec<usize> = (ws..i).filter(|&k| is_release(trace[k].action)).collect();
+                let oom_path = match rel.first() {
+                    Some(&f) => oom || (f..i).any(|k| is_growth(trace[k].action)),
+                    None => false,
+                };
+                let aref = if oom {
+                    NONE
+                } else {
+                    let a = next_aref;
+                    next_aref = next_aref.saturating_add(1);
+                    live.insert(e.addr, a);
+                    p.alloc_aref.insert(i, a);
+                    a
+                };
+                let kind = OpKind::Malloc {
+                    entry: i,
+                    oom,
+                    refused: oom,
+                    releases: 0,
+                };
+                if oom_path {
+                    for k in ws..i {
+                        if seg_kind(trace[k].action).is_some() {
+                            step_of[k] = i;
+                        }
+                    }
+                    ops.push(Op {
+                        pos: rel[0],
+                        step: i,
+                        kind: OpKind::Probe {
+                            entry: i,
+                            releases: rel.len() as u32,
+                        },
+                        aref,
+                    });
+                    ops.push(Op {
+                        pos: i,
+                        step: i,
+                        kind,
+                        aref,
+                    });
+                } else {
+                    empty_cache_runs(trace, ws, i, &mut step_of, &mut ops, &mut ops2);
+                    for k in ws..i {
+                        if is_growth(trace[k].action) {
+                            step_of[k] = i;
+                        }
+                    }
+                    ops.push(Op {
+                        pos: i,
+                        step: i,
+                        kind,
+                        aref,
+                    });
+                }
+                ops2.push(Op {
+                    pos: i,
+                    step: i,
+                    kind,
+                    aref,
+                });
+                ws = i + 1;
+            }
+            Action::FreeRequested | Action::FreeCompleted => {
+                let done = e.action == Action::FreeCompleted;
+                let aref = if done {
+                    live.remove(&e.addr)
+                } else {
+                    live.get(&e.addr).copied()
+                };
+                match aref {
+                    Some(a) => {
+                        let op = Op {
+                            pos: i,
+                            step: i,
+                            kind: if done {
+                                OpKind::FreeCompleted
+                            } else {
+                                OpKind::FreeRequested
+                            },
+                            aref: a,
+                        };
+                        ops.push(op);
+                        ops2.push(op);
+                    }
+                    None => p.unmatched_frees += 1,
+                }
+                // A free call (its free_completed right after, same address) closes a window.
+                let closes = !done
+                    || (i > 0
+                        && trace[i - 1].action == Action::FreeRequested
+                        && trace[i - 1].addr == e.addr);
+                if closes {
+                    empty_cache_runs(trace, ws, i, &mut step_of, &mut ops, &mut ops2);
+                    ws = i + 1;
+                }
+            }
+            Action::SegmentAlloc
+            | Action::SegmentFree
+            | Action::SegmentMap
+            | Action::SegmentUnmap => {}
+            _ => {
+                empty_cache_runs(trace, ws, i, &mut step_of, &mut ops, &mut ops2);
+                ws = i + 1;
+            }
+        }
+    }
+    empty_cache_runs(trace, ws, trace.len(), &mut step_of, &mut ops, &mut ops2);
+    for (k, e) in trace.iter().enumerate() {
+        if let Some(kind) = seg_kind(e.action) {
+            let step = if step_of[k] == usize::MAX {
+                k
+            } else {
+                step_of[k]
+            };
+            p.recorded.push(SegEvent {
+                kind,
+                addr: e.addr,
+                size: e.size,
+                step,
+            });
+        }
+    }
+    ops.sort_by_key(|o| o.pos);
+    ops2.sort_by_key(|o| o.pos);
+    p.recorded_order = ops;
+    p.request_order = ops2;
+    p.arefs = next_aref as usize;
+    p
+}
+
+/// Builds the model at the state of the first trace entry.
+pub(crate) fn build_model(settings: Settings, init: &InitialState) -> (Model, Vec<u64>, u64) {
+    let mut m = Model::new(settings);
+    let mut failures = 0u64;
+    for s in &init.segs {
+        m.add_segment(s.addr, s.size, s.stream, s.small);
+    }
+    for e in &init.es {
+        let i = m.add_expandable(e.base, e.span, e.stream, e.small);
+        for &(a, b) in &e.mapped {
+            if !m.init_map(i, a, b.saturating_sub(a)) {
+                failures += 1;
+            }
+        }
+    }
+    let mut addr_of = Vec::with_capacity(init.allocs.len());
+    for a in &init.allocs {
+        if m.init_alloc(a.addr, a.size, a.pending) {
+            addr_of.push(a.addr);
+        } else {
+            failures += 1;
+            addr_of.push(u64::MAX);
+        }
+    }
+    m.finish_init();
+    (m, addr_of, failures)
+}
+
+/// The device as the recorded run shows it: memory is refused only in a malloc whose recorded
+/// window shows releases (or that ended in `oom`); new segments take the recorded addresses.
+struct Recorded<'a> {
+    refused: bool,
+    oom: bool,
+    releases: u32,
+    /// Recorded growth events of the current step, and which were used.
+    growth: &'a [SegEvent],
+    used: Vec<bool>,
+}
+
+impl Device for Recorded<'_> {
+    fn grant(&mut self, _reserved: u64, _bytes: u64, attempt: u8, released: u64) -> bool {
+        if self.oom {
+            return false;
+        }
+        if !self.refused {
+            return true;
+        }
+        match attempt {
+            0 => false,
+            1 => released >= u64::from(self.releases),
+            _ => true,
+        }
+    }
+
+    fn segment_address(&mut self, size: u64, expandable: bool) -> Option<u64> {
+        let want = if expandable {
+            SegKind::SegmentMap
+        } else {
+            SegKind::SegmentAlloc
+        };
+        let k =
+            self.growth.iter().enumerate().position(|(k, g)| {
+                !self.used[k] && g.kind == want && (expandable || g.size == size)
+            })?;
+        self.used[k] = true;
+        Some(self.growth[k].addr)
+    }
+}
+
+/// The device as a capacity: a new segment fits when reserved + its size ≤ capacity.
+pub(crate) struct Capacity(pub Option<u64>);
+
+impl Device for Capacity {
+    fn grant(&mut self, reserved: u64, bytes: u64, _attempt: u8, _released: u64) -> bool {
+        self.0.is_none_or(|c| reserved.saturating_add(bytes) <= c)
+    }
+    fn segment_address(&mut self, _size: u64, _expandable: bool) -> Option<u64> {
+        None
+    }
+}
+
+/// What one replay produced.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Outcome {
+    pub events: Vec<SegEvent>,
+    pub reserved_end: u64,
+    pub peak_allocated: u64,
+    pub peak_reserved: u64,
+    pub allocations: u64,
+    pub addresses_matched: u64,
+    pub first_address_mismatch: Option<usize>,
+    /// Mallocs the model failed where the recorded run succeeded (trace index of the first).
+    pub unexpected_ooms: u64,
+    pub first_unexpected_oom: Option<usize>,
+    /// Recorded `oom` entries: (trace index, rounded request, reserved at the OOM, fits).
+    pub ooms: Vec<(usize, u64, u64, bool)>,
+    /// Final allocated blocks (address, size).
+    pub live_end: Vec<(u64, u64)>,
+}
+
+/// How a what-if changes the requests.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Edits {
+    /// aref → trace position where it is freed instead (frees as recorded are then skipped).
+    pub free_at: FxHashMap<u32, usize>,
+}
+
+/// Replay the device's requests through the model. `as_recorded`: the recorded order and the
+/// recorded device answers (validation); otherwise the request order with `capacity`.
+pub(crate) fn replay(
+    trace: &[TraceEntry],
+    plan: &Plan,
+    init: &InitialState,
+    settings: Settings,
+    as_recorded: bool,
+    capacity: Option<u64>,
+    edits: &Edits,
+) -> Outcome {
+    let (mut m, init_addrs, _) = build_model(settings, init);
+    let mut addr_of = vec![u64::MAX; plan.arefs];
+    addr_of[..init_addrs.len()].copy_from_slice(&init_addrs);
+    let mut out = Outcome::default();
+    let ops = if as_recorded {
+        &plan.recorded_order
+    } else {
+        &plan.request_order
+    };
+    // Recorded growth events by step, for recorded addresses.
+    let mut growth_by_step: FxHashMap<usize, (usize, usize)> = FxHashMap::default();
+    let growth: Vec<SegEvent> = plan
+        .recorded
+        .iter()
+        .filter(|e| matches!(e.kind, SegKind::SegmentAlloc | SegKind::SegmentMap))
+        .copied()
+        .collect();
+    {
+        let mut sorted: Vec<(usize, usize)> = growth
+            .iter()
+            .enumerate()
+            .map(|(k, e)| (e.step, k))
+            .collect();
+        sorted.sort_unstable();
+        // growth is in trace order; steps of growth events are non-decreasing in practice, but
+        // index by range only when contiguous.
+        for (step, k) in sorted {
+            let r = growth_by_step.entry(step).or_insert((k, k));
+            r.0 = r.0.min(k);
+            r.1 = r.1.max(k);
+        }
+    }
+    // Early frees sorted by position.
+    let mut early: Vec<(usize, u32)> = edits.free_at.iter().map(|(&a, &p)| (p, a)).collect();
+    early.sort_unstable();
+    let mut ei = 0usize;
+    let mut capacity_dev = Capacity(capacity);
+    // Mallocs a probe already ran.
+    let mut ran_early: FxHashMap<usize, ()> = FxHashMap::default();
+
+    for op in ops {
+        while ei < early.len() && early[ei].0 <= op.pos {
+            let a = early[ei].1 as usize;
+            if let Some(&addr) = addr_of.get(a)
+                && addr != u64::MAX
+            {
+                m.step = early[ei].0;
+                m.free_requested(addr);
+                m.free_completed(addr);
+                addr_of[a] = u64::MAX;
+            }
+            ei += 1;
+        }
+        m.step = op.step;
+        match op.kind {
+            OpKind::Probe { entry, releases } => {
+                let e = &trace[entry];
+                let oom = e.action == Action::Oom;
+                let size = if oom {
+                    e.size
+                } else {
+                    m.settings.round_size(e.size)
+                };
+                if m.would_find(size, e.stream) {
+                    m.release_cached_blocks();
+                } else {
+                    ran_early.insert(entry, ());
+                    let (lo, hi) = growth_by_step.get(&op.step).copied().unwrap_or((1, 0));
+                    let g: &[SegEvent] = if lo <= hi { &growth[lo..=hi] } else { &[] };
+                    let mut dev = Recorded {
+                        refused: true,
+                        oom,
+                        releases,
+                        growth: g,
+                        used: vec![false; g.len()],
+                    };
+                    let result = m.malloc_rounded(size, e.stream, &mut dev);
+                    settle(
+                        &mut out,
+                        &mut m,
+                        &mut addr_of,
+                        op.aref,
+                        entry,
+                        e,
+                        oom,
+                        result,
+                    );
+                }
+            }
+            OpKind::Malloc {
+                entry,
+                oom,
+                refused,
+                releases,
+            } => {
+                if ran_early.contains_key(&entry) {
+                    continue;
+                }
+                if !oom && edits.free_at.get(&op.aref).is_some_and(|&p| p <= entry) {
+                    continue; // never allocated
+                }
+                let e = &trace[entry];
+                let result = if as_recorded {
+                    let (lo, hi) = growth_by_step.get(&op.step).copied().unwrap_or((1, 0));
+                    let g: &[SegEvent] = if lo <= hi { &growth[lo..=hi] } else { &[] };
+                    let mut dev = Recorded {
+                        refused,
+                        oom,
+                        releases,
+                        growth: g,
+                        used: vec![false; g.len()],
+                    };
+                    if oom {
+                        m.malloc_rounded(e.size, e.stream, &mut dev)
+                    } else {
+                        m.malloc(e.size, e.stream, &mut dev)
+                    }
+                } else if oom {
+                    m.malloc_rounded(e.size, e.stream, &mut capacity_dev)
+                } else {
+                    m.malloc(e.size, e.stream, &mut capacity_dev)
+                };
+                settle(
+                    &mut out,
+                    &mut m,
+                    &mut addr_of,
+                    op.aref,
+                    entry,
+                    e,
+                    oom,
+                    result,
+                );
+            }
+            OpKind::FreeRequested | OpKind::FreeCompleted => {
+                if edits.free_at.contains_key(&op.aref) {
+                    continue;
+                }
+                let Some(&addr) = addr_of.get(op.aref as usize) else {
+                    continue;
+                };
+                if addr == u64::MAX {
+                    continue;
+                }
+                if op.kind == OpKind::FreeRequested {
+                    m.free_requested(addr);
+                } else {
+                    m.free_completed(addr);
+                    addr_of[op.aref as usize] = u64::MAX;
+                }
+            }
+            OpKind::EmptyCache => m.release_cached_blocks(),
+        }
+    }
+    while ei < early.len() {
+        let a = early[ei].1 as usize;
+        if let Some(&addr) = addr_of.get(a)
+            && addr != u64::MAX
+        {
+            m.free_requested(addr);
+            m.free_completed(addr);
+        }
+        ei += 1;
+    }
+    out.reserved_end = m.reserved;
+    out.peak_allocated = m.peak_allocated;
+    out.peak_reserved = m.peak_reserved;
+    out.live_end = m
+        .blocks
+        .iter()
+        .filter(|(_, b)| b.state == super::model::St::Alloc)
+        .map(|(&a, b)| (a, b.size))
+        .collect();
+    out.events = std::mem::take(&mut m.events);
+    out
+}
+
+/// Book a malloc's result.
+#[allow(clippy::too_many_arguments)]
+fn settle(
+    out: &mut Outcome,
+    m: &mut Model,
+    addr_of: &mut [u64],
+    aref: u32,
+    entry: usize,
+    e: &TraceEntry,
+    oom: bool,
+    result: Malloc,
+) {
+    match (result, oom) {
+        (Malloc::Ok { addr, .. }, false) => {
+            out.allocations += 1;
+            if addr == e.addr {
+                out.addresses_matched += 1;
+            } else {
+                out.first_address_mismatch.get_or_insert(entry);
+            }
+            if let Some(slot) = addr_of.get_mut(aref as usize) {
+                *slot = addr;
+            }
+        }
+        (Malloc::Oom, false) => {
+            out.unexpected_ooms += 1;
+            out.first_unexpected_oom.get_or_insert(entry);
+        }
+        (Malloc::Ok { addr, .. }, true) => {
+            out.ooms.push((entry, e.size, m.reserved, true));
+            // The program never got this block: hand it back at once.
+            m.free_requested(addr);
+            m.free_completed(addr);
+        }
+        (Malloc::Oom, true) => out.ooms.push((entry, e.size, m.reserved, false)),
+    }
+}
+
+/// Compare predicted with recorded segment events step by step: (matched, first mismatch).
+pub(crate) fn compare(
+    recorded: &[SegEvent],
+    predicted: &[SegEvent],
+) -> (u64, Option<(usize, String)>) {
+    let mut by_step: std::collections::BTreeMap<usize, (Vec<SegEvent>, Vec<SegEvent>)> =
+        std::collections::BTreeMap::new();
+    for e in recorded {
+        by_step.entry(e.step).or_default().0.push(*e);
+    }
+    for e in predicted {
+        by_step.entry(e.step).or_default().1.push(*e);
+    }
+    let same = |r: &SegEvent, p: &SegEvent| {
+        r.kind == p.kind
+            && r.size == p.size
+            && (r.kind == SegKind::SegmentAlloc || r.addr == p.addr)
+    };
+    let mut matched = 0u64;
+    let mut first: Option<(usize, String)> = None;
+    for (step, (rec, pred)) in &by_step {
+        let mut j = 0usize;
+        let mut step_matched = 0usize;
+        for r in rec {
+            let window = pred.len().min(j + 64);
+            if let Some(k) = (j..window).find(|&k| same(r, &pred[k])) {
+                matched += 1;
+                step_matched += 1;
+                j = k + 1;
+            }
+        }
+        if first.is_none() && (step_matched != rec.len() || pred.len() != rec.len()) {
+            let show = |v: &[SegEvent]| {
+                v.iter()
+                    .take(3)
+                    .map(|e| format!("{} {} B", e.kind.as_str(), e.size))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            first = Some((
+                *step,
+                format!(
+                    "at trace entry {step}: recorded {} event(s) [{}], model {} [{}]",
+                    rec.len(),
+                    show(rec),
+                    pred.len(),
+                    show(pred)
+                ),
+            ));
+        }
+    }
+    (matched, first)
+}

@@ -1,0 +1,485 @@
+//! Rules of the allocator on small hand-made traces.
+
+use super::model::{Device, Malloc, Model, SegKind};
+use super::run::Capacity;
+use super::*;
+use crate::torch::model::Action::{
+    Alloc, FreeCompleted, FreeRequested, Oom, SegmentAlloc, SegmentFree, SegmentMap, SegmentUnmap,
+};
+use crate::torch::model::{Action, Block, BlockState, Segment, Snapshot, TraceEntry};
+
+const MB: u64 = 1 << 20;
+
+/// A device that always grants, at model-chosen addresses.
+struct Grant;
+impl Device for Grant {
+    fn grant(&mut self, _: u64, _: u64, _: u8, _: u64) -> bool {
+        true
+    }
+    fn segment_address(&mut self, _: u64, _: bool) -> Option<u64> {
+        None
+    }
+}
+
+fn alloc(m: &mut Model, size: u64) -> (u64, u64) {
+    match m.malloc(size, 0, &mut Grant) {
+        Malloc::Ok { addr, block } => (addr, block),
+        Malloc::Oom => panic!("unexpected OOM"),
+    }
+}
+
+fn free(m: &mut Model, addr: u64) {
+    assert!(m.free_requested(addr));
+    assert!(m.free_completed(addr));
+}
+
+fn kinds(m: &Model) -> Vec<(SegKind, u64)> {
+    m.events.iter().map(|e| (e.kind, e.size)).collect()
+}
+
+#[test]
+fn segment_sizes_small_2mib_large_20mib_then_rounded_to_2mib() {
+    for (req, seg) in [
+        (1000, 2 * MB),
+        (MB, 2 * MB),
+        (MB + 1, 20 * MB),
+        (10 * MB - 512, 20 * MB),
+        (10 * MB, 10 * MB),
+        (12 * MB + 1, 14 * MB),
+    ] {
+        let mut m = Model::new(Settings::default());
+        alloc(&mut m, req);
+        assert_eq!(
+            kinds(&m),
+            vec![(SegKind::SegmentAlloc, seg)],
+            "request {req}"
+        );
+        assert_eq!(m.reserved, seg);
+    }
+}
+
+#[test]
+fn small_pool_splits_down_to_512_bytes() {
+    let mut m = Model::new(Settings::default());
+    let (a, b) = alloc(&mut m, MB);
+    assert_eq!(b, MB);
+    let (a2, b2) = alloc(&mut m, MB - 512);
+    assert_eq!(
+        (a2, b2),
+        (a + MB, MB - 512),
+        "1 MiB left: split, 512 B stay free"
+    );
+    let (a3, b3) = alloc(&mut m, 1);
+    assert_eq!((a3, b3), (a + 2 * MB - 512, 512));
+    assert_eq!(m.events.len(), 1, "all in one 2 MiB segment");
+}
+
+#[test]
+fn large_pool_keeps_remainders_of_1mib_or_less() {
+    let mut m = Model::new(Settings::default());
+    let (_, b) = alloc(&mut m, 19 * MB);
+    assert_eq!(
+        b,
+        20 * MB,
+        "1 MiB left in the 20 MiB segment is not split off"
+    );
+    let (a, b) = alloc(&mut m, 5 * MB);
+    assert_eq!(b, 5 * MB, "15 MiB left: split");
+    let (a2, b2) = alloc(&mut m, 14 * MB);
+    assert_eq!(
+        (a2, b2),
+        (a + 5 * MB, 15 * MB),
+        "best fit takes the 15 MiB rest whole"
+    );
+    assert_eq!(m.allocated, 40 * MB);
+}
+
+#[test]
+fn best_fit_prefers_smaller_block_then_lower_address() {
+    let mut m = Model::new(Settings::default());
+    let (a, _) = alloc(&mut m, 5 * MB); // segment 1: 5 + 15 free
+    let (b, _) = alloc(&mut m, 15 * MB); // takes the 15 MiB rest
+    let (c, _) = alloc(&mut m, 8 * MB); // segment 2: 8 + 12 free
+    free(&mut m, a); // 5 MiB free at a
+    free(&mut m, c); // segment 2 whole free (20 MiB)
+    let (d, _) = alloc(&mut m, 4 * MB);
+    assert_eq!(d, a, "the 5 MiB block fits best");
+    let _ = b;
+}
+
+#[test]
+fn pending_free_is_not_reused_until_free_completed() {
+    let mut m = Model::new(Settings::default());
+    let (a, _) = alloc(&mut m, 3 * MB);
+    let (rest, _) = alloc(&mut m, 17 * MB);
+    assert!(m.free_requested(a));
+    let (b, _) = alloc(&mut m, 3 * MB);
+    assert_ne!(b, a, "awaiting free_completed");
+    assert_eq!(m.events.len(), 2);
+    assert!(m.free_completed(a));
+    let (c, _) = alloc(&mut m, 3 * MB);
+    assert_eq!(c, a);
+    let _ = rest;
+}
+
+#[test]
+fn freed_neighbours_merge_and_empty_cache_releases_whole_segments() {
+    let mut m = Model::new(Settings::default());
+    let (a, _) = alloc(&mut m, 5 * MB);
+    let (b, _) = alloc(&mut m, 5 * MB);
+    let (c, _) = alloc(&mut m, 10 * MB);
+    let (d, _) = alloc(&mut m, 5 * MB); // second segment
+    free(&mut m, b);
+    m.release_cached_blocks();
+    assert_eq!(m.events.len(), 2, "a split segment is not released");
+    free(&mut m, a);
+    free(&mut m, c);
+    let (e, blk) = alloc(&mut m, 19 * MB);
+    assert_eq!(
+        (e, blk),
+        (a, 20 * MB),
+        "a, b, c merged back into one 20 MiB block"
+    );
+    free(&mut m, e);
+    free(&mut m, d);
+    m.release_cached_blocks();
+    assert_eq!(
+        kinds(&m)[2..],
+        [
+            (SegKind::SegmentFree, 20 * MB),
+            (SegKind::SegmentFree, 20 * MB)
+        ]
+    );
+    assert_eq!(m.reserved, 0);
+}
+
+#[test]
+fn oom_path_releases_cached_segments_then_fails() {
+    let mut m = Model::new(Settings::default());
+    let mut dev = Capacity(Some(40 * MB));
+    let Malloc::Ok { addr: a, .. } = m.malloc(5 * MB, 0, &mut dev) else {
+        panic!()
+    };
+    free(&mut m, a);
+    // 20 MiB cached + 30 MiB new > 40 MiB: the cached segment goes, then it fits.
+    let Malloc::Ok { .. } = m.malloc(30 * MB, 0, &mut dev) else {
+        panic!()
+    };
+    assert_eq!(
+        kinds(&m),
+        vec![
+            (SegKind::SegmentAlloc, 20 * MB),
+            (SegKind::SegmentFree, 20 * MB),
+            (SegKind::SegmentAlloc, 30 * MB)
+        ]
+    );
+    assert_eq!(m.malloc(30 * MB, 0, &mut dev), Malloc::Oom);
+    assert_eq!(m.reserved, 30 * MB);
+}
+
+#[test]
+fn max_split_size_keeps_oversize_blocks_whole() {
+    let mut s = Settings::default();
+    assert!(s.apply("max_split_size_mb", "64"));
+    let mut m = Model::new(s);
+    let (a, _) = alloc(&mut m, 100 * MB);
+    free(&mut m, a);
+    let (b, _) = alloc(&mut m, 30 * MB);
+    assert_ne!(b, a, "a small request never takes an oversize block");
+    free(&mut m, b);
+    let (c, blk) = alloc(&mut m, 90 * MB);
+    assert_eq!(
+        (c, blk),
+        (a, 100 * MB),
+        "within 20 MiB: handed out whole, unsplit"
+    );
+    free(&mut m, c);
+    let (d, _) = alloc(&mut m, 70 * MB);
+    assert_ne!(d, a, "100 MiB is 20 MiB or more above 70 MiB");
+}
+
+#[test]
+fn expandable_segments_map_pages_and_unmap_free_ones() {
+    let mut s = Settings::default();
+    assert!(s.apply("expandable_segments", "True"));
+    let mut m = Model::new(s);
+    let (a, _) = alloc(&mut m, 5 * MB);
+    let (b, blk) = alloc(&mut m, 30 * MB);
+    assert_eq!((b, blk), (a + 5 * MB, 30 * MB), "grows the same segment");
+    assert_eq!(
+        kinds(&m),
+        vec![
+            (SegKind::SegmentMap, 20 * MB),
+            (SegKind::SegmentMap, 20 * MB)
+        ]
+    );
+    assert_eq!(m.events[1].addr, a + 20 * MB);
+    let (c, _) = alloc(&mut m, 1000);
+    assert_ne!(
+        m.events.last().map(|e| e.size),
+        Some(20 * MB),
+        "{c:#x}: small pool, 2 MiB pages"
+    );
+    free(&mut m, b);
+    free(&mut m, a);
+    m.release_cached_blocks();
+    let unmaps: Vec<_> = m
+        .events
+        .iter()
+        .filter(|e| e.kind == SegKind::SegmentUnmap)
+        .collect();
+    assert_eq!(unmaps.len(), 1);
+    assert_eq!((unmaps[0].addr, unmaps[0].size), (a, 40 * MB));
+    assert_eq!(m.reserved, 2 * MB, "the small page holding c stays");
+}
+
+// ---- whole replays of hand-made snapshots ----
+
+fn seg(addr: u64, size: u64, blocks: &[(u64, BlockState)]) -> Segment {
+    let mut at = addr;
+    let blocks = blocks
+        .iter()
+        .map(|(s, st)| {
+            let b = Block {
+                address: at,
+                size: *s,
+                requested_size: *s,
+                state: st.clone(),
+                stack: None,
+                history_len: 0,
+            };
+            at = at.saturating_add(*s);
+            b
+        })
+        .collect();
+    Segment {
+        device: 0,
+        address: addr,
+        total_size: size,
+        allocated_size: 0,
+        active_size: 0,
+        requested_size: 0,
+        stream: 0,
+        segment_type: Some(if size == 2 * MB { "small" } else { "large" }.into()),
+        is_expandable: false,
+        pool_id: Some((0, 0)),
+        stack: None,
+        blocks,
+    }
+}
+
+fn e(action: Action, addr: u64, size: u64) -> TraceEntry {
+    TraceEntry::new(action, addr, size, 0)
+}
+
+const S1: u64 = 0x7f00_0000_0000;
+const S2: u64 = 0x7f00_1000_0000;
+
+/// Two 20 MiB segments, four 5 MiB tensors each, every other one freed, then a 20 MiB request
+/// fails with 10 MiB free on the device.
+fn fragmented() -> Snapshot {
+    use BlockState::*;
+    let mut t = vec![e(SegmentAlloc, S1, 20 * MB)];
+    for k in 0..4 {
+        t.push(e(Alloc, S1 + k * 5 * MB, 5 * MB));
+    }
+    t.push(e(SegmentAlloc, S2, 20 * MB));
+    for k in 0..4 {
+        t.push(e(Alloc, S2 + k * 5 * MB, 5 * MB));
+    }
+    for a in [S1, S1 + 10 * MB, S2, S2 + 10 * MB] {
+        t.push(e(FreeRequested, a, 5 * MB));
+        t.push(e(FreeCompleted, a, 5 * MB));
+    }
+    t.push(e(Oom, 0, 20 * MB).with_device_free(Some(10 * MB)));
+    let blocks = [
+        (5 * MB, Inactive),
+        (5 * MB, ActiveAllocated),
+        (5 * MB, Inactive),
+        (5 * MB, ActiveAllocated),
+    ];
+    Snapshot {
+        segments: vec![seg(S1, 20 * MB, &blocks), seg(S2, 20 * MB, &blocks)],
+        device_traces: Some(vec![t]),
+        ..Snapshot::default()
+    }
+}
+
+#[test]
+fn hand_made_trace_validates_and_what_if_reports_the_oom() {
+    let snap = fragmented();
+    let r = replay_snapshot(&snap);
+    assert!(r.validated, "{r:?}");
+    assert_eq!(
+        (r.segment_events_recorded, r.segment_events_matched),
+        (2, 2)
+    );
+    let d = &r.devices[0];
+    assert_eq!((d.allocations, d.allocation_addresses_matched), (8, 8));
+    assert!(d.live_blocks_end_matched);
+
+    // Freeing the two tensors of S1 before the OOM frees a whole segment: the request fits.
+    let w = what_if(
+        &snap,
+        0,
+        &[Change::FreeEarly {
+            allocs: vec![2, 4],
+            at: 18,
+        }],
+    );
+    assert!(w.simulated, "{w:?}");
+    assert_eq!(w.capacity_bytes, Some(50 * MB));
+    assert_eq!(w.ooms.len(), 1);
+    assert!(w.ooms[0].fits_after);
+    assert_eq!(w.ooms[0].capacity_bytes, Some(50 * MB));
+    assert_eq!(w.peak_reserved_before, 40 * MB);
+    assert_eq!(w.peak_allocated_before, 40 * MB);
+    assert_eq!(
+        w.peak_allocated_after,
+        40 * MB,
+        "peak came before the early free"
+    );
+
+    // Never making them lowers the peak.
+    let w = what_if(
+        &snap,
+        0,
+        &[Change::FreeEarly {
+            allocs: vec![2, 4],
+            at: 0,
+        }],
+    );
+    assert_eq!(w.peak_allocated_after, 30 * MB);
+    assert_eq!(
+        w.peak_reserved_after,
+        40 * MB,
+        "later tensors fill the room instead"
+    );
+
+    // Unchanged: still fails.
+    let w = what_if(&snap, 0, &[]);
+    assert!(!w.ooms[0].fits_after);
+    assert_eq!(w.peak_reserved_after, w.peak_reserved_before);
+
+    let a = advise_settings_for_oom(&snap, 0);
+    assert!(a.simulated);
+    assert_eq!(a.trials.len(), 1 + MAX_SPLIT_TRIALS_MB.len());
+    assert_eq!(a.expandable_segments_avoids, Some(false), "{a:?}");
+    assert_eq!(a.smallest_max_split_size_mb, None);
+}
+
+#[test]
+fn what_if_is_not_offered_when_the_replay_does_not_validate() {
+    let mut snap = fragmented();
+    // The recorded state now holds a segment the trace never explains.
+    snap.segments.push(seg(
+        S2 + 0x1000_0000,
+        2 * MB,
+        &[(2 * MB, BlockState::Inactive)],
+    ));
+    if let Some(t) = snap.device_traces.as_mut() {
+        t[0].insert(1, e(Action::SegmentAlloc, S2 + 0x1000_0000, 2 * MB));
+    }
+    let r = replay_device(&snap, 0);
+    assert!(!r.validated);
+    assert!(
+        r.note.as_deref().unwrap_or("").contains("first difference"),
+        "{r:?}"
+    );
+    let w = what_if(&snap, 0, &[Change::ExpandableSegments(true)]);
+    assert!(!w.simulated);
+    assert!(w.note.as_deref().unwrap_or("").starts_with("not simulated"));
+    assert_eq!(w.peak_reserved_after, 0);
+}
+
+#[test]
+fn pre_trace_blocks_and_empty_cache_are_rebuilt() {
+    use BlockState::*;
+    // Before the trace: S1 held a 3 MiB tensor at S1 and one at S1+3 MiB whose request (2 MiB)
+    // left 1 MiB unsplit; both are freed in the trace, then empty_cache() releases S1.
+    let t = vec![
+        e(Alloc, S2, 512),
+        e(Alloc, S1 + 6 * MB, 4 * MB),
+        e(FreeRequested, S1 + 3 * MB, 2 * MB),
+        e(FreeCompleted, S1 + 3 * MB, 2 * MB),
+        e(FreeRequested, S1, 3 * MB),
+        e(FreeCompleted, S1, 3 * MB),
+        e(FreeRequested, S1 + 6 * MB, 4 * MB),
+        e(FreeCompleted, S1 + 6 * MB, 4 * MB),
+        e(SegmentFree, S1, 20 * MB),
+    ];
+    let snap = Snapshot {
+        segments: vec![seg(
+            S2,
+            2 * MB,
+            &[(512, ActiveAllocated), (2 * MB - 512, Inactive)],
+        )],
+        device_traces: Some(vec![t]),
+        ..Snapshot::default()
+    };
+    let r = replay_device(&snap, 0);
+    assert!(r.validated, "{r:?}");
+    assert_eq!(r.allocation_addresses_matched, 2);
+    assert_eq!(r.peak_reserved_bytes, 20 * MB + 2 * MB);
+}
+
+#[test]
+fn hostile_sizes_never_panic() {
+    let t = vec![
+        e(Alloc, u64::MAX, u64::MAX),
+        e(FreeRequested, 0, u64::MAX),
+        e(FreeCompleted, 1, 0),
+        e(SegmentAlloc, u64::MAX - 5, u64::MAX),
+        e(SegmentFree, u64::MAX, u64::MAX),
+        e(SegmentMap, u64::MAX - 1, u64::MAX),
+        e(SegmentUnmap, 0, u64::MAX),
+        e(Oom, 0, u64::MAX).with_device_free(Some(u64::MAX)),
+        e(Alloc, 0, 0),
+    ];
+    let mut s = seg(
+        u64::MAX - 10,
+        u64::MAX,
+        &[(u64::MAX, BlockState::ActiveAllocated)],
+    );
+    s.is_expandable = true;
+    let snap = Snapshot {
+        segments: vec![s, seg(0, u64::MAX, &[(7, BlockState::Other("x".into()))])],
+        device_traces: Some(vec![t]),
+        ..Snapshot::default()
+    };
+    let r = replay_snapshot(&snap);
+    assert!(!r.validated);
+    let _ = what_if(
+        &snap,
+        0,
+        &[
+            Change::MaxSplitSizeMb(u64::MAX),
+            Change::ExpandableSegments(true),
+        ],
+    );
+    let _ = advise_settings_for_oom(&snap, 0);
+    let _ = replay_device(&snap, -1);
+    let _ = replay_device(&snap, 7);
+    let mut m = Model::new(Settings::default());
+    assert!(matches!(
+        m.malloc(u64::MAX, 0, &mut Grant),
+        Malloc::Ok { .. }
+    ));
+    assert!(matches!(
+        m.malloc(u64::MAX, u64::MAX, &mut Grant),
+        Malloc::Ok { .. }
+    ));
+}
+
+#[test]
+fn captures_without_trace_say_why() {
+    let r = replay_snapshot(&Snapshot::default());
+    assert!(!r.validated);
+    assert!(r.note.as_deref().unwrap_or("").contains("no trace"));
+    let r = replay_snapshot(&Snapshot {
+        device_traces: Some(vec![vec![], vec![]]),
+        ..Snapshot::default()
+    });
+    assert!(!r.validated);
+    assert!(r.devices.is_empty());
+}

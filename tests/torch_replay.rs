@@ -1,0 +1,123 @@
+//! Replays every real snapshot in the shared folder and checks that the allocator model
+//! reproduces the recorded segment events (docs/REPLAY.md).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use memlsp::options::DecodeOptions;
+use memlsp::torch::load::load_snapshot;
+use memlsp::torch::model::Action;
+use memlsp::torch::replay::{advise_settings_for_oom, replay_snapshot, what_if};
+
+fn shared_real() -> Option<PathBuf> {
+    common::shared("torch_snapshots/real")
+}
+
+fn listing(dir: &Path) -> Vec<(PathBuf, std::time::SystemTime, u64)> {
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .map(|r| {
+            r.filter_map(Result::ok)
+                .filter_map(|e| {
+                    let m = e.metadata().ok()?;
+                    Some((e.path(), m.modified().ok()?, m.len()))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[test]
+fn real_snapshots_replay_and_validate() {
+    let Some(dir) = shared_real() else {
+        return;
+    };
+    let before = listing(&dir);
+    let mut files: Vec<PathBuf> = before.iter().map(|(p, _, _)| p.clone()).collect();
+    files.sort();
+    assert!(!files.is_empty(), "no snapshots in {}", dir.display());
+    println!(
+        "| file | trace entries | recorded segment events | matched | reserved end recorded | reserved end replayed | validated | note |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    let (mut big, mut big_ok) = (0usize, 0usize);
+    for f in &files {
+        let name = f
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let snap = match load_snapshot(f, &DecodeOptions::default()) {
+            Ok(s) => s,
+            Err(e) => panic!("{name}: {e:?}"),
+        };
+        let entries: usize = snap.device_traces.iter().flatten().map(Vec::len).sum();
+        let r = replay_snapshot(&snap);
+        println!(
+            "| {name} | {entries} | {} | {} | {} | {} | {} | {} |",
+            r.segment_events_recorded,
+            r.segment_events_matched,
+            r.reserved_end_bytes_recorded,
+            r.reserved_end_bytes_replayed,
+            if r.validated { "yes" } else { "no" },
+            r.note.clone().unwrap_or_default().replace('|', "/")
+        );
+        for d in &r.devices {
+            println!(
+                "|   device {} | {} | {} | {} | {} | {} | {} | addr {}/{} first miss {:?} live_end {} |",
+                d.device,
+                d.trace_entries,
+                d.segment_events_recorded,
+                d.segment_events_matched,
+                d.reserved_end_bytes_recorded,
+                d.reserved_end_bytes_replayed,
+                d.validated,
+                d.allocation_addresses_matched,
+                d.allocations,
+                d.first_address_mismatch,
+                d.live_blocks_end_matched
+            );
+        }
+        // Recorded OOMs: what would have avoided them (only offered where the replay validated).
+        for d in &r.devices {
+            let traces = snap.device_traces.as_deref().unwrap_or(&[]);
+            let has_oom = traces
+                .get(d.device as usize)
+                .is_some_and(|t| t.iter().any(|e| e.action == Action::Oom));
+            if !has_oom {
+                continue;
+            }
+            let a = advise_settings_for_oom(&snap, d.device);
+            assert_eq!(
+                a.simulated, d.validated,
+                "{name} device {}: {a:?}",
+                d.device
+            );
+            println!("  {name} device {}: OOM advice {a:?}", d.device);
+            let w = what_if(&snap, d.device, &[]);
+            assert_eq!(
+                w.peak_reserved_after, w.peak_reserved_before,
+                "{name}: {w:?}"
+            );
+            assert_eq!(
+                w.peak_allocated_after, w.peak_allocated_before,
+                "{name}: {w:?}"
+            );
+            assert!(w.ooms.iter().all(|o| !o.fits_after), "unchanged: {w:?}");
+        }
+        if entries >= 1000 {
+            big += 1;
+            if r.validated {
+                big_ok += 1;
+            }
+        }
+    }
+    println!("validated {big_ok} of {big} snapshots with >= 1000 trace entries");
+    assert_eq!(listing(&dir), before, "the shared folder changed");
+    assert!(big > 0);
+    assert!(
+        big_ok * 10 >= big * 9,
+        "only {big_ok} of {big} snapshots with >= 1000 trace entries validate"
+    );
+}
