@@ -1,10 +1,12 @@
 //! Which frames are the user's: the rule that picks the culprit line out of a stack.
 //!
 //! A *Python frame* has a file name ending in `.py` or starting with `<`. A *user frame* is a Python
-//! frame that is not `<frozen …>`, not under `site-packages`/`dist-packages`, and not part of a
-//! framework (`torch/`, `jax/`, `jaxlib/`, `flax/`, `optax/`, plus configured excludes). Everything
-//! else (`??`, `""`, `*.cpp`, `*.h`, …) is native. This matches `torch_snapshots/ORACLE.md` §5 for
-//! PyTorch stacks.
+//! frame that is not `<frozen …>`, not under `site-packages`/`dist-packages`, not part of a
+//! framework (`torch/`, `jax/`, `jaxlib/`, `flax/`, `optax/`, plus configured excludes) and not
+//! generated code: Inductor's output (`torchinductor_<user>/` cache folders), FX graph modules
+//! (`<eval_with_key>.N`) and Triton's launchers (`.triton/` caches), which the user cannot edit —
+//! the site is the user's frame that called them. Everything else (`??`, `""`, `*.cpp`, `*.h`,
+//! …) is native. Apart from generated code this is `torch_snapshots/ORACLE.md` §5's rule.
 
 /// What kind of frame a file name denotes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -12,6 +14,8 @@ pub enum FrameKind {
     User,
     /// Python, but framework or library code.
     Framework,
+    /// Python written by a compiler (Inductor, FX, Triton): never the user's line.
+    Generated,
     Native,
 }
 
@@ -24,6 +28,30 @@ pub struct FrameFilter {
 
 const FRAMEWORK_DIRS: [&str; 5] = ["torch", "jax", "jaxlib", "flax", "optax"];
 
+/// Python's standard library (`/usr/lib/python3.10/…`, `C:/Python311/Lib/…`) and the editor's
+/// debugger (`.vscode-server/extensions/…`): Python, but never the user's line.
+fn is_stdlib_or_tool(norm: &str) -> bool {
+    let stdlib = norm.match_indices("/lib/python").any(|(i, m)| {
+        let rest = &norm[i + m.len()..];
+        let digits = rest.trim_start_matches(|c: char| c.is_ascii_digit() || c == '.');
+        digits.len() < rest.len() && digits.starts_with('/')
+    });
+    let windows = norm.to_ascii_lowercase().contains("/python3") && norm.contains("/Lib/");
+    stdlib
+        || windows
+        || norm.contains("/.vscode-server/extensions/")
+        || norm.contains("/_vendored/")
+}
+
+/// Code a compiler wrote: Inductor's cache folders (`/tmp/torchinductor_<user>/ab/c….py`), FX
+/// graph modules (`<eval_with_key>.3`), Triton's launcher cache (`~/.triton/cache/…`).
+fn is_generated(norm: &str) -> bool {
+    norm.contains("/torchinductor_")
+        || norm.starts_with("torchinductor_")
+        || norm.starts_with("<eval_with_key>")
+        || norm.contains("/.triton/")
+}
+
 impl FrameFilter {
     pub fn new(extra_excludes: Vec<String>) -> Self {
         FrameFilter { extra_excludes }
@@ -33,13 +61,19 @@ impl FrameFilter {
         if !(filename.ends_with(".py") || filename.starts_with('<')) {
             return FrameKind::Native;
         }
+        let norm = filename.replace('\\', "/");
+        if is_generated(&norm) {
+            return FrameKind::Generated;
+        }
         if filename.starts_with("<frozen")
             || filename.contains("site-packages")
             || filename.contains("dist-packages")
         {
             return FrameKind::Framework;
         }
-        let norm = filename.replace('\\', "/");
+        if is_stdlib_or_tool(&norm) {
+            return FrameKind::Framework;
+        }
         for dir in FRAMEWORK_DIRS {
             if norm.starts_with(&format!("{dir}/")) || norm.contains(&format!("/{dir}/")) {
                 return FrameKind::Framework;
@@ -60,7 +94,7 @@ impl FrameFilter {
     }
 
     /// Index of the frame to attribute a stack to: the first user frame, else the first Python
-    /// frame, else `None`. `filenames` is innermost first.
+    /// frame that is not generated, else `None`. `filenames` is innermost first.
     pub fn pick<'a>(
         &self,
         filenames: impl IntoIterator<Item = &'a str>,
@@ -105,6 +139,19 @@ mod tests {
             FrameKind::Framework
         );
         assert_eq!(f.classify("<frozen runpy>"), FrameKind::Framework);
+        assert_eq!(
+            f.classify("/usr/lib/python3.10/concurrent/futures/thread.py"),
+            FrameKind::Framework
+        );
+        assert_eq!(
+            f.classify(r"C:\Python311\Lib\threading.py"),
+            FrameKind::Framework
+        );
+        assert_eq!(
+            f.classify("/home/u/.vscode-server/extensions/ms-python.debugpy/bundled/libs/debugpy/_vendored/pydevd/pydevd_runpy.py"),
+            FrameKind::Framework
+        );
+        assert_eq!(f.classify("/home/u/lib/python_utils/x.py"), FrameKind::User);
         assert_eq!(f.classify("<string>"), FrameKind::User);
         assert_eq!(f.classify("??"), FrameKind::Native);
         assert_eq!(f.classify(""), FrameKind::Native);
@@ -114,6 +161,25 @@ mod tests {
             f.classify("/mnt/mcx/select_n/lib/transformers/models/llama/modeling_llama.py"),
             FrameKind::User
         );
+    }
+
+    #[test]
+    fn generated_code_is_never_the_users_line() {
+        let f = FrameFilter::default();
+        for g in [
+            "/tmp/torchinductor_brian/bc/cbckygr3dxfwtsnv6crdu6nve333wkkwchw5hvnqs23tv2zhjiin.py",
+            "<eval_with_key>.12",
+            "/home/u/.triton/cache/3f/launcher.py",
+        ] {
+            assert_eq!(f.classify(g), FrameKind::Generated, "{g}");
+        }
+        // The compiled model's own line behind the generated kernel is the site.
+        let stack = [
+            "/tmp/torchinductor_brian/bc/cbck.py",
+            "/home/brian/Desktop/assignment2-systems/cs336_basics/model.py",
+        ];
+        assert_eq!(f.pick(stack), Some((1, FrameKind::User)));
+        assert_eq!(f.pick(["/tmp/torchinductor_u/ab/c.py", "??"]), None);
     }
 
     #[test]

@@ -254,6 +254,13 @@ fn stack_block(frames: &[Location], filter: &FrameFilter, roots: &[PathBuf]) -> 
                 out.push_str(&shown);
                 out.push('\n');
             }
+            FrameKind::Generated => {
+                // The kernel a compiler wrote for the user's line below it.
+                out.push_str(&format!(
+                    "{}:{} {} (generated code)\n",
+                    fr.file, fr.line, fr.function
+                ));
+            }
             FrameKind::Framework => folded += 1,
             FrameKind::Native => folded_native += 1,
         }
