@@ -58,7 +58,24 @@ fn real_snapshots_raise_warnings_only_where_memory_went_wrong() {
         } else if !loud.is_empty() {
             problems.push(format!("{name}: {loud:?}"));
         }
-        // The hint names the oracle's largest user-attributed site.
+        // No real snapshot is a leak: PT002/PT003 fire on none of them. The ones whose live
+        // memory grows over the trace grow as expected: ZidongLiu's custom Adam replaces each
+        // parameter's state every step (as many frees as allocations at that line) while the
+        // model and its state are built inside the window; kkaitlyn111/notHanmin/MAGMA27 create
+        // optimizer state at the first step (PT004, information).
+        for f in &r.findings {
+            assert!(
+                !matches!(f.code.as_str(), "PT002" | "PT003"),
+                "{name}: {} {}",
+                f.code,
+                f.message
+            );
+        }
+        // The hint names the oracle's largest user-attributed site (a compiled model's sites
+        // regroup on its own lines instead: `compiled_models_aggregate_on_the_model_lines`).
+        if compiled(path) {
+            continue;
+        }
         let oracle: Value = serde_json::from_slice(
             &std::fs::read(dir.join("oracle").join(format!("{name}.json"))).unwrap(),
         )
@@ -85,6 +102,14 @@ fn real_snapshots_raise_warnings_only_where_memory_went_wrong() {
         "warnings on healthy snapshots:\n{}",
         problems.join("\n")
     );
+}
+
+fn compiled(path: &std::path::Path) -> bool {
+    let filter = memlsp::frames::FrameFilter::default();
+    let snap = memlsp::torch::load::load_snapshot(path, &Default::default()).unwrap();
+    snap.frames
+        .iter()
+        .any(|f| filter.classify(&f.filename) == memlsp::frames::FrameKind::Generated)
 }
 
 /// Compiled models (`torch.compile`): no site or finding lands on Inductor's generated files; the

@@ -348,9 +348,15 @@ fn retained_per_step(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mu
     if steps < 3 {
         return;
     }
-    let containers = rep
-        .iter()
-        .filter(|s| s.role == Role::Unknown && s.retained_max_size > SCALAR_BYTES);
+    // A container keeps what it was given: most of the line's allocations are never freed, in
+    // most of the parts where the line allocates. A line whose new tensors replace the previous
+    // step's (optimizer state rebuilt each step, a cache overwritten) frees as much as it keeps.
+    let containers = rep.iter().filter(|s| {
+        s.role == Role::Unknown
+            && s.retained_max_size > SCALAR_BYTES
+            && s.freed.saturating_mul(4) <= s.allocs
+            && s.retained_parts() * 4 >= s.alloc_windows.count_ones() * 3
+    });
     for s in containers.take(2) {
         let (loc, stack) = culprit(snap, s.key, s.stack);
         let per_part = s.retained as f64 / f64::from(s.retained_parts().max(1));
