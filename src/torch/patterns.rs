@@ -284,12 +284,13 @@ fn retained_per_step(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mu
         )
         .at(loc, stack)
         .bytes(total, percent(total, allocated))
-        .evidence(Evidence::measured(format!(
-            "{} of the {} that forward allocated in the trace were never freed",
+        .evidence(Evidence::inferred(format!(
+            "{} of the {} that forward allocated in the trace were never freed (forward = sites \
+             whose stacks look like activations)",
             fmt_bytes(act_kept),
             fmt_bytes(act_alloc)
         )))
-        .evidence(Evidence::measured(format!(
+        .evidence(Evidence::inferred(format!(
             "{} activation allocations from {} forward site(s) spread over {} of {} parts of the \
              trace were never freed ({} still live)",
             act_blocks,
@@ -298,7 +299,7 @@ fn retained_per_step(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mu
             WINDOWS,
             fmt_bytes(act_bytes)
         )));
-        f = f.evidence(Evidence::measured(format!(
+        f = f.evidence(Evidence::inferred(format!(
             "a loss-sized tensor (≤ {} B requested) is made at {} once per step: {} allocations over \
              {} of {WINDOWS} parts of the trace, {} still live",
             lead.alloc_max_size,
@@ -635,8 +636,8 @@ fn optimizer_state(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
     )
     .at(loc, stack)
     .bytes(opt, percent(opt, allocated))
-    .evidence(Evidence::measured(format!(
-        "{blocks} live blocks ({} B) were allocated under torch/optim",
+    .evidence(Evidence::inferred(format!(
+        "{blocks} live blocks ({} B) were allocated under torch/optim: optimizer state by the stack",
         opt
     )));
     let params = a.sites.role_total(Role::Parameter);
@@ -770,16 +771,19 @@ fn activation_pressure(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
         .at(loc, st)
         .bytes(act, percent(act, set.bytes))
         .evidence(Evidence::measured(format!(
-            "{when} (before entry #{} of device {}), {} activation sites held {} of {} live",
+            "{when} (before entry #{} of device {}): {} live",
             set.index,
             t.device,
-            act_sites.len(),
-            fmt_bytes(act),
             fmt_bytes(set.bytes)
+        )))
+        .evidence(Evidence::inferred(format!(
+            "{} of it in {} sites whose stacks look like forward activations",
+            fmt_bytes(act),
+            act_sites.len(),
         )));
     if !oom {
-        f = f.evidence(Evidence::measured(format!(
-            "{} of them were freed after the peak (sawtooth), {} of activations remain at the snapshot",
+        f = f.evidence(Evidence::inferred(format!(
+            "{} of those activations were freed after the peak (sawtooth), {} remain at the snapshot",
             fmt_bytes(freed),
             fmt_bytes(end_act)
         )));
