@@ -337,8 +337,10 @@ mod tests {
                 FixKind::DetachAccumulated { item: false },
             ))
             .fix(Fix::advice("read the docs"));
+        let mut excluded = report(ws.path().join("s.pickle"), vec![finding.clone()]);
         let mut report = report(ws.path().join("s.pickle"), vec![finding]);
-        locator(resolver).locate(&mut report);
+        let resolver = Arc::new(resolver);
+        Locator::with_resolver(resolver.clone(), FrameFilter::default()).locate(&mut report);
         let fixes = &report.findings[0].fixes;
         let alloc = fixes[0].edit.as_ref().unwrap();
         assert_eq!(Path::new(&alloc[0].file), ws.path().join("train.py"));
@@ -347,6 +349,12 @@ mod tests {
         assert_eq!(Path::new(&detach[0].file), ws.path().join("model.py"));
         assert_eq!(detach[0].line, 4);
         assert_eq!(fixes[2].edit, None);
+        // `--exclude-frames train.py` (userFrameExcludes) moves the entry script: the CLI used to
+        // ignore it here and pick the target with the default rule.
+        Locator::with_resolver(resolver, FrameFilter::new(vec!["/job/train.py".into()]))
+            .locate(&mut excluded);
+        let alloc = excluded.findings[0].fixes[0].target.as_ref().unwrap();
+        assert_eq!(alloc.file, ws.path().join("model.py"));
     }
 
     #[test]
