@@ -421,6 +421,46 @@ impl Serialize for TextEdit {
     }
 }
 
+/// A fix replayed through the allocator model (label: simulated): the recorded events of the
+/// same capture with the change, in a replay that reproduces the recorded ones.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Simulated {
+    pub peak_allocated_before: u64,
+    pub peak_allocated_after: u64,
+    pub peak_reserved_before: u64,
+    pub peak_reserved_after: u64,
+    /// For a capture with an OOM: whether every recorded OOM's request would have been served.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oom_avoided: Option<bool>,
+    /// What the change modelled, in words (`activations dropped in the forward, made again just
+    /// before their backward use`).
+    pub change: String,
+}
+
+impl Simulated {
+    /// `peak 596.17 MiB → 88.11 MiB (simulated)`, or what became of the OOM: the words every
+    /// presenter shows after a fix's title.
+    pub fn summary(&self) -> String {
+        let peak = if self.peak_allocated_after == self.peak_allocated_before {
+            format!(
+                "peak unchanged at {}",
+                fmt_bytes(self.peak_allocated_before)
+            )
+        } else {
+            format!(
+                "peak {} → {}",
+                fmt_bytes(self.peak_allocated_before),
+                fmt_bytes(self.peak_allocated_after)
+            )
+        };
+        match self.oom_avoided {
+            Some(true) => format!("the OOM would not happen; {peak} (simulated)"),
+            Some(false) => format!("the OOM would still happen; {peak} (simulated)"),
+            None => format!("{peak} (simulated)"),
+        }
+    }
+}
+
 /// Where a fix's edit goes: the culprit line, or for an allocator setting the entry script.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FixTarget {
@@ -436,6 +476,11 @@ pub struct Fix {
     pub saving_bytes: Option<u64>,
     /// What the fix costs (recompute, smaller batch, …), in words.
     pub cost: Option<String>,
+    /// The fix replayed through the allocator model (PyTorch).
+    pub simulated: Option<Simulated>,
+    /// A bound on the saving, computed from the plan (JAX): `[low, high]` bytes; the real
+    /// saving lies inside.
+    pub saving_range: Option<(u64, u64)>,
     pub kind: FixKind,
     /// Set by the locate step: the file and line the fix edits, when it is a local edit and the
     /// file resolved.
@@ -456,6 +501,12 @@ impl Serialize for Fix {
         if let Some(c) = &self.cost {
             m.serialize_entry("cost", c)?;
         }
+        if let Some(sim) = &self.simulated {
+            m.serialize_entry("simulated", sim)?;
+        }
+        if let Some((lo, hi)) = self.saving_range {
+            m.serialize_entry("saving_range", &[lo, hi])?;
+        }
         if let Some(e) = &self.edit {
             m.serialize_entry("edit", e)?;
         }
@@ -469,6 +520,8 @@ impl Fix {
             title: title.into(),
             saving_bytes: None,
             cost: None,
+            simulated: None,
+            saving_range: None,
             kind: FixKind::Advice,
             target: None,
             edit: None,
@@ -480,6 +533,8 @@ impl Fix {
             title: title.into(),
             saving_bytes: None,
             cost: None,
+            simulated: None,
+            saving_range: None,
             kind,
             target: None,
             edit: None,

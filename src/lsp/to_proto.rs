@@ -322,6 +322,13 @@ pub fn hover_markdown(entry: &LineEntry, filter: &FrameFilter, roots: &[PathBuf]
                     md.push_str(&format!(" (saves about {s}, *inferred*)"));
                 }
             }
+            if let Some(sim) = &fix.simulated {
+                md.push_str(&format!(
+                    "\n  - *simulated*: {} — {}",
+                    sim.change,
+                    sim.summary().trim_end_matches(" (simulated)")
+                ));
+            }
             md.push('\n');
         }
         if !lf.frames.is_empty() {

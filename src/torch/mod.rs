@@ -17,6 +17,7 @@ pub mod stacks;
 pub mod summary;
 pub mod timeline;
 pub mod totals;
+pub mod whatif;
 
 use crate::findings::{self, Code, Finding, Label};
 use crate::options::AnalysisOptions;
@@ -80,8 +81,10 @@ pub fn analyse(snap: &Snapshot, opts: &AnalysisOptions) -> Analysis {
         findings: Vec::new(),
         stacks,
     };
-    a.findings = patterns::detect(snap, &a);
-    findings::sort(&mut a.findings);
+    let mut found = patterns::detect(snap, &a);
+    whatif::simulate(snap, &a, &mut found);
+    findings::sort(&mut found);
+    a.findings = found;
     a
 }
 

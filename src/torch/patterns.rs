@@ -1150,11 +1150,12 @@ mod tests {
                 value: "expandable_segments:True".into()
             }
         );
+        // The trace holds only the OOM: the replay serves nothing, so no max_split_size_mb helps
+        // and the fix says so (simulated) instead of offering `max_split_size_mb:64`.
+        assert_eq!(pt8.fixes[1].kind, FixKind::Advice);
         assert_eq!(
-            pt8.fixes[1].kind,
-            FixKind::AllocConf {
-                value: "max_split_size_mb:64".into()
-            }
+            pt8.fixes[1].simulated.as_ref().and_then(|s| s.oom_avoided),
+            Some(false)
         );
         assert_eq!(pt8.location.as_ref().map(|l| l.line), Some(12));
     }

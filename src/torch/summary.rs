@@ -15,6 +15,7 @@ use crate::torch::diff::{Diff, SiteDelta};
 use crate::torch::fragmentation::{OomDiagnosis, Verdict};
 use crate::torch::model::{Snapshot, SnapshotFormat};
 use crate::torch::ranks::RankComparison;
+use crate::torch::replay::CaptureReplay;
 use crate::torch::sites::Sites;
 use crate::torch::stacks::site_string;
 use crate::torch::timeline::{DeviceTimeline, LiveSet};
@@ -36,6 +37,8 @@ pub struct Summary {
     pub rank: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rank_comparison: Option<RankComparison>,
+    /// How well the allocator replay reproduces this capture's recorded segment events.
+    pub replay: CaptureReplay,
 }
 
 /// Allocator state at dump time (ORACLE.md §3), per device or overall.
@@ -585,6 +588,11 @@ pub fn diff(d: &Diff, earlier: &Path, later: &Path) -> DiffSummary {
 
 /// Summarise every analysis of one snapshot, keeping the first `top` sites.
 pub fn summarize(snap: &Snapshot, a: &Analysis, top: usize) -> Summary {
+    summarize_with(snap, a, top, crate::torch::replay::replay_snapshot(snap))
+}
+
+/// [`summarize`] with the replay already computed.
+pub fn summarize_with(snap: &Snapshot, a: &Analysis, top: usize, replay: CaptureReplay) -> Summary {
     Summary {
         format: match snap.format {
             Some(SnapshotFormat::SegmentList) => "segment-list",
@@ -610,6 +618,7 @@ pub fn summarize(snap: &Snapshot, a: &Analysis, top: usize) -> Summary {
         diff: None,
         rank: None,
         rank_comparison: None,
+        replay,
     }
 }
 

@@ -67,6 +67,9 @@ pub(crate) fn fix_notes(x: &Fix) -> String {
     if let Some(c) = &x.cost {
         notes.push(format!("cost: {c}"));
     }
+    if let Some(sim) = &x.simulated {
+        notes.push(sim.summary());
+    }
     if notes.is_empty() {
         String::new()
     } else {

@@ -118,6 +118,17 @@ fn next_steps(s: &mut String, r: &CaptureReport) {
                 .map(|c| format!("; cost: {c}"))
                 .unwrap_or_default();
             let _ = writeln!(s, "  {n}. {}{at}: {}{saving}{cost}", f.code, fix.title);
+            if let Some(sim) = &fix.simulated {
+                let _ = writeln!(
+                    s,
+                    "      {} {}: {}; reserved {} → {}",
+                    tag(Label::Simulated),
+                    sim.change,
+                    sim.summary().trim_end_matches(" (simulated)"),
+                    fmt_bytes(sim.peak_reserved_before),
+                    fmt_bytes(sim.peak_reserved_after)
+                );
+            }
         }
     }
     let extra = match &r.engine {

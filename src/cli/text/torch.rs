@@ -113,6 +113,24 @@ fn totals(s: &mut String, t: &Summary) {
                 );
             }
         }
+        let r = &t.replay;
+        if r.validated && r.segment_events_recorded > 0 {
+            let _ = writeln!(
+                s,
+                "  allocator replay                  reproduces all {} recorded segment events {M} and the \
+                 final reserved {} [simulated]: the fixes below are replayed on it",
+                r.segment_events_recorded,
+                fmt_bytes(r.reserved_end_bytes_replayed)
+            );
+        } else if !r.validated {
+            let _ = writeln!(
+                s,
+                "  allocator replay                  reproduces {} of {} recorded segment events {M}: {}",
+                r.segment_events_matched,
+                r.segment_events_recorded,
+                r.note.as_deref().unwrap_or("no simulation on this capture")
+            );
+        }
     } else {
         let _ = writeln!(s, "  trace                             none recorded {R}");
     }

@@ -42,15 +42,20 @@ pub fn code_actions(
                 })
             });
             for fix in &f.fixes {
+                // "Add loss.detach() — peak 23.1 → 11.8 GiB (simulated)"
+                let title = match &fix.simulated {
+                    Some(sim) => format!("{} — {}", fix.title, sim.summary()),
+                    None => fix.title.clone(),
+                };
                 let mut action = CodeAction {
-                    title: fix.title.clone(),
+                    title: title.clone(),
                     kind: Some(CodeActionKind::QUICKFIX),
                     diagnostics: diag.map(|d| vec![d.clone()]),
                     ..Default::default()
                 };
                 if fix.kind == FixKind::Advice {
                     action.command = Some(Command {
-                        title: fix.title.clone(),
+                        title: title.clone(),
                         command: CMD_EXPLAIN.into(),
                         arguments: Some(vec![json!({
                             "code": f.code,
@@ -106,7 +111,7 @@ pub fn code_actions(
                             Err(edits::NoEdit(r)) => r,
                             Ok(_) => "nothing to change on this line".into(),
                         };
-                        action.title = format!("{} (no edit: {reason})", fix.title);
+                        action.title = format!("{title} (no edit: {reason})");
                         if disabled_support {
                             action.disabled = Some(CodeActionDisabled { reason });
                         }

@@ -73,6 +73,10 @@ pub enum Change {
     /// trace entry `at` instead of when recorded; one whose `alloc` is at or after `at` is
     /// never made.
     FreeEarly { allocs: Vec<usize>, at: usize },
+    /// Activation checkpointing: each allocation (its `alloc` entry index) is freed just before
+    /// trace entry `drop_at` (dropped in the forward) and made again just before `again_at`
+    /// (recomputed in the backward), then freed as recorded.
+    Rematerialize { allocs: Vec<(usize, usize, usize)> },
     /// `expandable_segments:True|False`.
     ExpandableSegments(bool),
     /// `max_split_size_mb:N` (N ≥ 20, as PyTorch requires).
@@ -397,6 +401,19 @@ fn what_if_prepared(p: &Prepared, changes: &[Change]) -> WhatIf {
                         Some(&r) => {
                             edits.free_at.insert(r, *at);
                         }
+                        None => notes.push(format!("trace entry {a} is not an alloc")),
+                    }
+                }
+            }
+            Change::Rematerialize { allocs } => {
+                for &(a, drop_at, again_at) in allocs {
+                    match p.plan.alloc_aref.get(&a) {
+                        Some(&r) if drop_at < again_at => {
+                            edits.remat.push((r, drop_at, again_at, a))
+                        }
+                        Some(_) => notes.push(format!(
+                            "trace entry {a}: dropped at {drop_at}, not before its recompute at {again_at}"
+                        )),
                         None => notes.push(format!("trace entry {a} is not an alloc")),
                     }
                 }

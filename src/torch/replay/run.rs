@@ -365,6 +365,10 @@ pub(crate) struct Outcome {
 pub(crate) struct Edits {
     /// aref → trace position where it is freed instead (frees as recorded are then skipped).
     pub free_at: FxHashMap<u32, usize>,
+    /// Rematerialised allocations: (aref, dropped at, made again at, its `alloc` entry). The
+    /// block is freed at the first position and allocated again (same size and stream) at the
+    /// second; its recorded frees then apply as usual.
+    pub remat: Vec<(u32, usize, usize, usize)>,
 }
 
 /// Replay the device's requests through the model. `as_recorded`: the recorded order and the
@@ -410,10 +414,18 @@ pub(crate) fn replay(
             r.1 = r.1.max(k);
         }
     }
-    // Early frees sorted by position.
+    // Early frees (and rematerialisation drops) sorted by position, then the re-allocations.
     let mut early: Vec<(usize, u32)> = edits.free_at.iter().map(|(&a, &p)| (p, a)).collect();
+    early.extend(edits.remat.iter().map(|&(a, drop, _, _)| (drop, a)));
     early.sort_unstable();
     let mut ei = 0usize;
+    let mut again: Vec<(usize, u32, usize)> = edits
+        .remat
+        .iter()
+        .map(|&(a, _, at, entry)| (at, a, entry))
+        .collect();
+    again.sort_unstable();
+    let mut ai = 0usize;
     let mut capacity_dev = Capacity(capacity);
     // Mallocs a probe already ran.
     let mut ran_early: FxHashMap<usize, ()> = FxHashMap::default();
@@ -430,6 +442,17 @@ pub(crate) fn replay(
                 addr_of[a] = u64::MAX;
             }
             ei += 1;
+        }
+        while ai < again.len() && again[ai].0 <= op.pos {
+            let (_, a, entry) = again[ai];
+            if let (Some(e), Some(slot)) = (trace.get(entry), addr_of.get(a as usize))
+                && *slot == u64::MAX
+            {
+                m.step = again[ai].0;
+                let result = m.malloc(e.size, e.stream, &mut capacity_dev);
+                settle(&mut out, &mut m, &mut addr_of, a, entry, e, false, result);
+            }
+            ai += 1;
         }
         m.step = op.step;
         match op.kind {

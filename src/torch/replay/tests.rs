@@ -368,6 +368,41 @@ fn hand_made_trace_validates_and_what_if_reports_the_oom() {
     assert_eq!(a.smallest_max_split_size_mb, None);
 }
 
+/// Activation checkpointing: tensors dropped after their forward use and made again just before
+/// their backward use are never all live together.
+#[test]
+fn rematerialised_allocations_lower_the_peak_and_come_back_for_their_use() {
+    use BlockState::*;
+    // "Forward": four 5 MiB activations; "backward": freed in reverse order.
+    let mut t = vec![e(SegmentAlloc, S1, 20 * MB)];
+    for k in 0..4 {
+        t.push(e(Alloc, S1 + k * 5 * MB, 5 * MB));
+    }
+    for k in (0..4).rev() {
+        t.push(e(FreeRequested, S1 + k * 5 * MB, 5 * MB));
+        t.push(e(FreeCompleted, S1 + k * 5 * MB, 5 * MB));
+    }
+    let snap = Snapshot {
+        segments: vec![seg(S1, 20 * MB, &[(20 * MB, Inactive)])],
+        device_traces: Some(vec![t]),
+        ..Snapshot::default()
+    };
+    assert!(replay_snapshot(&snap).validated);
+    // The first three activations (alloc entries 1, 2, 3) are dropped as the next one is made
+    // and made again just before their free_requested (entries 11, 9, 7): one at a time.
+    let w = what_if(
+        &snap,
+        0,
+        &[Change::Rematerialize {
+            allocs: vec![(1, 2, 11), (2, 3, 9), (3, 4, 7)],
+        }],
+    );
+    assert!(w.simulated, "{w:?}");
+    assert_eq!(w.peak_allocated_before, 20 * MB);
+    assert_eq!(w.peak_allocated_after, 5 * MB, "{w:?}");
+    assert_eq!(w.new_ooms, 0);
+}
+
 #[test]
 fn what_if_is_not_offered_when_the_replay_does_not_validate() {
     let mut snap = fragmented();

@@ -1,0 +1,337 @@
+//! What a fix saves, simulated: each PyTorch fix turned into a change of the recorded trace and
+//! replayed through the allocator model (`replay`), on devices where the unchanged replay
+//! reproduces the recorded segment events. The result goes on the fix (`Fix::simulated`).
+//!
+//! The changes, per pattern:
+//! - PT002 (retained graph): every never-freed allocation of the repeating activation sites and
+//!   of the kept loss is freed as long after its allocation as the same site's freed
+//!   allocations lived (the other steps' lifetime).
+//! - PT003 (container): each appended tensor is freed when the next step appends again.
+//! - PT005 (activation pressure): every activation kept for the backward is dropped right after
+//!   it is made and made again just before its use in the backward (its `free_requested`) —
+//!   activation checkpointing with a recompute of one tensor at a time, so the "after" peak is a
+//!   lower bound when a checkpointed block recomputes many tensors at once.
+//! - PT008 (fragmentation OOM): `expandable_segments:True` and `max_split_size_mb:N` for a few N;
+//!   the fix names the smallest N that avoids the OOM.
+//! - PT010 (pending frees): each pending free completes when it is requested.
+
+use rustc_hash::FxHashMap;
+
+use crate::findings::{Code, Finding, FixKind, Simulated};
+use crate::torch::Analysis;
+use crate::torch::model::{Action, Snapshot, TraceEntry};
+use crate::torch::replay::{self, Change, WhatIf};
+use crate::torch::stacks::{Role, SiteKey};
+
+/// One allocation of a device trace: its `alloc` entry and the entries that freed it.
+#[derive(Clone, Copy, Debug)]
+struct Life {
+    alloc: usize,
+    free_requested: Option<usize>,
+    free_completed: Option<usize>,
+}
+
+/// Every allocation of a trace by site.
+fn lives(trace: &[TraceEntry], a: &Analysis) -> FxHashMap<SiteKey, Vec<Life>> {
+    let mut open: FxHashMap<u64, (SiteKey, usize)> = FxHashMap::default();
+    let mut out: FxHashMap<SiteKey, Vec<Life>> = FxHashMap::default();
+    for (i, e) in trace.iter().enumerate() {
+        match e.action {
+            Action::Alloc => {
+                let key = a.stacks.site(e.stack()).0;
+                let v = out.entry(key).or_default();
+                open.insert(e.addr, (key, v.len()));
+                v.push(Life {
+                    alloc: i,
+                    free_requested: None,
+                    free_completed: None,
+                });
+            }
+            Action::FreeRequested => {
+                if let Some(&(k, j)) = open.get(&e.addr)
+                    && let Some(l) = out.get_mut(&k).and_then(|v| v.get_mut(j))
+                {
+                    l.free_requested.get_or_insert(i);
+                }
+            }
+            Action::FreeCompleted => {
+                if let Some((k, j)) = open.remove(&e.addr)
+                    && let Some(l) = out.get_mut(&k).and_then(|v| v.get_mut(j))
+                {
+                    l.free_completed = Some(i);
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The device a finding is about (`device N` scope), else the first with a trace.
+fn device_of(f: &Finding, snap: &Snapshot) -> Option<i64> {
+    if let Some(d) = f
+        .scope
+        .as_deref()
+        .and_then(|s| s.strip_prefix("device "))
+        .and_then(|d| d.parse().ok())
+    {
+        return Some(d);
+    }
+    let traces = snap.device_traces.as_ref()?;
+    traces.iter().position(|t| !t.is_empty()).map(|d| d as i64)
+}
+
+fn median(mut v: Vec<usize>) -> Option<usize> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_unstable();
+    Some(v[v.len() / 2])
+}
+
+/// Free each never-freed allocation of `sites` as long after its allocation as the site's freed
+/// allocations lived (else `fallback` entries later).
+fn free_like_the_others(
+    lives: &FxHashMap<SiteKey, Vec<Life>>,
+    sites: &[SiteKey],
+    fallback: Option<usize>,
+    end: usize,
+) -> Vec<Change> {
+    let mut by_at: FxHashMap<usize, Vec<usize>> = FxHashMap::default();
+    for key in sites {
+        let Some(v) = lives.get(key) else { continue };
+        let life = median(
+            v.iter()
+                .filter_map(|l| l.free_completed.map(|f| f - l.alloc))
+                .collect(),
+        )
+        .or(fallback);
+        let Some(life) = life else { continue };
+        for l in v.iter().filter(|l| l.free_completed.is_none()) {
+            let at = l.alloc.saturating_add(life.max(1));
+            if at < end {
+                by_at.entry(at).or_default().push(l.alloc);
+            }
+        }
+    }
+    by_at
+        .into_iter()
+        .map(|(at, allocs)| Change::FreeEarly { allocs, at })
+        .collect()
+}
+
+fn simulated(w: &WhatIf, change: &str) -> Option<Simulated> {
+    w.simulated.then(|| Simulated {
+        peak_allocated_before: w.peak_allocated_before,
+        peak_allocated_after: w.peak_allocated_after,
+        peak_reserved_before: w.peak_reserved_before,
+        peak_reserved_after: w.peak_reserved_after,
+        oom_avoided: (!w.ooms.is_empty())
+            .then(|| w.ooms.iter().all(|o| o.fits_after) && w.new_ooms == 0),
+        change: change.to_string(),
+    })
+}
+
+/// The changes a finding's main fix makes to the trace, and the words for them.
+fn changes_for(
+    f: &Finding,
+    snap: &Snapshot,
+    a: &Analysis,
+    trace: &[TraceEntry],
+    lives: &FxHashMap<SiteKey, Vec<Life>>,
+    device: i64,
+) -> Option<(Vec<Change>, &'static str)> {
+    let end = trace.len();
+    let key_of = |f: &Finding| -> SiteKey {
+        let l = f.location.as_ref()?;
+        lives
+            .keys()
+            .copied()
+            .flatten()
+            .find(|k| crate::torch::stacks::location(snap, *k).is_some_and(|x| x.same_place(l)))
+    };
+    let t = a.timeline.device(device)?;
+    match f.code {
+        Code::PT002 => {
+            let mut sites: Vec<SiteKey> = t
+                .sites
+                .iter()
+                .filter(|s| s.key.is_some() && s.role == Role::Activation && s.retained >= 3)
+                .map(|s| s.key)
+                .collect();
+            let lead = key_of(f);
+            // The kept loss lives one step: until the next one is made.
+            let step = lead
+                .and_then(|k| lives.get(&Some(k)))
+                .and_then(|v| median(v.windows(2).map(|w| w[1].alloc - w[0].alloc).collect()));
+            if let Some(k) = lead {
+                sites.push(Some(k));
+            }
+            let c = free_like_the_others(lives, &sites, step, end);
+            (!c.is_empty()).then_some((
+                c,
+                "the kept activations and loss freed as long after they are made as in the other steps",
+            ))
+        }
+        Code::PT003 => {
+            let v = lives.get(&Some(key_of(f)?))?;
+            let kept: Vec<&Life> = v.iter().filter(|l| l.free_completed.is_none()).collect();
+            let c: Vec<Change> = kept
+                .windows(2)
+                .map(|w| Change::FreeEarly {
+                    allocs: vec![w[0].alloc],
+                    at: w[1].alloc,
+                })
+                .collect();
+            (!c.is_empty()).then_some((c, "each appended tensor freed when the next step appends"))
+        }
+        Code::PT005 => {
+            let sites: Vec<SiteKey> = t
+                .sites
+                .iter()
+                .filter(|s| s.key.is_some() && s.role == Role::Activation)
+                .map(|s| s.key)
+                .collect();
+            let mut allocs = Vec::new();
+            for key in &sites {
+                for l in lives.get(key).into_iter().flatten() {
+                    // Kept for the backward: freed later than the next entry.
+                    let Some(use_at) = l.free_requested else {
+                        continue;
+                    };
+                    if l.alloc + 2 < use_at {
+                        allocs.push((l.alloc, l.alloc + 1, use_at));
+                    }
+                }
+            }
+            (!allocs.is_empty()).then_some((
+                vec![Change::Rematerialize { allocs }],
+                "every activation kept for the backward dropped after it is made and made again just before its use in the backward (one at a time)",
+            ))
+        }
+        Code::PT010 => {
+            let mut c = Vec::new();
+            for p in &t.pending {
+                let life = lives
+                    .values()
+                    .flatten()
+                    .find(|l| l.free_requested == Some(p.index as usize));
+                if let Some(l) = life {
+                    c.push(Change::FreeEarly {
+                        allocs: vec![l.alloc],
+                        at: (p.index as usize).saturating_add(1),
+                    });
+                }
+            }
+            (!c.is_empty()).then_some((c, "each pending free completed when it is requested"))
+        }
+        _ => None,
+    }
+}
+
+/// Simulate the fixes of `findings` (PT002, PT003, PT005, PT008, PT010).
+pub fn simulate(snap: &Snapshot, a: &Analysis, findings: &mut [Finding]) {
+    let wanted = [
+        Code::PT002,
+        Code::PT003,
+        Code::PT005,
+        Code::PT008,
+        Code::PT010,
+    ];
+    if !findings.iter().any(|f| wanted.contains(&f.code)) {
+        return;
+    }
+    let traces = match &snap.device_traces {
+        Some(t) => t,
+        None => return,
+    };
+    let mut cache: FxHashMap<i64, FxHashMap<SiteKey, Vec<Life>>> = FxHashMap::default();
+    for f in findings.iter_mut().filter(|f| wanted.contains(&f.code)) {
+        let Some(device) = device_of(f, snap) else {
+            continue;
+        };
+        let Some(trace) = usize::try_from(device).ok().and_then(|d| traces.get(d)) else {
+            continue;
+        };
+        if f.code == Code::PT008 {
+            settings_for_oom(snap, device, f);
+            continue;
+        }
+        let lv = cache.entry(device).or_insert_with(|| lives(trace, a));
+        let Some((changes, words)) = changes_for(f, snap, a, trace, lv, device) else {
+            continue;
+        };
+        let w = replay::what_if(snap, device, &changes);
+        let Some(sim) = simulated(&w, words) else {
+            continue;
+        };
+        // The fixes that make the change: the edits (`loss.detach()`, `.item()`), else the
+        // finding's main advice (checkpointing, synchronising the stream).
+        let edits = f.fixes.iter().any(|x| x.kind != FixKind::Advice);
+        for (i, fix) in f.fixes.iter_mut().enumerate() {
+            if fix.kind != FixKind::Advice || (!edits && i == 0) {
+                fix.simulated = Some(sim.clone());
+            }
+        }
+    }
+}
+
+/// PT008: which allocator settings avoid the recorded OOM; the `max_split_size_mb` fix names the
+/// smallest N that does.
+fn settings_for_oom(snap: &Snapshot, device: i64, f: &mut Finding) {
+    let advice = replay::advise_settings_for_oom(snap, device);
+    if !advice.simulated {
+        return;
+    }
+    for fix in &mut f.fixes {
+        let FixKind::AllocConf { value } = &fix.kind else {
+            continue;
+        };
+        let changes = if value.starts_with("expandable_segments") {
+            vec![Change::ExpandableSegments(true)]
+        } else if value.starts_with("max_split_size_mb") {
+            let n = advice.smallest_max_split_size_mb;
+            if let Some(n) = n {
+                fix.kind = FixKind::AllocConf {
+                    value: format!("max_split_size_mb:{n}"),
+                };
+                fix.title = format!(
+                    "Then try PYTORCH_ALLOC_CONF=max_split_size_mb:{n} (the smallest of {} that avoids the OOM in the replay)",
+                    replay::MAX_SPLIT_TRIALS_MB
+                        .iter()
+                        .map(|m| m.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+            let mb = match &fix.kind {
+                FixKind::AllocConf { value } => value
+                    .strip_prefix("max_split_size_mb:")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0),
+                _ => 0,
+            };
+            vec![Change::MaxSplitSizeMb(mb)]
+        } else {
+            continue;
+        };
+        let w = replay::what_if(snap, device, &changes);
+        fix.simulated = simulated(
+            &w,
+            "the recorded requests replayed with this allocator setting",
+        );
+        let split = matches!(&fix.kind, FixKind::AllocConf { value } if value.starts_with("max_split_size_mb"));
+        if split && advice.smallest_max_split_size_mb.is_none() {
+            // No trial helps: say so instead of offering the edit.
+            fix.kind = FixKind::Advice;
+            fix.title = format!(
+                "max_split_size_mb would not avoid this OOM: none of {} MiB did in the replay",
+                replay::MAX_SPLIT_TRIALS_MB
+                    .iter()
+                    .map(|m| m.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+    }
+}
