@@ -390,3 +390,46 @@ fn max_trace_events_reports_what_was_dropped() {
     assert!(t["dropped_trace_entries"].as_u64().unwrap() > 0);
     assert!(r.text().contains("dropped by --max-trace-events"));
 }
+
+/// Every torch fix with a change the replay can make carries a simulated before → after, on
+/// fixtures whose replay reproduces their recorded segment events.
+#[test]
+fn fixes_are_simulated_on_the_allocator_replay() {
+    for (name, code, lower) in [
+        ("pt002_retained_graph.pickle", "PT002", true),
+        ("pt003_growing_history.pickle", "PT003", true),
+        ("pt005_activations.pickle", "PT005", true),
+        ("pt010_pending_free.pickle", "PT010", false),
+    ] {
+        let r = report(name);
+        assert_eq!(engine(&r)["replay"]["validated"], true, "{name}");
+        let f = find(&r, code);
+        let sim = f.fixes[0]
+            .simulated
+            .as_ref()
+            .unwrap_or_else(|| panic!("{name}: {code} not simulated"));
+        assert!(
+            sim.peak_allocated_after <= sim.peak_allocated_before,
+            "{name}: {sim:?}"
+        );
+        if lower {
+            assert!(
+                sim.peak_allocated_after < sim.peak_allocated_before,
+                "{name}: {sim:?}"
+            );
+        }
+        assert!(r.text().contains("[simulated]"), "{name}");
+        let json = r.engine();
+        assert!(
+            json["replay"]["segment_events_recorded"].as_u64().is_some(),
+            "{name}"
+        );
+    }
+    // PT002: the kept graphs' 576 MiB leave the peak.
+    let r = report("pt002_retained_graph.pickle");
+    let sim = find(&r, "PT002").fixes[0].simulated.clone().unwrap();
+    assert!(
+        sim.peak_allocated_before - sim.peak_allocated_after > 500 << 20,
+        "{sim:?}"
+    );
+}

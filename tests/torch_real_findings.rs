@@ -179,3 +179,28 @@ fn compiled_models_aggregate_on_the_model_lines() {
     }
     assert_eq!(compiled, 3, "the three compiled-model snapshots in shared");
 }
+
+/// The real OOM (Constructor-Sun, device 1): checkpointing the activations is simulated on the
+/// replay of the recorded requests, and the failed 4.94 GiB request would have been served.
+#[test]
+fn the_real_oom_fix_is_simulated() {
+    let Some(dir) = common::shared("torch_snapshots/real") else {
+        return;
+    };
+    let r = memlsp::analyze::run_file(
+        &dir.join("Constructor-Sun__memory_snapshot.pickle"),
+        &Options::default(),
+    )
+    .unwrap();
+    let json = common::ReportExt::engine(&r);
+    assert_eq!(json["replay"]["validated"], true);
+    assert_eq!(json["replay"]["segment_events_recorded"], 299);
+    let pt5 = r
+        .findings
+        .iter()
+        .find(|f| f.code.as_str() == "PT005")
+        .unwrap();
+    let sim = pt5.fixes[0].simulated.as_ref().expect("simulated");
+    assert_eq!(sim.oom_avoided, Some(true), "{sim:?}");
+    assert!(sim.peak_allocated_after < sim.peak_allocated_before);
+}
