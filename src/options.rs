@@ -33,6 +33,9 @@ pub struct AnalysisOptions {
     pub module: Option<String>,
     /// Which frames count as the user's.
     pub frames: FrameFilter,
+    /// Also compute what pictures draw (memory over time, allocator state, the heap over the
+    /// program order): the HTML page and the editor's timeline ask for it.
+    pub pictures: bool,
 }
 
 impl Default for AnalysisOptions {
@@ -41,6 +44,7 @@ impl Default for AnalysisOptions {
             top: 10,
             module: None,
             frames: FrameFilter::default(),
+            pictures: false,
         }
     }
 }

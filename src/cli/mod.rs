@@ -6,6 +6,7 @@
 
 mod check;
 mod github;
+mod html;
 mod json;
 #[cfg(test)]
 mod presenter_tests;
@@ -89,6 +90,9 @@ struct ReportArgs {
     /// Output format
     #[arg(long, value_enum, value_name = "FORMAT", default_value_t = ReportFormat::Text)]
     format: ReportFormat,
+    /// Write the result to FILE instead of stdout
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    output: Option<PathBuf>,
     #[command(flatten)]
     common: CommonArgs,
 }
@@ -151,6 +155,8 @@ enum CheckFormat {
 enum ReportFormat {
     Text,
     Json,
+    /// One self-contained page with the pictures (timeline, allocator state, plan)
+    Html,
 }
 
 fn parse_severity(s: &str) -> Result<Severity, String> {
@@ -196,6 +202,11 @@ fn absolute(path: &std::path::Path) -> PathBuf {
 /// The text report of located reports, as `memlsp report` prints it.
 pub fn render_text(reports: &[crate::report::CaptureReport], top: usize) -> String {
     text::report(reports, top)
+}
+
+/// The HTML page of reports analysed with pictures, as `memlsp report --format html` writes it.
+pub fn render_html(reports: &[crate::report::CaptureReport]) -> String {
+    html::render(reports)
 }
 
 /// The JSON document of located reports, as `memlsp report --format json` prints it.

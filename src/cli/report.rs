@@ -2,7 +2,7 @@
 
 use crate::analyze::{run, run_diff};
 
-use super::{ReportArgs, ReportFormat, emit, json, text};
+use super::{ReportArgs, ReportFormat, emit, html, json, text};
 
 pub(super) fn run_report(args: ReportArgs) -> i32 {
     // The workspace of `report` is the current directory.
@@ -12,6 +12,7 @@ pub(super) fn run_report(args: ReportArgs) -> i32 {
     }
     opts.decode.max_trace_events = args.max_trace_events;
     opts.analysis.module = args.module.clone();
+    opts.analysis.pictures = args.format == ReportFormat::Html;
     let result = match &args.diff {
         Some(later) => run_diff(&args.file, later, &opts).map(|r| vec![r]),
         None => run(&args.file, &opts),
@@ -26,7 +27,23 @@ pub(super) fn run_report(args: ReportArgs) -> i32 {
     let out = match args.format {
         ReportFormat::Text => text::report(&reports, opts.analysis.top),
         ReportFormat::Json => json::render(&json::document(&reports, &[])),
+        ReportFormat::Html => html::render(&reports),
     };
-    emit(&out);
-    0
+    match &args.output {
+        // Never into a capture's folder unless the user names the file there.
+        Some(path) => match std::fs::write(path, out) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!(
+                    "memlsp: {}: cannot write the report ({e}); pass a writable -o FILE",
+                    path.display()
+                );
+                2
+            }
+        },
+        None => {
+            emit(&out);
+            0
+        }
+    }
 }

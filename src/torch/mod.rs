@@ -12,6 +12,7 @@ pub mod model;
 pub mod patterns;
 pub mod ranks;
 pub mod replay;
+pub mod series;
 pub mod sites;
 pub mod stacks;
 pub mod summary;
@@ -93,8 +94,24 @@ const PARALLEL_FROM: usize = 200_000;
 
 /// The engine's output: the typed summary, the first `opts.top` sites, the findings.
 pub fn output(snap: &Snapshot, a: &Analysis, opts: &AnalysisOptions) -> Output {
+    let mut summary = summary::summarize(snap, a, opts.top);
+    if opts.pictures {
+        let starts: Vec<(i64, i64)> = a
+            .timeline
+            .devices
+            .iter()
+            .map(|t| (t.device, t.live_start))
+            .collect();
+        summary.series = series::compute(snap, &a.stacks, &starts);
+        summary.segment_bars = a
+            .totals
+            .devices
+            .iter()
+            .map(|d| (d.device, series::segments(snap, d.device, 400)))
+            .collect();
+    }
     Output {
-        summary: summary::summarize(snap, a, opts.top),
+        summary,
         sites: report_sites(snap, a, opts),
         findings: a.findings.clone(),
     }

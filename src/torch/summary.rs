@@ -39,6 +39,12 @@ pub struct Summary {
     pub rank_comparison: Option<RankComparison>,
     /// How well the allocator replay reproduces this capture's recorded segment events.
     pub replay: CaptureReplay,
+    /// Memory over the trace per device, for pictures (computed on request).
+    #[serde(skip)]
+    pub series: Vec<crate::torch::series::Series>,
+    /// The allocator state at the snapshot per device, for pictures (computed on request).
+    #[serde(skip)]
+    pub segment_bars: Vec<(i64, Vec<crate::torch::series::SegmentBar>)>,
 }
 
 /// Allocator state at dump time (ORACLE.md §3), per device or overall.
@@ -619,6 +625,8 @@ pub fn summarize_with(snap: &Snapshot, a: &Analysis, top: usize, replay: Capture
         rank: None,
         rank_comparison: None,
         replay,
+        series: Vec::new(),
+        segment_bars: Vec::new(),
     }
 }
 

@@ -96,6 +96,7 @@ pub fn analyse(cap: &Capture, opts: &AnalysisOptions) -> Result<Output, CaptureE
         why,
         between_last_two,
         live_at_last,
+        pictures: opts.pictures,
     });
     Ok(Output {
         summary,

@@ -225,6 +225,9 @@ pub struct Plan {
     pub output_shapes: Vec<String>,
     /// Caller frames of the entry computation's instructions: the call site of the jitted fn.
     pub call_site: Vec<Frame>,
+    /// Heap bytes before each event of the heap-simulator trace (the program order), then after
+    /// the last: `heap_curve[peak_position + 1]` is the peak.
+    pub heap_curve: Vec<u64>,
 }
 
 /// One entry-computation parameter.
@@ -403,8 +406,10 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
         let mut display: FxHashMap<i64, i64> = FxHashMap::default();
         let mut heap: i64 = 0;
         let mut peak: i64 = 0;
+        plan.heap_curve.reserve(t.events.len());
         for (pos, e) in t.events.iter().enumerate() {
             plan.heap_points += 1;
+            plan.heap_curve.push(heap.max(0) as u64);
             if !bufs.contains_key(&e.buffer_id) {
                 continue;
             }
@@ -477,6 +482,7 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
                 }
             }
         }
+        plan.heap_curve.push(heap.max(0) as u64);
         plan.heap_points += 1;
         plan.heap_peak_bytes = peak.max(0) as u64;
     }

@@ -29,6 +29,34 @@ pub struct Summary {
     /// Every allocator seen (name, peak in use, capacity, events).
     #[serde(skip)]
     pub allocators: Vec<AllocatorRow>,
+    /// The heap over the program order, per pixel column `(first event, last event, min, max)`,
+    /// for pictures (computed on request).
+    #[serde(skip)]
+    pub heap_columns: Vec<(u64, u64, u64, u64)>,
+    /// Position of the heap peak in the program order.
+    #[serde(skip)]
+    pub peak_position: u64,
+}
+
+/// `curve` as at most `columns` pixel columns of `(first, last, min, max)`.
+pub fn downsample(curve: &[u64], columns: usize) -> Vec<(u64, u64, u64, u64)> {
+    let n = curve.len();
+    let cols = n.clamp(1, columns.max(1));
+    if n == 0 {
+        return Vec::new();
+    }
+    (0..cols)
+        .map(|c| {
+            let (lo, hi) = (c * n / cols, ((c + 1) * n / cols).max(c * n / cols + 1).min(n));
+            let part = &curve[lo..hi];
+            (
+                lo as u64,
+                (hi - 1) as u64,
+                part.iter().copied().min().unwrap_or(0),
+                part.iter().copied().max().unwrap_or(0),
+            )
+        })
+        .collect()
 }
 
 /// The module list (a count when no module has a plan).
@@ -286,6 +314,8 @@ pub fn runtime_only(plans: usize, rt: &Runtime, versions: Vec<(String, String)>)
         between_last_two: Vec::new(),
         live_at_last: Vec::new(),
         allocators: allocators(rt),
+        heap_columns: Vec::new(),
+        peak_position: 0,
     }
 }
 
@@ -298,6 +328,7 @@ pub struct Parts<'a> {
     pub why: String,
     pub between_last_two: Vec<(String, u64)>,
     pub live_at_last: Vec<LiveGroup>,
+    pub pictures: bool,
 }
 
 pub fn summarize(p: Parts) -> Summary {
@@ -311,5 +342,11 @@ pub fn summarize(p: Parts) -> Summary {
         between_last_two: p.between_last_two,
         live_at_last: p.live_at_last,
         allocators: allocators(p.rt),
+        heap_columns: if p.pictures {
+            downsample(&p.plan.heap_curve, 800)
+        } else {
+            Vec::new()
+        },
+        peak_position: p.plan.peak_position as u64,
     }
 }

@@ -1,0 +1,185 @@
+//! `--format html`: the report as one self-contained page (inline CSS and JS, no network) with
+//! the pictures: memory over the trace stacked by site, the allocator's segments, growth between
+//! snapshots, ranks side by side (PyTorch); the heap over the program order and the buffers at
+//! its peak (JAX). The data is downsampled in the engines (`torch::series`,
+//! `xla::summary::downsample`); the page receives only what it draws. Every number keeps its
+//! label. Works from `file://` and inside a VS Code webview (a click on a band posts
+//! `{command: "reveal", file, line}` to the extension).
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::findings::{Finding, Location};
+use crate::report::{CaptureReport, Engine};
+
+use super::VERSION;
+
+const TEMPLATE: &str = include_str!("page.html");
+
+/// A place the page can open: the local file when the recorded path resolved.
+fn place(l: &Location) -> Value {
+    json!({
+        "file": l.local().map(|p| p.display().to_string()).unwrap_or_else(|| l.file.clone()),
+        "shown": l.shown(),
+        "line": l.line,
+        "function": l.function,
+        "local": l.local().is_some(),
+    })
+}
+
+#[derive(Serialize)]
+struct PageFinding {
+    code: String,
+    pattern: &'static str,
+    severity: &'static str,
+    message: String,
+    at: Option<Value>,
+    fixes: Vec<Value>,
+}
+
+fn finding(f: &Finding) -> PageFinding {
+    PageFinding {
+        code: f.code.to_string(),
+        pattern: f.code.pattern(),
+        severity: f.severity.as_str(),
+        message: f.message.clone(),
+        at: f.location.as_ref().map(place),
+        fixes: f
+            .fixes
+            .iter()
+            .map(|x| {
+                json!({
+                    "title": x.title,
+                    "saving": x.saving_bytes,
+                    "range": x.saving_range,
+                    "simulated": x.simulated,
+                })
+            })
+            .collect(),
+    }
+}
+
+fn torch(r: &CaptureReport, t: &crate::torch::summary::Summary) -> Value {
+    let devices: Vec<Value> = t
+        .series
+        .iter()
+        .map(|s| {
+            let segs = t
+                .segment_bars
+                .iter()
+                .find(|(d, _)| *d == s.device)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default();
+            json!({
+                "device": s.device,
+                "entries": s.entries,
+                "bands": s.bands.iter().map(|b| json!({
+                    "kind": b.kind,
+                    "at": b.location.as_ref().map(|l| {
+                        // The band's site as the report located it (sites carry resolved paths).
+                        let located = r.sites.iter().filter_map(|x| x.location.as_ref()).find(|x| x.same_place(l));
+                        place(located.unwrap_or(l))
+                    }),
+                    "stack": b.stack.iter().map(|l| format!("{}:{} {}", l.file, l.line, l.function)).collect::<Vec<_>>(),
+                    "bytes_at_peak": b.bytes_at_peak,
+                })).collect::<Vec<_>>(),
+                "columns": s.columns.iter().map(|c| json!([c.first, c.last, c.at, c.total_min, c.total_max, c.reserved, c.values, c.time_us])).collect::<Vec<_>>(),
+                "peak": s.peak,
+                "ooms": s.ooms,
+                "segments": segs,
+                "fragmentation": t.fragmentation.iter().filter(|f| f.device == s.device).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let simulated: Vec<Value> = r
+        .findings
+        .iter()
+        .flat_map(|f| f.fixes.iter().map(move |x| (f, x)))
+        .filter_map(|(f, x)| {
+            let s = x.simulated.as_ref()?;
+            Some(json!({"code": f.code.as_str(), "title": x.title, "after": s.peak_allocated_after, "before": s.peak_allocated_before, "oom_avoided": s.oom_avoided}))
+        })
+        .collect();
+    json!({
+        "devices": devices,
+        "simulated": simulated,
+        "diff": t.diff.as_ref().map(|d| json!({
+            "earlier": d.earlier,
+            "grown": d.grown.iter().take(20).map(|g| json!({"site": g.site, "before": g.bytes_before, "after": g.bytes_after, "blocks": g.blocks_delta})).collect::<Vec<_>>(),
+        })),
+        "rank": t.rank,
+        "ranks": t.rank_comparison.as_ref().map(|c| c.rows.iter().map(|row| json!({
+            "name": row.path.file_name().map(|n| n.to_string_lossy().into_owned()),
+            "allocated": row.allocated, "reserved": row.reserved, "inactive": row.inactive, "peak": row.peak,
+        })).collect::<Vec<_>>()),
+        "totals": {
+            "reserved": t.totals.memory.reserved_bytes,
+            "allocated": t.totals.memory.allocated_bytes,
+            "inactive": t.totals.memory.inactive_bytes,
+        },
+    })
+}
+
+fn xla(r: &CaptureReport, x: &crate::xla::summary::Summary) -> Value {
+    let plan = x.plan.as_ref();
+    json!({
+        "module": x.module,
+        "heap": x.heap_columns,
+        "peak_position": x.peak_position,
+        "heap_peak": plan.map(|p| p.heap_peak_bytes),
+        "total_peak": plan.map(|p| p.total_peak_bytes),
+        "parameters": plan.map(|p| p.parameter_bytes),
+        "outputs": plan.map(|p| p.output_bytes),
+        "buffers": plan.map(|p| p.rows.iter().take(40).map(|b| json!({
+            "bytes": b.bytes, "shape": b.shape, "instruction": b.instruction, "role": b.role,
+            "role_text": b.role_text, "category": b.category, "heap": b.heap,
+            "at": b.file.as_ref().map(|f| {
+                let l = Location::new(f.clone(), b.line.unwrap_or(0), "");
+                let located = r.sites.iter().filter_map(|s| s.location.as_ref()).find(|s| s.file == l.file && s.line == l.line);
+                place(located.unwrap_or(&l))
+            }),
+        })).collect::<Vec<_>>()).unwrap_or_default(),
+        "sites": r.sites.iter().map(|s| json!({
+            "at": s.location.as_ref().map(place), "bytes": s.bytes, "label": s.label, "percent": s.percent,
+            "of": s.percent_of.as_str(),
+        })).collect::<Vec<_>>(),
+        "capacity": x.runtime.capacity_bytes,
+        "executions": x.runtime.executions.iter().filter(|e| Some(&e.module) == x.module.as_ref()).map(|e| json!([e.start_ps, e.bytes_in_use_at_start, e.temp_bytes_allocated])).collect::<Vec<_>>(),
+    })
+}
+
+/// The page data of located reports.
+fn data(reports: &[CaptureReport]) -> Value {
+    json!({
+        "memlsp": VERSION,
+        "captures": reports.iter().map(|r| {
+            let mut c = json!({
+                "path": r.display_path(),
+                "headline": r.headline(),
+                "kind": r.kind().as_str(),
+                "findings": r.findings.iter().map(finding).collect::<Vec<_>>(),
+            });
+            match &r.engine {
+                Engine::Torch(t) => c["torch"] = torch(r, t),
+                Engine::Xla(x) => c["xla"] = xla(r, x),
+            }
+            c
+        }).collect::<Vec<_>>(),
+    })
+}
+
+/// The page: the template with the data inlined (`</` escaped so no string closes the script).
+pub fn render(reports: &[CaptureReport]) -> String {
+    let json = serde_json::to_string(&data(reports))
+        .unwrap_or_else(|_| "{}".into())
+        .replace("</", "<\\/");
+    let title = reports
+        .first()
+        .map(|r| r.display_path())
+        .unwrap_or_default()
+        .replace('&', "&amp;")
+        .replace('<', "&lt;");
+    TEMPLATE
+        .replace("__MEMLSP_TITLE__", &title)
+        .replace("__MEMLSP_DATA__", &json)
+}

@@ -1,0 +1,356 @@
+//! Active memory over the trace, stacked by site, downsampled for a picture: per pixel column the
+//! sample where the column's total is highest (so no peak is lost), the lowest total, and the
+//! reserved bytes. What a chart draws, computed here so a page receives only what it draws.
+//!
+//! Bands: the sites holding most at the trace's peak (first user frame), "other sites", and
+//! "allocated before the recorded window" (the live bytes the trace starts with, which only
+//! shrink as those blocks are freed). Three linear passes over the trace.
+
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+
+use crate::findings::Location;
+use crate::torch::model::{Action, BlockState, Snapshot, TraceEntry};
+use crate::torch::stacks::{SiteKey, StackIndex, location, stack_locations};
+
+/// Columns a series is downsampled to.
+pub const COLUMNS: usize = 800;
+/// Sites drawn as their own band.
+pub const BANDS: usize = 8;
+
+/// What a band is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BandKind {
+    Site,
+    Other,
+    BeforeWindow,
+}
+
+/// One band of the stacked chart.
+#[derive(Clone, Debug, Serialize)]
+pub struct Band {
+    pub kind: BandKind,
+    /// The site's first user frame (sites only).
+    pub location: Option<Location>,
+    /// The allocation stack of one of its blocks, innermost first (sites only, a few frames).
+    pub stack: Vec<Location>,
+    /// Bytes this band holds at the trace's peak.
+    pub bytes_at_peak: u64,
+}
+
+/// One pixel column.
+#[derive(Clone, Debug, Serialize)]
+pub struct Column {
+    /// Trace entries the column covers.
+    pub first: u64,
+    pub last: u64,
+    /// The entry where the total is highest in the column; `values` are taken there.
+    pub at: u64,
+    pub values: Vec<u64>,
+    pub total_min: u64,
+    pub total_max: u64,
+    /// Highest reserved bytes in the column.
+    pub reserved: u64,
+    pub time_us: Option<i64>,
+}
+
+/// An `oom` entry on the chart.
+#[derive(Clone, Debug, Serialize)]
+pub struct OomMark {
+    pub index: u64,
+    pub size: u64,
+    /// Reserved + `device_free` at the OOM, when recorded.
+    pub capacity: Option<u64>,
+}
+
+/// One device's series.
+#[derive(Clone, Debug, Serialize)]
+pub struct Series {
+    pub device: i64,
+    pub entries: u64,
+    pub bands: Vec<Band>,
+    pub columns: Vec<Column>,
+    /// Entry and bytes of the highest total.
+    pub peak: Option<(u64, u64)>,
+    pub ooms: Vec<OomMark>,
+}
+
+/// A segment of the allocator state, blocks merged where adjacent ones share a state and are
+/// too small to see.
+#[derive(Clone, Debug, Serialize)]
+pub struct SegmentBar {
+    pub address: u64,
+    pub total_size: u64,
+    /// `(size, state)`: `allocated`, `pending` or `free`.
+    pub blocks: Vec<(u64, &'static str)>,
+}
+
+fn state_name(s: &BlockState) -> &'static str {
+    match s {
+        BlockState::ActiveAllocated => "allocated",
+        BlockState::ActivePendingFree => "pending",
+        BlockState::Inactive => "free",
+        BlockState::Other(_) => "other",
+    }
+}
+
+/// The allocator state at the snapshot: segments of `device`, at most `max_segments`, largest
+/// first, blocks below 1/500 of the largest segment merged into their neighbour of that state.
+pub fn segments(snap: &Snapshot, device: i64, max_segments: usize) -> Vec<SegmentBar> {
+    let mut segs: Vec<&crate::torch::model::Segment> =
+        snap.segments.iter().filter(|s| s.device == device).collect();
+    segs.sort_by(|a, b| b.total_size.cmp(&a.total_size).then(a.address.cmp(&b.address)));
+    segs.truncate(max_segments);
+    let largest = segs.first().map(|s| s.total_size).unwrap_or(0);
+    let small = largest / 500;
+    let mut out: Vec<SegmentBar> = segs
+        .iter()
+        .map(|s| {
+            let mut blocks: Vec<(u64, &'static str)> = Vec::new();
+            for b in &s.blocks {
+                let st = state_name(&b.state);
+                match blocks.last_mut() {
+                    Some(last) if last.1 == st || (b.size < small && last.0 < small) => {
+                        last.0 = last.0.saturating_add(b.size);
+                    }
+                    _ => blocks.push((b.size, st)),
+                }
+            }
+            SegmentBar {
+                address: s.address,
+                total_size: s.total_size,
+                blocks,
+            }
+        })
+        .collect();
+    out.sort_by_key(|s| s.address);
+    out
+}
+
+/// The series of every device with a trace.
+pub fn compute(snap: &Snapshot, stacks: &StackIndex, live_start: &[(i64, i64)]) -> Vec<Series> {
+    let Some(traces) = &snap.device_traces else {
+        return Vec::new();
+    };
+    traces
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| !t.is_empty())
+        .map(|(d, list)| {
+            let device = d as i64;
+            let start = live_start
+                .iter()
+                .find(|(dev, _)| *dev == device)
+                .map(|(_, b)| (*b).max(0) as u64)
+                .unwrap_or(0);
+            device_series(snap, stacks, device, list, start)
+        })
+        .collect()
+}
+
+fn signed_add(a: u64, d: i64) -> u64 {
+    if d >= 0 {
+        a.saturating_add(d as u64)
+    } else {
+        a.saturating_sub(d.unsigned_abs())
+    }
+}
+
+/// Running live bytes per site: each entry's change as (site or before-window, delta).
+struct Walk<'a> {
+    stacks: &'a StackIndex,
+    live: FxHashMap<u64, (SiteKey, u64)>,
+}
+
+impl Walk<'_> {
+    /// `Some((Some(site), delta))` for a block of the window, `Some((None, delta))` for one
+    /// allocated before it.
+    fn step(&mut self, e: &TraceEntry) -> Option<(Option<SiteKey>, i64)> {
+        match e.action {
+            Action::Alloc => {
+                let key = self.stacks.site(e.stack()).0;
+                self.live.insert(e.addr, (key, e.size));
+                Some((Some(key), i64::try_from(e.size).unwrap_or(i64::MAX)))
+            }
+            Action::FreeCompleted => {
+                let (key, size) = match self.live.remove(&e.addr) {
+                    Some((k, s)) => (Some(k), s),
+                    None => (None, e.size),
+                };
+                Some((key, -i64::try_from(size).unwrap_or(i64::MAX)))
+            }
+            _ => None,
+        }
+    }
+}
+
+fn device_series(
+    snap: &Snapshot,
+    stacks: &StackIndex,
+    device: i64,
+    list: &[TraceEntry],
+    live_start: u64,
+) -> Series {
+    let n = list.len();
+    // Pass 1: the peak of the total.
+    let mut walk = Walk {
+        stacks,
+        live: FxHashMap::default(),
+    };
+    let mut total = live_start;
+    let mut peak: Option<(usize, u64)> = None;
+    for (i, e) in list.iter().enumerate() {
+        if let Some((_, d)) = walk.step(e) {
+            total = signed_add(total, d);
+            if peak.is_none_or(|(_, b)| total > b) {
+                peak = Some((i, total));
+            }
+        }
+    }
+    // Pass 2: bytes per site at the peak; the largest become bands.
+    let mut walk = Walk {
+        stacks,
+        live: FxHashMap::default(),
+    };
+    let mut at_peak: FxHashMap<SiteKey, u64> = FxHashMap::default();
+    let mut before = live_start;
+    if let Some((pi, _)) = peak {
+        for e in &list[..=pi] {
+            match walk.step(e) {
+                Some((Some(k), d)) => {
+                    let v = at_peak.entry(k).or_default();
+                    *v = signed_add(*v, d);
+                }
+                Some((None, d)) => before = signed_add(before, d),
+                None => {}
+            }
+        }
+    }
+    let mut ranked: Vec<(SiteKey, u64)> = at_peak.into_iter().filter(|(_, b)| *b > 0).collect();
+    ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let chosen: Vec<(SiteKey, u64)> = ranked.iter().take(BANDS).copied().collect();
+    let other_at_peak: u64 = ranked.iter().skip(BANDS).map(|r| r.1).sum();
+    let band_of: FxHashMap<SiteKey, usize> = chosen
+        .iter()
+        .enumerate()
+        .map(|(i, (k, _))| (*k, i))
+        .collect();
+    // A representative stack per chosen site: its first allocation in the trace.
+    let mut stack_of: FxHashMap<SiteKey, Option<u32>> = FxHashMap::default();
+    for e in list.iter().filter(|e| e.action == Action::Alloc) {
+        let k = stacks.site(e.stack()).0;
+        if band_of.contains_key(&k) {
+            stack_of.entry(k).or_insert(e.stack());
+        }
+    }
+    let mut bands: Vec<Band> = chosen
+        .iter()
+        .map(|(k, b)| Band {
+            kind: BandKind::Site,
+            location: k.and_then(|f| location(snap, f)),
+            stack: stack_locations(snap, stack_of.get(k).copied().flatten(), *k)
+                .into_iter()
+                .take(6)
+                .collect(),
+            bytes_at_peak: *b,
+        })
+        .collect();
+    let other = bands.len();
+    bands.push(Band {
+        kind: BandKind::Other,
+        location: None,
+        stack: Vec::new(),
+        bytes_at_peak: other_at_peak,
+    });
+    let before_band = bands.len();
+    bands.push(Band {
+        kind: BandKind::BeforeWindow,
+        location: None,
+        stack: Vec::new(),
+        bytes_at_peak: before,
+    });
+
+    // Reserved at the first entry: the dump's reserved bytes minus the trace's net segment
+    // traffic.
+    let reserved_end: u64 = snap
+        .segments
+        .iter()
+        .filter(|s| s.device == device)
+        .fold(0u64, |a, s| a.saturating_add(s.total_size));
+    let net: i64 = list
+        .iter()
+        .map(|e| match e.action {
+            Action::SegmentAlloc | Action::SegmentMap => i64::try_from(e.size).unwrap_or(0),
+            Action::SegmentFree | Action::SegmentUnmap => -i64::try_from(e.size).unwrap_or(0),
+            _ => 0,
+        })
+        .fold(0i64, i64::saturating_add);
+    let mut reserved = signed_add(reserved_end, net.saturating_neg());
+
+    // Pass 3: the columns.
+    let cols = n.clamp(1, COLUMNS);
+    let mut walk = Walk {
+        stacks,
+        live: FxHashMap::default(),
+    };
+    let mut values = vec![0u64; bands.len()];
+    values[before_band] = live_start;
+    let mut total = live_start;
+    let mut columns: Vec<Column> = Vec::with_capacity(cols);
+    let mut ooms = Vec::new();
+    for c in 0..cols {
+        let (lo, hi) = (c * n / cols, ((c + 1) * n / cols).max(c * n / cols + 1));
+        let mut col = Column {
+            first: lo as u64,
+            last: (hi - 1) as u64,
+            at: lo as u64,
+            values: values.clone(),
+            total_min: total,
+            total_max: total,
+            reserved,
+            time_us: None,
+        };
+        for (i, e) in list.iter().enumerate().take(hi.min(n)).skip(lo) {
+            match e.action {
+                Action::SegmentAlloc | Action::SegmentMap => {
+                    reserved = reserved.saturating_add(e.size)
+                }
+                Action::SegmentFree | Action::SegmentUnmap => {
+                    reserved = reserved.saturating_sub(e.size)
+                }
+                Action::Oom => ooms.push(OomMark {
+                    index: i as u64,
+                    size: e.size,
+                    capacity: e.device_free().map(|f| reserved.saturating_add(f)),
+                }),
+                _ => {}
+            }
+            col.reserved = col.reserved.max(reserved);
+            if let Some((key, d)) = walk.step(e) {
+                let b = match key {
+                    Some(k) => band_of.get(&k).copied().unwrap_or(other),
+                    None => before_band,
+                };
+                values[b] = signed_add(values[b], d);
+                total = signed_add(total, d);
+                col.total_min = col.total_min.min(total);
+                if total > col.total_max || i == lo {
+                    col.total_max = col.total_max.max(total);
+                    col.at = i as u64;
+                    col.values.clone_from(&values);
+                    col.time_us = e.time_us();
+                }
+            }
+        }
+        columns.push(col);
+    }
+    Series {
+        device,
+        entries: n as u64,
+        bands,
+        columns,
+        peak: peak.map(|(i, b)| (i as u64, b)),
+        ooms,
+    }
+}
