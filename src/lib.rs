@@ -12,6 +12,7 @@ pub(crate) mod hugepages;
 pub mod lsp;
 pub mod options;
 pub mod pickle;
+pub mod present;
 pub mod report;
 pub mod sigbus;
 pub mod site;

@@ -37,7 +37,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("report", &["report"]),
     ("locate", &["source"]),
     ("pipeline", &["analyze"]),
-    ("present", &["cli", "lsp"]),
+    ("present", &["present", "cli", "lsp"]),
 ];
 
 /// Modules of one layer that must not import each other: the engines, the presenters.

@@ -6,7 +6,6 @@
 
 mod check;
 mod github;
-mod html;
 mod json;
 #[cfg(test)]
 mod presenter_tests;
@@ -206,7 +205,7 @@ pub fn render_text(reports: &[crate::report::CaptureReport], top: usize) -> Stri
 
 /// The HTML page of reports analysed with pictures, as `memlsp report --format html` writes it.
 pub fn render_html(reports: &[crate::report::CaptureReport]) -> String {
-    html::render(reports)
+    crate::present::html::render(reports)
 }
 
 /// The JSON document of located reports, as `memlsp report --format json` prints it.

@@ -2,7 +2,7 @@
 
 use crate::analyze::{run, run_diff};
 
-use super::{ReportArgs, ReportFormat, emit, html, json, text};
+use super::{ReportArgs, ReportFormat, emit, json, text};
 
 pub(super) fn run_report(args: ReportArgs) -> i32 {
     // The workspace of `report` is the current directory.
@@ -27,7 +27,7 @@ pub(super) fn run_report(args: ReportArgs) -> i32 {
     let out = match args.format {
         ReportFormat::Text => text::report(&reports, opts.analysis.top),
         ReportFormat::Json => json::render(&json::document(&reports, &[])),
-        ReportFormat::Html => html::render(&reports),
+        ReportFormat::Html => crate::present::html::render(&reports),
     };
     match &args.output {
         // Never into a capture's folder unless the user names the file there.

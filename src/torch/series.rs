@@ -98,9 +98,16 @@ fn state_name(s: &BlockState) -> &'static str {
 /// The allocator state at the snapshot: segments of `device`, at most `max_segments`, largest
 /// first, blocks below 1/500 of the largest segment merged into their neighbour of that state.
 pub fn segments(snap: &Snapshot, device: i64, max_segments: usize) -> Vec<SegmentBar> {
-    let mut segs: Vec<&crate::torch::model::Segment> =
-        snap.segments.iter().filter(|s| s.device == device).collect();
-    segs.sort_by(|a, b| b.total_size.cmp(&a.total_size).then(a.address.cmp(&b.address)));
+    let mut segs: Vec<&crate::torch::model::Segment> = snap
+        .segments
+        .iter()
+        .filter(|s| s.device == device)
+        .collect();
+    segs.sort_by(|a, b| {
+        b.total_size
+            .cmp(&a.total_size)
+            .then(a.address.cmp(&b.address))
+    });
     segs.truncate(max_segments);
     let largest = segs.first().map(|s| s.total_size).unwrap_or(0);
     let small = largest / 500;

@@ -47,7 +47,10 @@ pub fn downsample(curve: &[u64], columns: usize) -> Vec<(u64, u64, u64, u64)> {
     }
     (0..cols)
         .map(|c| {
-            let (lo, hi) = (c * n / cols, ((c + 1) * n / cols).max(c * n / cols + 1).min(n));
+            let (lo, hi) = (
+                c * n / cols,
+                ((c + 1) * n / cols).max(c * n / cols + 1).min(n),
+            );
             let part = &curve[lo..hi];
             (
                 lo as u64,

@@ -12,8 +12,6 @@ use serde_json::{Value, json};
 use crate::findings::{Finding, Location};
 use crate::report::{CaptureReport, Engine};
 
-use super::VERSION;
-
 const TEMPLATE: &str = include_str!("page.html");
 
 /// A place the page can open: the local file when the recorded path resolved.
@@ -151,7 +149,7 @@ fn xla(r: &CaptureReport, x: &crate::xla::summary::Summary) -> Value {
 /// The page data of located reports.
 fn data(reports: &[CaptureReport]) -> Value {
     json!({
-        "memlsp": VERSION,
+        "memlsp": env!("CARGO_PKG_VERSION"),
         "captures": reports.iter().map(|r| {
             let mut c = json!({
                 "path": r.display_path(),
