@@ -1,0 +1,144 @@
+//! PT002, PT003 and PT008 on real traces changed the way the bug would change them.
+//!
+//! The synthetic fixtures' stacks were written to land on the detectors; here the stacks are
+//! those of real programs (`../shared/torch_snapshots/real/`), and only what the bug changes is
+//! changed: which blocks are freed, how often the step runs, how large the device is. The
+//! snapshots are built in memory at test time and never written anywhere (the stacks are third
+//! parties'); `tests/support/real_shapes.rs` says how.
+
+mod common;
+#[path = "support/real_shapes.rs"]
+mod real_shapes;
+
+use std::collections::HashSet;
+
+use memlsp::findings::{Code, Finding, FixKind, fmt_bytes};
+use memlsp::options::AnalysisOptions;
+use memlsp::torch::model::Snapshot;
+use memlsp::torch::stacks::Role;
+use real_shapes::{Stacks, assert_consistent, repeat, step};
+
+/// Steps in a repeated trace: one per part of the timeline's window.
+const STEPS: usize = 8;
+
+fn load(name: &str) -> Option<Snapshot> {
+    let dir = common::shared("torch_snapshots/real")?;
+    let path = dir.join(name);
+    Some(memlsp::torch::load::load_snapshot(&path, &Default::default()).unwrap())
+}
+
+fn findings(snap: &Snapshot) -> Vec<Finding> {
+    memlsp::torch::analyse(snap, &AnalysisOptions::default()).findings
+}
+
+fn codes(f: &[Finding]) -> Vec<&'static str> {
+    f.iter().map(|f| f.code.as_str()).collect()
+}
+
+fn find(f: &[Finding], code: Code) -> &Finding {
+    f.iter()
+        .find(|x| x.code == code)
+        .unwrap_or_else(|| panic!("no {} in {:?}", code.as_str(), codes(f)))
+}
+
+fn at(f: &Finding) -> (&str, u32) {
+    let l = f.location.as_ref().expect("a location");
+    (l.file.rsplit(['/', '\\']).next().unwrap_or(""), l.line)
+}
+
+fn assert_no_leak(f: &[Finding], what: &str) {
+    assert!(
+        !codes(f).iter().any(|c| matches!(*c, "PT002" | "PT003")),
+        "{what}: {:?}",
+        codes(f)
+    );
+}
+
+/// Hyperion-shuo's capture is one real step of a loop that runs the model's forward with grad
+/// and computes the loss (`basic_lm_memory_profile.py:101`, `F.cross_entropy`, which also
+/// allocates log-softmax outputs on that line), then drops the previous iteration's graph: the
+/// trace frees 1,234 blocks allocated before it began, and leaves 1,234 of the same sizes live —
+/// this step's graph. An eval loop without `no_grad` that does `total_loss += loss` keeps every
+/// step's graph: the saved activations (the step's end-live blocks allocated inside `forward`)
+/// and the loss are never freed.
+#[test]
+fn pt002_names_the_loss_line_when_every_steps_graph_is_kept() {
+    let Some(snap) =
+        load("Hyperion-shuo__7fe70b1d_memory_snapshot_large_cl512_fw_with_grad_bf16.pickle")
+    else {
+        return;
+    };
+    assert_no_leak(&findings(&snap), "the capture as recorded");
+    let st = step(&snap, 0);
+    assert!(st.steady(), "one step of a steady loop");
+    assert_eq!(st.end_live.len(), 1234);
+    let stacks = Stacks::new(&snap);
+    let trace = st.trace;
+    let saved: Vec<usize> = st
+        .end_live
+        .iter()
+        .copied()
+        .filter(|&j| stacks.role(&trace[j]) == Role::Activation)
+        .collect();
+    let saved_bytes: u64 = saved.iter().map(|&j| trace[j].size).sum();
+    let loss = *st
+        .end_live
+        .iter()
+        .find(|&&j| trace[j].size <= 64)
+        .expect("the loss is live at the end of the step");
+    let loss_site = stacks.site(&trace[loss]);
+    assert!(
+        loss_site.ends_with("/basic_lm_memory_profile.py:101:run_lm"),
+        "{loss_site}"
+    );
+    let mut keep: HashSet<usize> = saved.iter().copied().collect();
+    keep.insert(loss);
+
+    let control = repeat(&snap, 0, STEPS, &HashSet::new());
+    assert_consistent(&control);
+    assert_no_leak(&findings(&control), "the loop without the bug");
+
+    let bug = repeat(&snap, 0, STEPS, &keep);
+    assert_consistent(&bug);
+    let f = findings(&bug);
+    let pt002 = find(&f, Code::PT002);
+    assert_eq!(
+        at(pt002),
+        ("basic_lm_memory_profile.py", 101),
+        "{}",
+        pt002.message
+    );
+    let kept = STEPS as u64 * saved_bytes;
+    assert!(
+        pt002.message.contains(&format!(
+            "{} of forward activations allocated in 8 of 8 parts of the trace are never freed",
+            fmt_bytes(kept)
+        )),
+        "{}",
+        pt002.message
+    );
+    // Every step's loss, and the last step's second 4-byte tensor of that line (the loss
+    // function's total weight, which a next step would free).
+    assert_eq!(
+        pt002.bytes,
+        Some(kept + (STEPS as u64 + 1) * trace[loss].size)
+    );
+    let text: Vec<&str> = pt002.evidence.iter().map(|e| e.text.as_str()).collect();
+    assert!(
+        text.iter().any(|t| t.contains(&format!(
+            "(≤ 4 B requested) is made at {loss_site} once per step: {} allocations over",
+            2 * STEPS
+        ))),
+        "{text:?}"
+    );
+    assert!(
+        text.iter()
+            .any(|t| t.starts_with("the floor of live memory rose")),
+        "{text:?}"
+    );
+    assert_eq!(
+        pt002.fixes[0].kind,
+        FixKind::DetachAccumulated { item: false }
+    );
+    assert!(!codes(&f).contains(&"PT003"), "{:?}", codes(&f));
+}
