@@ -142,3 +142,60 @@ fn pt002_names_the_loss_line_when_every_steps_graph_is_kept() {
     );
     assert!(!codes(&f).contains(&"PT003"), "{:?}", codes(&f));
 }
+
+/// notHanmin's capture is one real training step (forward, loss, backward, the optimizer's
+/// step) of a steady loop: it frees the previous step's output (`adapters.py:36`, the LM head's
+/// logits, 40,960,000 B) and gradients, and leaves this step's live. `history.append(out)` keeps
+/// every step's output: the same allocation, at its real line, never freed.
+#[test]
+fn pt003_names_the_output_line_when_every_steps_output_is_appended() {
+    let Some(snap) = load("notHanmin__memory_snapshot.pickle") else {
+        return;
+    };
+    assert_no_leak(&findings(&snap), "the capture as recorded");
+    let st = step(&snap, 0);
+    assert!(st.steady(), "one step of a steady loop");
+    let stacks = Stacks::new(&snap);
+    let trace = st.trace;
+    // The step's output: the one block made inside `forward` that outlives the step.
+    let outputs: Vec<usize> = st
+        .end_live
+        .iter()
+        .copied()
+        .filter(|&j| stacks.role(&trace[j]) == Role::Activation)
+        .collect();
+    assert_eq!(outputs.len(), 1, "{outputs:?}");
+    let out = outputs[0];
+    let site = stacks.site(&trace[out]);
+    assert!(site.ends_with("/adapters.py:36:forward"), "{site}");
+
+    let control = repeat(&snap, 0, STEPS, &HashSet::new());
+    assert_consistent(&control);
+    assert_no_leak(&findings(&control), "the loop without the bug");
+
+    let bug = repeat(&snap, 0, STEPS, &HashSet::from([out]));
+    assert_consistent(&bug);
+    let f = findings(&bug);
+    let pt003 = find(&f, Code::PT003);
+    assert_eq!(at(pt003), ("adapters.py", 36), "{}", pt003.message);
+    let kept = STEPS as u64 * trace[out].size;
+    assert!(
+        pt003.message.contains(&format!(
+            "keeps allocating tensors that are never freed: 8 blocks ({}) in 8 of 8 parts",
+            fmt_bytes(kept)
+        )),
+        "{}",
+        pt003.message
+    );
+    assert_eq!(pt003.bytes, Some(kept));
+    assert!(
+        pt003
+            .evidence
+            .iter()
+            .any(|e| e.text.contains("the trace spans about 8 steps")),
+        "{:?}",
+        pt003.evidence
+    );
+    assert_eq!(pt003.fixes[0].kind, FixKind::DetachCpuAppend);
+    assert!(!codes(&f).contains(&"PT002"), "{:?}", codes(&f));
+}

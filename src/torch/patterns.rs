@@ -341,8 +341,11 @@ fn retained_per_step(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mu
         // The other retained user sites belong to the same graphs.
         return;
     }
-    // Containers: repeated, never-freed allocations that are not model state, activations or
-    // scalars, in a trace that shows several steps (sawtooth cycles or optimizer steps).
+    // Containers: repeated, never-freed allocations that are not model state or scalars, in a
+    // trace that shows several steps (sawtooth cycles or optimizer steps). A model output kept
+    // each step (`history.append(model(x))`) was allocated inside `forward`: an activation by its
+    // stack. Where the graphs are not kept (backward freed the rest of forward), a forward line
+    // whose tensor of every step stays is a container too.
     let steps = t.cycles.max(t.optimizer_runs);
     if steps < 3 {
         return;
@@ -351,7 +354,7 @@ fn retained_per_step(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mu
     // most of the parts where the line allocates. A line whose new tensors replace the previous
     // step's (optimizer state rebuilt each step, a cache overwritten) frees as much as it keeps.
     let containers = rep.iter().filter(|s| {
-        s.role == Role::Unknown
+        (s.role == Role::Unknown || s.role == Role::Activation && !graph_kept)
             && s.retained_max_size > SCALAR_BYTES
             && s.freed.saturating_mul(4) <= s.allocs
             && s.retained_parts() * 4 >= s.alloc_windows.count_ones() * 3
@@ -1124,6 +1127,40 @@ mod tests {
             "{:?}",
             f.evidence
         );
+    }
+
+    #[test]
+    fn a_model_output_kept_every_step_is_pt003_at_its_forward_line() {
+        // `history.append(model(x))` in a training loop: the output is made inside `forward`
+        // (an activation by its stack) while backward frees the rest of each step's forward.
+        let mut snap = Snapshot::default();
+        let head = intern(
+            &mut snap,
+            &[
+                (
+                    "/v/site-packages/torch/nn/modules/linear.py",
+                    125,
+                    "forward",
+                ),
+                ("/u/model.py", 60, "forward"),
+                ("/u/train.py", 44, "main"),
+            ],
+        );
+        let list = training(&mut snap, 8, |_, step, list| {
+            let mut e = entry(Action::Alloc, 0x900_0000 + step * 0x1000, 4096);
+            e.set_stack(Some(head));
+            list.push(e);
+        });
+        snap.device_traces = Some(vec![list]);
+        let a = analyse(&snap, &AnalysisOptions::default());
+        let f = a.findings.iter().find(|f| f.code == Code::PT003);
+        let f = f.unwrap_or_else(|| panic!("no PT003 in {:?}", codes(&a.findings)));
+        assert_eq!(
+            f.location.as_ref().map(|l| (l.file.as_str(), l.line)),
+            Some(("/u/model.py", 60))
+        );
+        assert_eq!(f.bytes, Some(8 * 4096));
+        assert!(!codes(&a.findings).contains(&"PT002"));
     }
 
     #[test]
