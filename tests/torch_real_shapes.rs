@@ -199,3 +199,128 @@ fn pt003_names_the_output_line_when_every_steps_output_is_appended() {
     assert_eq!(pt003.fixes[0].kind, FixKind::DetachCpuAppend);
     assert!(!codes(&f).contains(&"PT002"), "{:?}", codes(&f));
 }
+
+/// What the allocator state of a built OOM snapshot shows: (rounded request, largest inactive
+/// block, inactive bytes, device_free).
+fn oom_state(snap: &Snapshot) -> (u64, u64, u64, u64) {
+    let t = &snap.device_traces.as_ref().expect("a trace")[0];
+    let oom = t.last().expect("an oom entry");
+    assert_eq!(oom.action, memlsp::torch::model::Action::Oom);
+    let inactive: Vec<u64> = snap
+        .segments
+        .iter()
+        .filter(|s| s.device == 0)
+        .flat_map(|s| s.blocks.iter())
+        .filter(|b| b.state == memlsp::torch::model::BlockState::Inactive)
+        .map(|b| b.size)
+        .collect();
+    (
+        oom.size,
+        inactive.iter().copied().max().unwrap_or(0),
+        inactive.iter().sum(),
+        oom.device_free().expect("device_free"),
+    )
+}
+
+const FULLSTEP: &str = "kkaitlyn111__memory_ctx128_fullstep.pickle";
+
+/// kkaitlyn111's capture is one real training step whose replay validates (494 segment
+/// events matched). On a device exactly as large as its peak of live memory, a perfect allocator
+/// would fit; the caching allocator, holding freed memory in pieces of its segments, fails
+/// first. The snapshot is the model's state at that request, as an OOM observer would dump it.
+#[test]
+fn pt008_on_a_real_step_replayed_on_a_device_as_large_as_its_peak() {
+    let Some(snap) = load(FULLSTEP) else {
+        return;
+    };
+    let r = memlsp::torch::replay::replay_device(&snap, 0);
+    assert!(r.validated, "{r:?}");
+    let capacity = r.peak_allocated_bytes;
+    let oom = memlsp::torch::replay::state_at_capacity(&snap, 0, capacity).expect("an OOM");
+    assert_consistent(&oom);
+    let (request, largest, inactive, free) = oom_state(&oom);
+    // Enough bytes cached in pieces, none large enough.
+    assert!(
+        largest < request && request <= inactive + free,
+        "{request} {largest} {inactive} {free}"
+    );
+    let f = findings(&oom);
+    assert_eq!(&codes(&f)[..2], &["PT008", "PT009"], "{:?}", codes(&f));
+    let pt008 = &f[0];
+    assert!(
+        pt008.message.starts_with(&format!(
+            "Fragmentation caused the OOM on device 0: {} requested, but the largest inactive \
+             block is {} while {} sit inactive",
+            fmt_bytes(request),
+            fmt_bytes(largest),
+            fmt_bytes(inactive)
+        )),
+        "{}",
+        pt008.message
+    );
+    // AdamW's update of a 100 MiB parameter, in the user's optimizer: the failed request's line.
+    let t = &oom.device_traces.as_ref().expect("a trace")[0];
+    let site = Stacks::new(&oom).site(t.last().expect("the oom entry"));
+    assert!(site.ends_with("/optimizers.py:100:step"), "{site}");
+    assert_eq!(at(pt008), ("optimizers.py", 100), "{}", pt008.message);
+    assert_eq!(pt008.bytes, Some(request));
+    assert_eq!(
+        pt008.fixes[0].kind,
+        FixKind::AllocConf {
+            value: "expandable_segments:True".into()
+        }
+    );
+    assert_eq!(at(pt008), at(&f[1]), "both at the failed request's line");
+}
+
+/// The same step on a device too small for what is live: the first request that fails is larger
+/// than everything cached plus what the device has left. Not fragmentation, and PT009 says so.
+#[test]
+fn pt009_not_fragmentation_when_the_live_tensors_fill_a_smaller_device() {
+    let Some(snap) = load(FULLSTEP) else {
+        return;
+    };
+    let peak = memlsp::torch::replay::replay_device(&snap, 0).peak_allocated_bytes;
+    // The largest device, in steps of 1/16 of the peak, on which the first failing request does
+    // not fit in all the free memory there is.
+    let (capacity, oom) = (1..16u64)
+        .map(|k| peak - peak / 16 * k)
+        .find_map(|c| {
+            let s = memlsp::torch::replay::state_at_capacity(&snap, 0, c)?;
+            let (request, _, inactive, free) = oom_state(&s);
+            (request > inactive + free).then_some((c, s))
+        })
+        .expect("a capacity the live tensors fill");
+    assert_consistent(&oom);
+    let (request, _, inactive, free) = oom_state(&oom);
+    let f = findings(&oom);
+    assert!(capacity < peak);
+    assert!(!codes(&f).contains(&"PT008"), "{:?}", codes(&f));
+    let pt009 = find(&f, Code::PT009);
+    assert!(
+        pt009.message.starts_with(&format!(
+            "Out of memory on device 0: a request of {} with {} free on the device failed at",
+            fmt_bytes(request),
+            fmt_bytes(free)
+        )),
+        "{}",
+        pt009.message
+    );
+    assert!(
+        pt009.evidence.iter().any(|e| e.text.starts_with(&format!(
+            "not fragmentation: the request of {} exceeds all cached free memory ({}) plus the \
+             device's free {}",
+            fmt_bytes(request),
+            fmt_bytes(inactive),
+            fmt_bytes(free)
+        ))),
+        "{:?}",
+        pt009.evidence
+    );
+    assert_eq!(at(pt009), ("optimizers.py", 84), "{}", pt009.message);
+    assert!(
+        pt009.fixes[0].title.starts_with("Reduce live memory"),
+        "{:?}",
+        pt009.fixes
+    );
+}
