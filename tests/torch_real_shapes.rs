@@ -324,3 +324,62 @@ fn pt009_not_fragmentation_when_the_live_tensors_fill_a_smaller_device() {
         pt009.fixes
     );
 }
+
+/// cranberrii's capture, replayed on smaller and smaller devices (steps of 1/64 of its peak of
+/// live memory): the first device on which the failing request is a small-pool one (≤ 1 MiB,
+/// served from 2 MiB segments). The cache holds pieces of the large pool that such a request
+/// cannot use, and the device has no 2 MiB left: fragmentation across pools, PT008.
+#[test]
+fn pt008_when_a_small_request_finds_only_large_pool_pieces() {
+    let Some(snap) = load("cranberrii__memory_snapshot.pickle") else {
+        return;
+    };
+    let peak = memlsp::torch::replay::replay_device(&snap, 0).peak_allocated_bytes;
+    let oom = (1..64u64)
+        .map(|k| peak - peak / 64 * k)
+        .find_map(|c| {
+            let s = memlsp::torch::replay::state_at_capacity(&snap, 0, c)?;
+            (oom_state(&s).0 <= 1 << 20).then_some(s)
+        })
+        .expect("a small request that fails");
+    assert_consistent(&oom);
+    let (request, largest_any, inactive, free) = oom_state(&oom);
+    let small_largest = oom
+        .segments
+        .iter()
+        .filter(|s| s.segment_type.as_deref() == Some("small"))
+        .flat_map(|s| s.blocks.iter())
+        .filter(|b| b.state == memlsp::torch::model::BlockState::Inactive)
+        .map(|b| b.size)
+        .max()
+        .unwrap_or(0);
+    assert!(
+        small_largest < request && request < largest_any && free < 2 << 20,
+        "{request} {small_largest} {largest_any} {free}"
+    );
+    let f = findings(&oom);
+    assert_eq!(&codes(&f)[..2], &["PT008", "PT009"], "{:?}", codes(&f));
+    let pt008 = &f[0];
+    assert!(
+        pt008.message.starts_with(&format!(
+            "Fragmentation caused the OOM on device 0: {} requested, but the largest inactive \
+             block is {} while {} sit inactive",
+            fmt_bytes(request),
+            fmt_bytes(small_largest),
+            fmt_bytes(inactive)
+        )),
+        "{}",
+        pt008.message
+    );
+    assert!(
+        pt008.evidence.iter().any(|e| e.text.ends_with(&format!(
+            "a larger inactive block ({}) belongs to the other pool or another stream, which \
+             this request cannot use",
+            fmt_bytes(largest_any)
+        ))),
+        "{:?}",
+        pt008.evidence
+    );
+    // A notebook cell's line (ipykernel names cells by a hash).
+    assert_eq!(at(pt008), ("3105878423.py", 21), "{}", pt008.message);
+}
