@@ -7,9 +7,13 @@
 //! device and only model-level changes help. Both verdicts are stated plainly.
 
 use crate::findings::fmt_bytes;
-use crate::torch::model::Snapshot;
+use crate::torch::model::{BlockState, Snapshot};
 use crate::torch::timeline::Timeline;
 use crate::torch::totals::Totals;
+
+/// Requests up to this size (after rounding) come from the small pool's 2 MiB segments
+/// (PyTorch's `kSmallSize`); larger ones from the large pool.
+const SMALL_SIZE: u64 = 1 << 20;
 
 /// What caused one OOM, as far as the allocator state shows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,7 +37,11 @@ pub struct OomDiagnosis {
     pub reserved: u64,
     pub live: u64,
     pub inactive: u64,
+    /// Largest inactive block the request could use: one of its pool (small or large) and
+    /// stream.
     pub largest_inactive: u64,
+    /// Largest inactive block of any pool or stream.
+    pub largest_inactive_any: u64,
     pub segments_with_inactive: u64,
     pub segment_count: u64,
     pub expandable_already: bool,
@@ -52,7 +60,7 @@ impl OomDiagnosis {
         match self.verdict {
             Verdict::Fragmentation => format!(
                 "fragmentation: the request of {} is larger than the largest inactive block ({}), \
-                 although {} sit inactive across {} of {} segments{}",
+                 although {} sit inactive across {} of {} segments{}{}",
                 fmt_bytes(self.request),
                 fmt_bytes(self.largest_inactive),
                 fmt_bytes(self.inactive),
@@ -60,6 +68,15 @@ impl OomDiagnosis {
                 self.segment_count,
                 free.map(|f| format!(" and the device had {f} free"))
                     .unwrap_or_default(),
+                if self.largest_inactive_any > self.largest_inactive {
+                    format!(
+                        "; a larger inactive block ({}) belongs to the other pool or another \
+                         stream, which this request cannot use",
+                        fmt_bytes(self.largest_inactive_any)
+                    )
+                } else {
+                    String::new()
+                },
             ),
             Verdict::LiveTensorsNearCapacity => format!(
                 "not fragmentation: the request of {} exceeds all cached free memory ({}){}; live \
@@ -114,7 +131,27 @@ pub fn diagnose(snap: &Snapshot, totals: &Totals, timeline: &Timeline) -> Vec<Oo
         } else {
             m.inactive
         };
-        let largest = m.largest_inactive.unwrap_or(0);
+        let largest_any = m.largest_inactive.unwrap_or(0);
+        // Only a cached block of the request's pool and stream can serve it: a small request
+        // fails while large-pool pieces sit inactive, and the other way round.
+        let small = oom.size <= SMALL_SIZE;
+        let largest = snap
+            .segments
+            .iter()
+            .filter(|s| {
+                s.device == oom.device
+                    && s.stream == oom.stream
+                    && match s.segment_type.as_deref() {
+                        Some("small") => small,
+                        Some("large") => !small,
+                        _ => true,
+                    }
+            })
+            .flat_map(|s| s.blocks.iter())
+            .filter(|b| b.state == BlockState::Inactive)
+            .map(|b| b.size)
+            .max()
+            .unwrap_or(0);
         let free = oom.device_free.unwrap_or(0);
         let verdict = if oom.size > inactive.saturating_add(free) {
             Verdict::LiveTensorsNearCapacity
@@ -133,6 +170,7 @@ pub fn diagnose(snap: &Snapshot, totals: &Totals, timeline: &Timeline) -> Vec<Oo
             live,
             inactive,
             largest_inactive: largest,
+            largest_inactive_any: largest_any,
             segments_with_inactive: m.segments_with_inactive,
             segment_count: m.segment_count,
             expandable_already: settings_expandable || m.expandable_segments > 0,
@@ -182,6 +220,53 @@ mod tests {
         assert_eq!(d.segments_with_inactive, 3);
         assert_eq!(d.max_split_mb(), 80);
         assert!(d.explain().starts_with("fragmentation"));
+    }
+
+    #[test]
+    fn a_small_request_cannot_use_large_pool_pieces() {
+        // 512 KiB (small pool) fails with 8 MiB cached in a large segment, 256 KiB pieces in
+        // the small pool's 2 MiB segment and 1 MiB left on the device: no 2 MiB segment fits.
+        let mut snap = Snapshot::default();
+        let mut small = segment(
+            0,
+            1 << 32,
+            vec![
+                block(768 << 10, 768 << 10, BlockState::ActiveAllocated),
+                block(256 << 10, 0, BlockState::Inactive),
+                block(768 << 10, 768 << 10, BlockState::ActiveAllocated),
+                block(256 << 10, 0, BlockState::Inactive),
+            ],
+        );
+        small.segment_type = Some("small".into());
+        snap.segments = vec![
+            segment(
+                0,
+                2 << 32,
+                vec![
+                    block(12 << 20, 12 << 20, BlockState::ActiveAllocated),
+                    block(8 << 20, 0, BlockState::Inactive),
+                ],
+            ),
+            small,
+        ];
+        let mut oom = entry(Action::Oom, 0, 512 << 10);
+        oom.set_device_free(Some(1 << 20));
+        snap.device_traces = Some(vec![vec![oom]]);
+        let idx = StackIndex::new(&snap, &FrameFilter::default());
+        let t = crate::torch::totals::compute(&snap, &idx);
+        let tl = crate::torch::timeline::compute(&snap, &idx);
+        let d = &diagnose(&snap, &t, &tl)[0];
+        assert_eq!(d.verdict, Verdict::Fragmentation);
+        assert_eq!(
+            (d.largest_inactive, d.largest_inactive_any),
+            (256 << 10, 8 << 20)
+        );
+        assert!(
+            d.explain()
+                .ends_with("a larger inactive block (8.00 MiB) belongs to the other pool or another stream, which this request cannot use"),
+            "{}",
+            d.explain()
+        );
     }
 
     #[test]

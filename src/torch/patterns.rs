@@ -11,12 +11,10 @@ use crate::torch::fragmentation::Verdict;
 use crate::torch::model::{BlockState, Snapshot, StackId};
 use crate::torch::sites::percent;
 use crate::torch::stacks::{Role, SiteKey, location, site_string, stack_locations};
-use crate::torch::timeline::{DeviceTimeline, SiteTrace, WINDOWS};
+use crate::torch::timeline::{DeviceTimeline, SCALAR_BYTES, SiteTrace, WINDOWS};
 
 /// Allocations needed in a device trace before "repeats every step" can be judged.
 const MIN_ALLOCS_FOR_STEPS: u64 = 24;
-/// Requested bytes at or below which a retained tensor looks like a loss / metric scalar.
-const SCALAR_BYTES: u64 = 64;
 
 /// Culprit location and stack (starting at the culprit) for a site.
 pub fn culprit(
@@ -222,16 +220,17 @@ fn retained_per_step(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mu
     let activations: Vec<&&SiteTrace> = rep.iter().filter(|s| s.role == Role::Activation).collect();
     // Loss-sized tensors made once per step by the user's code: kept (`losses.append(loss)`) or
     // replaced by the next one (`total = total + loss`). These mark separate steps, which a loop
-    // over layers inside one forward does not have.
+    // over layers inside one forward does not have. The loss line also allocates the loss
+    // function's temporaries (`F.cross_entropy` makes log-softmax outputs of the logits' size),
+    // so only the line's loss-sized allocations are counted.
     let scalars: Vec<&SiteTrace> = t
         .sites
         .iter()
         .filter(|s| {
             s.key.is_some()
                 && s.role != Role::Activation
-                && s.allocs >= 3
-                && s.alloc_max_size <= SCALAR_BYTES
-                && s.alloc_windows.count_ones() >= 3
+                && s.scalar_allocs >= 3
+                && s.scalar_windows.count_ones() >= 3
         })
         .collect();
     // When backward runs, most activation bytes are freed each step; a kept graph keeps the saved
@@ -262,13 +261,13 @@ fn retained_per_step(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mu
         // that consumes the loss).
         let Some(lead) = scalars
             .iter()
-            .max_by_key(|s| (s.retained.min(3), s.last_alloc))
+            .max_by_key(|s| (s.scalar_retained.min(3), s.last_scalar_alloc))
             .copied()
         else {
             return;
         };
         let (loc, stack) = culprit(snap, lead.key, lead.stack);
-        let total = act_bytes.saturating_add(lead.retained_bytes);
+        let total = act_bytes.saturating_add(lead.scalar_retained_bytes);
         let mut f = Finding::new(
             Code::PT002,
             Severity::Warning,
@@ -302,11 +301,11 @@ fn retained_per_step(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mu
         f = f.evidence(Evidence::inferred(format!(
             "a loss-sized tensor (≤ {} B requested) is made at {} once per step: {} allocations over \
              {} of {WINDOWS} parts of the trace, {} still live",
-            lead.alloc_max_size,
+            lead.scalar_max_size,
             site_string(snap, lead.key),
-            lead.allocs,
-            lead.alloc_windows.count_ones(),
-            lead.retained
+            lead.scalar_allocs,
+            lead.scalar_windows.count_ones(),
+            lead.scalar_retained
         )));
         if let Some((lo, hi)) = floor {
             f = f.evidence(Evidence::measured(format!(
@@ -343,8 +342,11 @@ fn retained_per_step(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mu
         // The other retained user sites belong to the same graphs.
         return;
     }
-    // Containers: repeated, never-freed allocations that are not model state, activations or
-    // scalars, in a trace that shows several steps (sawtooth cycles or optimizer steps).
+    // Containers: repeated, never-freed allocations that are not model state or scalars, in a
+    // trace that shows several steps (sawtooth cycles or optimizer steps). A model output kept
+    // each step (`history.append(model(x))`) was allocated inside `forward`: an activation by its
+    // stack. Where the graphs are not kept (backward freed the rest of forward), a forward line
+    // whose tensor of every step stays is a container too.
     let steps = t.cycles.max(t.optimizer_runs);
     if steps < 3 {
         return;
@@ -353,7 +355,7 @@ fn retained_per_step(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mu
     // most of the parts where the line allocates. A line whose new tensors replace the previous
     // step's (optimizer state rebuilt each step, a cache overwritten) frees as much as it keeps.
     let containers = rep.iter().filter(|s| {
-        s.role == Role::Unknown
+        (s.role == Role::Unknown || s.role == Role::Activation && !graph_kept)
             && s.retained_max_size > SCALAR_BYTES
             && s.freed.saturating_mul(4) <= s.allocs
             && s.retained_parts() * 4 >= s.alloc_windows.count_ones() * 3
@@ -1093,6 +1095,76 @@ mod tests {
         let f = f.unwrap_or_else(|| panic!("no PT002 in {:?}", codes(&a.findings)));
         assert_eq!(f.location.as_ref().map(|l| l.line), Some(51));
         assert!(!codes(&a.findings).contains(&"PT003"));
+    }
+
+    #[test]
+    fn a_loss_line_that_also_allocates_the_loss_functions_temporaries_marks_steps() {
+        // `loss = F.cross_entropy(out, y)` allocates log-softmax outputs (freed) and the loss
+        // itself on one line; every step's graph is kept behind the loss.
+        let mut snap = Snapshot::default();
+        let loss = intern(&mut snap, &[("/u/train.py", 50, "main")]);
+        let list = forward_without_backward(&mut snap, 8, 4, |_, step, list| {
+            let tmp = 0x40_0000 + step * 0x100;
+            let mut t = entry(Action::Alloc, tmp, 8 << 20);
+            t.set_stack(Some(loss));
+            list.push(t);
+            let mut l = entry(Action::Alloc, 0x50_0000 + step, 4);
+            l.set_stack(Some(loss));
+            list.push(l);
+            list.push(entry(Action::FreeRequested, tmp, 8 << 20));
+            list.push(entry(Action::FreeCompleted, tmp, 8 << 20));
+        });
+        snap.device_traces = Some(vec![list]);
+        let a = analyse(&snap, &AnalysisOptions::default());
+        let f = a.findings.iter().find(|f| f.code == Code::PT002);
+        let f = f.unwrap_or_else(|| panic!("no PT002 in {:?}", codes(&a.findings)));
+        assert_eq!(f.location.as_ref().map(|l| l.line), Some(50));
+        assert_eq!(
+            f.bytes,
+            Some(8 * 4 * (1 << 20) + 8 * 4),
+            "activations + kept losses"
+        );
+        assert!(
+            f.evidence.iter().any(|e| e.text.contains(
+                "(≤ 4 B requested) is made at /u/train.py:50:main once per step: 8 allocations"
+            )),
+            "{:?}",
+            f.evidence
+        );
+    }
+
+    #[test]
+    fn a_model_output_kept_every_step_is_pt003_at_its_forward_line() {
+        // `history.append(model(x))` in a training loop: the output is made inside `forward`
+        // (an activation by its stack) while backward frees the rest of each step's forward.
+        let mut snap = Snapshot::default();
+        let head = intern(
+            &mut snap,
+            &[
+                (
+                    "/v/site-packages/torch/nn/modules/linear.py",
+                    125,
+                    "forward",
+                ),
+                ("/u/model.py", 60, "forward"),
+                ("/u/train.py", 44, "main"),
+            ],
+        );
+        let list = training(&mut snap, 8, |_, step, list| {
+            let mut e = entry(Action::Alloc, 0x900_0000 + step * 0x1000, 4096);
+            e.set_stack(Some(head));
+            list.push(e);
+        });
+        snap.device_traces = Some(vec![list]);
+        let a = analyse(&snap, &AnalysisOptions::default());
+        let f = a.findings.iter().find(|f| f.code == Code::PT003);
+        let f = f.unwrap_or_else(|| panic!("no PT003 in {:?}", codes(&a.findings)));
+        assert_eq!(
+            f.location.as_ref().map(|l| (l.file.as_str(), l.line)),
+            Some(("/u/model.py", 60))
+        );
+        assert_eq!(f.bytes, Some(8 * 4096));
+        assert!(!codes(&a.findings).contains(&"PT002"));
     }
 
     #[test]

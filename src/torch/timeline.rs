@@ -13,6 +13,8 @@ use crate::torch::stacks::{Role, SiteKey, StackIndex};
 
 /// The window is cut into this many equal parts to tell "once" from "every step".
 pub const WINDOWS: usize = 8;
+/// Requested bytes at or below which an allocation looks like a loss / metric scalar.
+pub const SCALAR_BYTES: u64 = 64;
 
 /// Frees whose completion waited for other events (streams) or never came.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -61,6 +63,18 @@ pub struct SiteTrace {
     pub alloc_windows: u16,
     /// Index of the site's last allocation.
     pub last_alloc: u64,
+    /// Loss-sized allocations (≤ [`SCALAR_BYTES`]) of the site: a loss line also allocates the
+    /// loss function's large temporaries, so these are counted apart.
+    pub scalar_allocs: u64,
+    /// Bit w set when a loss-sized allocation of the site falls in window part w.
+    pub scalar_windows: u16,
+    /// Largest requested size among them.
+    pub scalar_max_size: u64,
+    /// Loss-sized allocations still live at the end of the trace, and their bytes.
+    pub scalar_retained: u64,
+    pub scalar_retained_bytes: u64,
+    /// Index of the site's last loss-sized allocation.
+    pub last_scalar_alloc: u64,
     pub role: Role,
     pub stack: Option<StackId>,
 }
@@ -257,6 +271,12 @@ fn device_timeline(
                 s.alloc_max_size = s.alloc_max_size.max(e.size);
                 s.alloc_windows |= 1 << part(i, n);
                 s.last_alloc = i as u64;
+                if e.size <= SCALAR_BYTES {
+                    s.scalar_allocs += 1;
+                    s.scalar_windows |= 1 << part(i, n);
+                    s.scalar_max_size = s.scalar_max_size.max(e.size);
+                    s.last_scalar_alloc = i as u64;
+                }
                 s.alloc_bytes = s.alloc_bytes.saturating_add(e.size);
                 running = running.saturating_add(signed(e.size));
                 let opt = s.role == Role::OptimizerState;
@@ -353,6 +373,10 @@ fn device_timeline(
             }
             s.retained_last = s.retained_last.max(ai);
             s.retained_max_size = s.retained_max_size.max(*size);
+            if *size <= SCALAR_BYTES {
+                s.scalar_retained += 1;
+                s.scalar_retained_bytes = s.scalar_retained_bytes.saturating_add(*size);
+            }
         }
     }
     let mut pending: Vec<PendingFree> = requested

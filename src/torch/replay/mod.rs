@@ -16,6 +16,7 @@ mod initial;
 mod model;
 mod run;
 mod settings;
+mod state;
 #[cfg(test)]
 mod tests;
 
@@ -23,6 +24,7 @@ use serde::Serialize;
 
 pub use model::SegKind;
 pub use settings::Settings;
+pub use state::state_at_capacity;
 
 use crate::torch::model::{Action, Snapshot, TraceEntry};
 use initial::InitialState;

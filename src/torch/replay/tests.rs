@@ -427,6 +427,91 @@ fn what_if_is_not_offered_when_the_replay_does_not_validate() {
     assert_eq!(w.peak_reserved_after, 0);
 }
 
+/// `fragmented()` on a device large enough: the 20 MiB request gets a third segment.
+fn served() -> Snapshot {
+    use BlockState::*;
+    let mut snap = fragmented();
+    let t = &mut snap.device_traces.as_mut().expect("a trace")[0];
+    t.pop();
+    let s3 = S2 + 0x1000_0000;
+    t.push(e(SegmentAlloc, s3, 20 * MB));
+    t.push(e(Alloc, s3, 20 * MB));
+    snap.segments
+        .push(seg(s3, 20 * MB, &[(20 * MB, ActiveAllocated)]));
+    snap
+}
+
+#[test]
+fn state_at_capacity_stops_at_the_first_request_the_device_cannot_serve() {
+    let snap = served();
+    assert!(replay_device(&snap, 0).validated);
+    assert_eq!(
+        state_at_capacity(&snap, 0, 60 * MB),
+        None,
+        "everything fits"
+    );
+
+    // 50 MiB: two segments of 20 MiB, half of each cached in 5 MiB pieces, 10 MiB left on the
+    // device: the 20 MiB request fails.
+    let s = state_at_capacity(&snap, 0, 50 * MB).expect("an OOM");
+    let t = &s.device_traces.as_ref().expect("a trace")[0];
+    assert_eq!(
+        t.len(),
+        19,
+        "the recorded trace up to the request, then its oom"
+    );
+    let oom = t.last().expect("an entry");
+    assert_eq!((oom.action, oom.size), (Action::Oom, 20 * MB));
+    assert_eq!(oom.device_free(), Some(10 * MB));
+    let segs: Vec<(u64, Vec<(u64, BlockState)>)> = s
+        .segments
+        .iter()
+        .map(|g| {
+            (
+                g.total_size,
+                g.blocks.iter().map(|b| (b.size, b.state.clone())).collect(),
+            )
+        })
+        .collect();
+    let half = vec![
+        (5 * MB, BlockState::Inactive),
+        (5 * MB, BlockState::ActiveAllocated),
+        (5 * MB, BlockState::Inactive),
+        (5 * MB, BlockState::ActiveAllocated),
+    ];
+    assert_eq!(segs, vec![(20 * MB, half.clone()), (20 * MB, half)]);
+    // The trace names the model's addresses: replayed back from these segments it explains
+    // itself, and the replay of the new snapshot validates.
+    let r = replay_device(&s, 0);
+    assert!(r.validated && r.live_blocks_end_matched, "{r:?}");
+    let a = crate::torch::analyse(&s, &crate::options::AnalysisOptions::default());
+    let d = &a.fragmentation[0];
+    assert_eq!(
+        (d.verdict, d.request, d.largest_inactive, d.inactive),
+        (
+            crate::torch::fragmentation::Verdict::Fragmentation,
+            20 * MB,
+            5 * MB,
+            20 * MB
+        )
+    );
+
+    // A replay that does not validate is no model of this device.
+    let mut odd = snap.clone();
+    odd.segments[0].pool_id = Some((1, 7));
+    assert_eq!(state_at_capacity(&odd, 0, 50 * MB), None);
+    // A device of no bytes fails at the first request, with nothing reserved.
+    let s = state_at_capacity(&snap, 0, 0).expect("an OOM");
+    assert!(s.segments.is_empty());
+    let t = &s.device_traces.as_ref().expect("a trace")[0];
+    assert_eq!(
+        t.iter()
+            .map(|e| (e.action, e.size, e.device_free()))
+            .collect::<Vec<_>>(),
+        vec![(Action::Oom, 5 * MB, Some(0))]
+    );
+}
+
 #[test]
 fn pre_trace_blocks_and_empty_cache_are_rebuilt() {
     use BlockState::*;
@@ -495,6 +580,11 @@ fn hostile_sizes_never_panic() {
     let _ = advise_settings_for_oom(&snap, 0);
     let _ = replay_device(&snap, -1);
     let _ = replay_device(&snap, 7);
+    for cap in [0, 1, u64::MAX] {
+        for d in [-1, 0, 7] {
+            let _ = state_at_capacity(&snap, d, cap);
+        }
+    }
     let mut m = Model::new(Settings::default());
     assert!(matches!(
         m.malloc(u64::MAX, 0, &mut Grant),
