@@ -15,6 +15,7 @@ REPO="$PWD"
 export MEMLSP_CI_CACHE="${MEMLSP_CI_CACHE:-$HOME/.cache/memlsp-ci}"
 SHARED="${MEMLSP_SHARED:-$REPO/../shared}"
 ARTIFACTS="$REPO/target/e2e"
+export E2E_ARTIFACTS="$ARTIFACTS"
 mkdir -p "$MEMLSP_CI_CACHE" "$ARTIFACTS"
 SUITES=("$@")
 [ ${#SUITES[@]} -eq 0 ] && SUITES=(nvim emacs vscode)

@@ -143,13 +143,17 @@ fn torch_report(path: &Path, out: torch::Output) -> CaptureReport {
 
 fn torch_file(path: &Path, opts: &Options) -> Result<CaptureReport, CaptureError> {
     let snap = load_snapshot(path, &opts.decode)?;
+    checkpoint(path, opts)?;
     let a = torch::analyse(&snap, &opts.analysis);
+    checkpoint(path, opts)?;
     Ok(torch_report(path, torch::output(&snap, &a, &opts.analysis)))
 }
 
 fn xla_file(path: &Path, opts: &Options) -> Result<CaptureReport, CaptureError> {
     let cap = xla::Capture::open(path)?;
+    checkpoint(path, opts)?;
     let out = xla::analyse(&cap, &opts.analysis)?;
+    checkpoint(path, opts)?;
     Ok(CaptureReport {
         path: path.to_path_buf(),
         engine: Engine::Xla(Box::new(out.summary)),
@@ -170,6 +174,7 @@ pub fn analyze_ranks(
     for p in paths {
         check_size(p, opts)?;
         let snap = load_snapshot(p, &opts.decode)?;
+        checkpoint(p, opts)?;
         let a = torch::analyse(&snap, &opts.analysis);
         rows.push(RankRow::of(p, &a));
         outputs.push(((*p).clone(), torch::output(&snap, &a, &opts.analysis)));
@@ -185,6 +190,14 @@ pub fn analyze_ranks(
             torch_report(&path, out)
         })
         .collect())
+}
+
+/// Stop here when the caller no longer wants the answer (`DecodeOptions::cancel`).
+fn checkpoint(path: &Path, opts: &Options) -> Result<(), CaptureError> {
+    if opts.decode.cancel.is_cancelled() {
+        return Err(CaptureError::cancelled(path));
+    }
+    Ok(())
 }
 
 fn check_size(path: &Path, opts: &Options) -> Result<(), CaptureError> {

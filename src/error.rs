@@ -18,6 +18,8 @@ pub enum ErrorKind {
     Io,
     /// Nothing to analyse (empty file, directory without captures).
     Empty,
+    /// Whoever asked stopped the analysis (`DecodeOptions::cancel`): not a property of the file.
+    Cancelled,
 }
 
 /// A capture that could not be read. `Display` is one line: file, byte offset, what, what to do.
@@ -54,6 +56,17 @@ impl CaptureError {
             None,
             format!("cannot read: {err}"),
             "check the path and its permissions",
+        )
+    }
+
+    /// The analysis was stopped by its caller.
+    pub fn cancelled(path: &Path) -> Self {
+        CaptureError::new(
+            path,
+            ErrorKind::Cancelled,
+            None,
+            "the analysis was cancelled",
+            "",
         )
     }
 

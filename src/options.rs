@@ -3,6 +3,8 @@
 //! locate step (where the workspace is, how recorded paths map to it).
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::frames::FrameFilter;
 
@@ -13,6 +15,30 @@ pub struct DecodeOptions {
     pub max_trace_events: Option<usize>,
     /// Files larger than this are refused (bytes).
     pub max_file_bytes: u64,
+    /// Set by whoever asked for the analysis when the answer is no longer wanted (the server,
+    /// when the capture changes again): the decoders stop at their next progress point.
+    pub cancel: Cancel,
+}
+
+/// A flag that stops a running analysis (checked every few MiB of input and between stages).
+#[derive(Clone, Debug, Default)]
+pub struct Cancel(Option<Arc<AtomicBool>>);
+
+impl Cancel {
+    /// A flag that can be raised with [`Cancel::cancel`].
+    pub fn new() -> Cancel {
+        Cancel(Some(Arc::new(AtomicBool::new(false))))
+    }
+
+    pub fn cancel(&self) {
+        if let Some(f) = &self.0 {
+            f.store(true, Ordering::Relaxed);
+        }
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.0.as_ref().is_some_and(|f| f.load(Ordering::Relaxed))
+    }
 }
 
 impl Default for DecodeOptions {
@@ -20,6 +46,7 @@ impl Default for DecodeOptions {
         DecodeOptions {
             max_trace_events: None,
             max_file_bytes: 4 << 30,
+            cancel: Cancel::default(),
         }
     }
 }

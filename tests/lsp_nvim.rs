@@ -96,6 +96,27 @@ fn neovim_shows_the_finding_hint_hover_and_applies_the_fix() {
             .any(|h| h["line"] == 26 && h["label"] == "14% of peak"),
         "{hints:?}"
     );
+    // The finding's own hint on the jit line, next to nothing else (it holds no buffer).
+    assert!(
+        hints.iter().any(|h| h["line"] == 56
+            && h["label"]
+                .as_str()
+                .is_some_and(|l| l.contains("MiB not donated"))),
+        "{hints:?}"
+    );
+    // Three lines inserted above: the diagnostic and its hint move down by three; deleting the
+    // line withdraws it; putting the text back restores it.
+    assert_eq!(seen["moved_to"], 59, "{seen:#}");
+    let moved = seen["moved_hints"].as_array().expect("moved hints");
+    assert!(
+        moved.iter().any(|h| h["line"] == 59
+            && h["label"]
+                .as_str()
+                .is_some_and(|l| l.contains("not donated"))),
+        "{moved:?}"
+    );
+    assert_eq!(seen["gone_when_deleted"], true);
+    assert_eq!(seen["restored"], true);
     assert!(
         seen["hover"]
             .as_str()

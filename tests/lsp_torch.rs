@@ -69,11 +69,12 @@ fn optimizer_state_sites_get_live_memory_hints_and_a_stack_hover() {
     );
     let md = hover["contents"]["value"].as_str().unwrap_or("");
     assert!(md.contains("**12.69 GiB** live in 291 blocks"), "{md}");
-    // Frames are shown relative to the workspace, where they were found.
-    assert!(
-        md.contains("\ncs336_basics/optimizers.py:82 step\n"),
-        "{md}"
+    // Frames are shown relative to the workspace, where they were found, as links to the line.
+    let link = format!(
+        "\n- [cs336_basics/optimizers.py:82]({}#L82) `step`\n",
+        uri(&opt)
     );
+    assert!(md.contains(&link), "{md}");
     assert!(
         md.contains("framework frames folded") || md.contains("native frames folded"),
         "{md}"

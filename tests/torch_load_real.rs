@@ -129,3 +129,50 @@ fn check(name: &str, o: &Value, s: &memlsp::torch::model::Snapshot, _path: &Path
         assert!(s.device_traces.is_none(), "{name}: unexpected traces");
     }
 }
+
+/// A cancelled analysis stops with `ErrorKind::Cancelled` whichever stage it is in: inside the
+/// pickle VM (checked every 8 MiB of input) or between decode and analysis. A real snapshot
+/// repeated past 8 MiB inside a wrapper list exercises the VM's check.
+#[test]
+fn a_cancelled_decode_stops_with_cancelled() {
+    use memlsp::error::ErrorKind;
+    let Some(p) = common::shared(
+        "torch_snapshots/real/sidsoc12__8169e1e6_mem_snapshot_ctx128_fp32_train.pickle",
+    ) else {
+        return;
+    };
+    let opts = memlsp::options::Options::default();
+    opts.decode.cancel.cancel(); // a default flag cannot be raised: nothing to cancel
+    assert!(memlsp::analyze::analyze_file(&p, &opts).is_ok());
+
+    let mut opts = memlsp::options::Options::default();
+    opts.decode.cancel = memlsp::options::Cancel::new();
+    opts.decode.cancel.cancel();
+    let e = memlsp::analyze::analyze_file(&p, &opts).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Cancelled, "{e}");
+
+    // Past the VM's first progress point (8 MiB): 9 MiB of BINBYTES, then the snapshot.
+    let snapshot = std::fs::read(&p).unwrap();
+    let mut big = vec![0x80, 4, b'B'];
+    big.extend_from_slice(&(9u32 << 20).to_le_bytes());
+    big.resize(big.len() + (9 << 20), 0);
+    big.push(b'0'); // POP
+    big.extend_from_slice(&snapshot[2..]);
+    let decode = memlsp::options::DecodeOptions {
+        cancel: opts.decode.cancel.clone(),
+        ..DecodeOptions::default()
+    };
+    let e =
+        memlsp::torch::load::decode_snapshot(Path::new("big.pickle"), &big, &decode).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Cancelled, "{e}");
+    assert!(e.offset.is_none());
+    // Without the flag the same bytes decode.
+    assert!(
+        memlsp::torch::load::decode_snapshot(
+            Path::new("big.pickle"),
+            &big,
+            &DecodeOptions::default()
+        )
+        .is_ok()
+    );
+}

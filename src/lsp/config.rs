@@ -32,6 +32,8 @@ pub struct Settings {
     pub inlay_min_bytes: u64,
     pub max_file_bytes: u64,
     pub top_sites: usize,
+    /// A "Show memory timeline" code lens on every finding's line.
+    pub code_lens: bool,
 }
 
 impl Default for Settings {
@@ -46,6 +48,7 @@ impl Default for Settings {
             inlay_min_bytes: 1 << 20,
             max_file_bytes: opts.decode.max_file_bytes,
             top_sites: opts.analysis.top,
+            code_lens: true,
         }
     }
 }
@@ -115,6 +118,16 @@ impl Settings {
             match b.as_u64() {
                 Some(b) => s.inlay_min_bytes = b,
                 None => problems.push("inlayHints.minBytes must be a non-negative integer".into()),
+            }
+        }
+        let lens = obj
+            .get("codeLens")
+            .and_then(|h| h.get("enable"))
+            .or_else(|| obj.get("codeLens.enable"));
+        if let Some(b) = lens {
+            match b.as_bool() {
+                Some(b) => s.code_lens = b,
+                None => problems.push("codeLens.enable must be true or false".into()),
             }
         }
         if let Some(n) = obj.get("maxFileBytes") {

@@ -16,14 +16,15 @@ use tower_lsp_server::Client;
 use tower_lsp_server::ls_types as lsp;
 
 use crate::analyze;
-use crate::error::CaptureError;
+use crate::error::{CaptureError, ErrorKind};
 use crate::lsp::config::Settings;
 use crate::lsp::index::{CaptureResult, FileEntry, Index, capture_name};
 use crate::lsp::to_proto;
 use crate::lsp::workspace::{CaptureMatcher, Watcher};
 use crate::lsp::{Caps, Doc, Shared, View};
-use crate::options::Options;
+use crate::options::{Cancel, Options};
 use crate::report::CaptureReport;
+use crate::source::anchor::LineMap;
 use crate::source::locate::Locator;
 use crate::source::paths::Resolver;
 
@@ -119,6 +120,8 @@ struct Entry {
     status: Status,
     /// The last good result (kept while a newer write is incomplete).
     result: Option<Arc<CaptureResult>>,
+    /// Raised to stop the running analysis (its capture changed again or went away).
+    cancel: Cancel,
 }
 
 pub struct Owner {
@@ -140,6 +143,19 @@ pub struct Owner {
     logged_unresolved: BTreeMap<String, usize>,
     /// Files already seen as `.py` by the resolver (to notice new ones).
     py_files: HashSet<PathBuf>,
+    /// Per workspace file with findings: the text its findings were placed against.
+    bases: HashMap<PathBuf, Base>,
+    /// Files whose current text differs from their base: where each indexed line is now.
+    moved: HashMap<PathBuf, Arc<LineMap>>,
+}
+
+/// The text a file's findings were placed against, and the captures (path, mtime) they came
+/// from: kept while those captures stay the same, so the user's edits (saved or not) move the
+/// findings instead of resetting their base. A new capture takes the file as it is on disk (the
+/// program that wrote it ran that text).
+struct Base {
+    sources: Vec<(PathBuf, SystemTime)>,
+    text: Arc<str>,
 }
 
 impl Owner {
@@ -164,6 +180,8 @@ impl Owner {
             progress_seq: 0,
             logged_unresolved: BTreeMap::new(),
             py_files: HashSet::new(),
+            bases: HashMap::new(),
+            moved: HashMap::new(),
         }
     }
 
@@ -239,6 +257,7 @@ impl Owner {
             Event::Paths(paths) => {
                 let mut changed = false;
                 let mut py_changed = false;
+                let mut edited = Vec::new();
                 for p in paths {
                     if self.matcher.is_capture(&p) {
                         changed |= self.consider(&p);
@@ -246,6 +265,10 @@ impl Owner {
                         let exists = p.is_file();
                         if exists != self.py_files.contains(&p) {
                             py_changed = true;
+                        }
+                        if self.bases.contains_key(&p) {
+                            // Edited outside the editor: its findings follow the new text.
+                            edited.push(p);
                         }
                     } else if p.is_dir() && self.matcher.is_scanned_dir(&p) {
                         // A folder moved or copied in: the watcher may report only the folder.
@@ -269,6 +292,10 @@ impl Owner {
                 }
                 if changed {
                     self.republish().await;
+                } else {
+                    for p in edited {
+                        self.republish_file(&p).await;
+                    }
                 }
             }
             Event::Reanalyze(reply) => {
@@ -499,11 +526,11 @@ impl Owner {
     /// published result went away (deleted file).
     fn consider(&mut self, path: &Path) -> bool {
         let Some(key) = FileKey::of(path) else {
-            // Gone (or a directory): withdraw what it said.
-            return self
-                .captures
-                .remove(path)
-                .is_some_and(|e| e.result.is_some());
+            // Gone (or a directory): stop reading it and withdraw what it said.
+            return self.captures.remove(path).is_some_and(|e| {
+                e.cancel.cancel();
+                e.result.is_some()
+            });
         };
         let entry = self.captures.entry(path.to_path_buf()).or_insert(Entry {
             key: None,
@@ -511,8 +538,14 @@ impl Owner {
             dirty: false,
             status: Status::New,
             result: None,
+            cancel: Cancel::default(),
         });
         if entry.running {
+            // New content while the old is being read: stop reading the old one (the answer
+            // would be discarded) and look again when the worker gives up.
+            if entry.key != Some(key) {
+                entry.cancel.cancel();
+            }
             entry.dirty = true;
             return false;
         }
@@ -521,14 +554,34 @@ impl Owner {
         }
         entry.key = Some(key);
         entry.running = true;
-        self.spawn_analysis(path.to_path_buf(), key);
+        entry.cancel = Cancel::new();
+        let cancel = entry.cancel.clone();
+        self.spawn_analysis(path.to_path_buf(), key, cancel);
         false
     }
 
-    fn spawn_analysis(&mut self, path: PathBuf, key: FileKey) {
+    /// Captures with a good result, newest first.
+    fn newest_first(&self) -> Vec<PathBuf> {
+        let mut good: Vec<(SystemTime, &PathBuf)> = self
+            .captures
+            .iter()
+            .filter_map(|(p, e)| Some((e.result.as_ref()?.mtime, p)))
+            .collect();
+        good.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+        good.into_iter().map(|(_, p)| p.clone()).collect()
+    }
+
+    /// The options every analysis of this server runs with.
+    fn options(&self) -> Options {
         let mut opts: Options = self.settings.options();
         opts.locate.workspace = self.roots.clone();
         opts.locate.path_mappings = self.settings.mappings(&self.roots);
+        opts
+    }
+
+    fn spawn_analysis(&mut self, path: PathBuf, key: FileKey, cancel: Cancel) {
+        let mut opts = self.options();
+        opts.decode.cancel = cancel;
         let tx = self.tx.clone();
         let workers = self.workers.clone();
         let client = self.client.clone();
@@ -552,6 +605,7 @@ impl Owner {
             }
             let p = path.clone();
             let mut job = tokio::task::spawn_blocking(move || {
+                test_hold_hook(&p, &opts.decode.cancel);
                 let faults = crate::sigbus::rescued();
                 let outcome = contained(|| {
                     test_panic_hook(&p);
@@ -617,6 +671,20 @@ impl Owner {
                     reports,
                 }));
                 changed = true;
+            }
+            Outcome::Error(e) if e.kind == ErrorKind::Cancelled => {
+                // Stopped because the file changed again (`consider` marked it dirty).
+                entry.status = Status::New;
+                entry.dirty = true;
+                self.client
+                    .log_message(
+                        lsp::MessageType::LOG,
+                        format!(
+                            "analysis of {} cancelled: the capture changed while it was read",
+                            path.display()
+                        ),
+                    )
+                    .await;
             }
             Outcome::Rewritten => {
                 entry.status = Status::Incomplete;
@@ -738,6 +806,11 @@ impl Owner {
                 roots: self.roots.clone(),
                 frames: self.settings.options().analysis.frames,
                 encoding: caps.encoding,
+                moved: self.moved.clone(),
+                resolver: self.resolver.clone(),
+                options: self.options(),
+                code_lens: self.settings.code_lens,
+                captures: self.newest_first(),
             });
         }
     }
@@ -772,6 +845,7 @@ impl Owner {
             .await;
         }
         self.logged_unresolved = index.unresolved.clone();
+        self.rebase(&index);
 
         let mut next: HashMap<PathBuf, Vec<lsp::Diagnostic>> = HashMap::new();
         for (file, fe) in &index.files {
@@ -798,11 +872,84 @@ impl Owner {
                 self.client.publish_diagnostics(uri, diags, None).await;
             }
         }
-        if self.caps().inlay_refresh {
-            let client = self.client.clone();
-            tokio::spawn(async move {
+        self.refresh_client();
+    }
+
+    /// Ask the client to request inlay hints and code lenses again (they moved or changed).
+    fn refresh_client(&self) {
+        let caps = self.caps();
+        let client = self.client.clone();
+        tokio::spawn(async move {
+            if caps.inlay_refresh {
                 let _ = client.inlay_hint_refresh().await;
-            });
+            }
+            if caps.code_lens_refresh {
+                let _ = client.code_lens_refresh().await;
+            }
+        });
+    }
+
+    /// After a new index: keep each file's base while the captures placing findings in it are
+    /// the same ones, take the file from disk otherwise; then where every line is now.
+    fn rebase(&mut self, index: &Index) {
+        let mtimes: HashMap<&Path, SystemTime> = self
+            .captures
+            .iter()
+            .filter_map(|(p, e)| Some((p.as_path(), e.result.as_ref()?.mtime)))
+            .collect();
+        let mut bases = HashMap::new();
+        for (file, fe) in &index.files {
+            let mut sources: Vec<(PathBuf, SystemTime)> = fe
+                .lines
+                .values()
+                .flat_map(|l| {
+                    l.findings
+                        .iter()
+                        .map(|f| &f.capture)
+                        .chain(l.sites.iter().map(|s| &s.capture))
+                })
+                .map(|c| {
+                    let t = mtimes.get(c.as_path()).copied();
+                    (c.clone(), t.unwrap_or(SystemTime::UNIX_EPOCH))
+                })
+                .collect();
+            sources.sort();
+            sources.dedup();
+            let base = match self.bases.remove(file) {
+                Some(b) if b.sources == sources => b,
+                _ => {
+                    let text = std::fs::read_to_string(file)
+                        .ok()
+                        .or_else(|| self.text_of(file))
+                        .unwrap_or_default();
+                    Base {
+                        sources,
+                        text: text.into(),
+                    }
+                }
+            };
+            bases.insert(file.clone(), base);
+        }
+        self.bases = bases;
+        self.moved.clear();
+        let files: Vec<PathBuf> = self.bases.keys().cloned().collect();
+        for f in files {
+            self.remap(&f);
+        }
+    }
+
+    /// Where the indexed lines of `file` are in its current text (buffer or disk).
+    fn remap(&mut self, file: &Path) {
+        let Some(base) = self.bases.get(file) else {
+            self.moved.remove(file);
+            return;
+        };
+        let now = self.text_of(file).unwrap_or_default();
+        let map = LineMap::between(&base.text, &now);
+        if map.is_identity() {
+            self.moved.remove(file);
+        } else {
+            self.moved.insert(file.to_path_buf(), Arc::new(map));
         }
     }
 
@@ -813,32 +960,42 @@ impl Owner {
         let enc = self.caps().encoding;
         let text = self.text_of(file);
         let file_str = file.to_string_lossy();
+        let moved = self.moved.get(file);
         let mut diags = Vec::new();
         for (line, le) in &fe.lines {
+            // Where the line's text is now; gone (edited or deleted): withdrawn.
+            let Some(now) = moved.map_or(Some(*line), |m| m.new_line(*line)) else {
+                continue;
+            };
             let lt = text
                 .as_deref()
-                .and_then(|t| to_proto::line_of(t, line.saturating_sub(1)));
+                .and_then(|t| to_proto::line_of(t, now.saturating_sub(1)));
             for lf in &le.findings {
                 let fixed = text
                     .as_deref()
-                    .is_some_and(|t| fix_applied(&lf.finding, &file_str, t, *line));
+                    .is_some_and(|t| fix_applied(&lf.finding, &file_str, t, now));
                 if !fixed {
-                    diags.push(to_proto::diagnostic(lf, lt, enc));
+                    diags.push(to_proto::diagnostic(lf, now, lt, enc));
                 }
             }
         }
+        diags.sort_by_key(|d| d.range.start.line);
         diags
     }
 
-    /// After an edit (or open/close) of `file`: publish its diagnostics again if they changed.
+    /// After an edit (or open/close, or a change on disk) of `file`: its findings follow the
+    /// text; publish its diagnostics again if they changed.
     async fn republish_file(&mut self, file: &Path) {
         let view = self.shared.view();
         let Some(fe) = view.index.files.get(file) else {
             return;
         };
+        let before = self.moved.get(file).cloned();
+        self.remap(file);
+        let lines_moved = before != self.moved.get(file).cloned();
         let diags = self.file_diagnostics(file, fe);
         let old = self.published.get(file).cloned().unwrap_or_default();
-        if diags == old {
+        if diags == old && !lines_moved {
             return;
         }
         if diags.is_empty() {
@@ -847,8 +1004,13 @@ impl Owner {
             self.published.insert(file.to_path_buf(), diags.clone());
         }
         self.store_view(None);
-        if let Some(uri) = to_proto::uri(file) {
-            self.client.publish_diagnostics(uri, diags, None).await;
+        if diags != old {
+            if let Some(uri) = to_proto::uri(file) {
+                self.client.publish_diagnostics(uri, diags, None).await;
+            }
+        }
+        if lines_moved {
+            self.refresh_client();
         }
     }
 
@@ -901,6 +1063,31 @@ fn test_panic_hook(path: &Path) {
         if !needle.is_empty() && path.to_string_lossy().contains(needle.as_ref()) {
             panic!("MEMLSP_TEST_PANIC_ON matched {}", path.display());
         }
+    }
+}
+
+/// Test hook: `MEMLSP_TEST_HOLD_ON=<substring>` makes the first analysis of a capture whose
+/// path contains it wait (up to 30 s) until it is cancelled, so tests can check that a rewrite
+/// stops a running analysis instead of waiting for it (`tests/lsp_editing.rs`). Unset in normal
+/// use.
+fn test_hold_hook(path: &Path, cancel: &Cancel) {
+    static HELD: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+    let Some(needle) = std::env::var_os("MEMLSP_TEST_HOLD_ON") else {
+        return;
+    };
+    let needle = needle.to_string_lossy();
+    if needle.is_empty() || !path.to_string_lossy().contains(needle.as_ref()) {
+        return;
+    }
+    if let Ok(mut held) = HELD.lock() {
+        if held.iter().any(|p| p == path) {
+            return;
+        }
+        held.push(path.to_path_buf());
+    }
+    let t0 = std::time::Instant::now();
+    while !cancel.is_cancelled() && t0.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

@@ -40,10 +40,13 @@ pub mod to_proto;
 pub mod workspace;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock, RwLock};
 
 use crate::frames::FrameFilter;
+use crate::options::Options;
+use crate::source::anchor::LineMap;
+use crate::source::paths::Resolver;
 
 /// An open editor buffer (full sync).
 #[derive(Clone, Debug)]
@@ -62,6 +65,7 @@ pub struct Caps {
     pub configuration: bool,
     pub pull_diagnostics: bool,
     pub disabled_code_actions: bool,
+    pub code_lens_refresh: bool,
 }
 
 impl Default for Caps {
@@ -74,6 +78,7 @@ impl Default for Caps {
             configuration: false,
             pull_diagnostics: false,
             disabled_code_actions: false,
+            code_lens_refresh: false,
         }
     }
 }
@@ -90,6 +95,64 @@ pub struct View {
     pub roots: Vec<PathBuf>,
     pub frames: FrameFilter,
     pub encoding: to_proto::Encoding,
+    /// Files edited since their findings were placed: where each indexed line is now.
+    pub moved: HashMap<PathBuf, Arc<LineMap>>,
+    /// The workspace index the last publish located with (the timeline locates with it too).
+    pub resolver: Option<Arc<Resolver>>,
+    /// The options the captures were analysed with.
+    pub options: Options,
+    pub code_lens: bool,
+    /// Every capture with a good result, newest first.
+    pub captures: Vec<PathBuf>,
+}
+
+impl View {
+    /// Where indexed line `line` (1-based) of `file` is in the current text; `None` when that
+    /// line was edited or deleted (its findings are withdrawn until the text comes back).
+    pub fn current_line(&self, file: &Path, line: u32) -> Option<u32> {
+        match self.moved.get(file) {
+            Some(m) => m.new_line(line),
+            None => Some(line),
+        }
+    }
+
+    /// The indexed lines of `file` now at lines `first..=last` (1-based), as (current line,
+    /// indexed line, entry), in current order.
+    pub fn lines_in(
+        &self,
+        file: &Path,
+        first: u32,
+        last: u32,
+    ) -> Vec<(u32, u32, &index::LineEntry)> {
+        let Some(fe) = self.index.files.get(file) else {
+            return Vec::new();
+        };
+        let mut out: Vec<(u32, u32, &index::LineEntry)> = match self.moved.get(file) {
+            None => fe
+                .lines
+                .range(first..=last)
+                .map(|(l, e)| (*l, *l, e))
+                .collect(),
+            Some(m) => fe
+                .lines
+                .iter()
+                .filter_map(|(l, e)| {
+                    let now = m.new_line(*l)?;
+                    (first..=last).contains(&now).then_some((now, *l, e))
+                })
+                .collect(),
+        };
+        out.sort_by_key(|x| x.0);
+        out
+    }
+
+    /// The entry now at line `line` (1-based) of `file`.
+    pub fn entry_at(&self, file: &Path, line: u32) -> Option<&index::LineEntry> {
+        self.lines_in(file, line, line)
+            .into_iter()
+            .next()
+            .map(|x| x.2)
+    }
 }
 
 /// State shared between the owner task (the only writer) and the request handlers.

@@ -20,6 +20,7 @@ use crate::lsp::{Caps, Doc, Shared};
 
 pub const CMD_REANALYZE: &str = "memlsp.reanalyze";
 pub const CMD_EXPLAIN: &str = "memlsp.explain";
+pub const CMD_TIMELINE: &str = "memlsp.timeline";
 
 pub struct Backend {
     client: Client,
@@ -114,6 +115,10 @@ fn client_caps(c: &ClientCapabilities) -> Caps {
             .and_then(|t| t.code_action.as_ref())
             .and_then(|a| a.disabled_support)
             .unwrap_or(false),
+        code_lens_refresh: ws
+            .and_then(|w| w.code_lens.as_ref())
+            .and_then(|c| c.refresh_support)
+            .unwrap_or(false),
     }
 }
 
@@ -163,8 +168,15 @@ impl LanguageServer for Backend {
                         ..Default::default()
                     },
                 )),
+                code_lens_provider: Some(CodeLensOptions {
+                    resolve_provider: Some(false),
+                }),
                 execute_command_provider: Some(ExecuteCommandOptions {
-                    commands: vec![CMD_REANALYZE.into(), CMD_EXPLAIN.into()],
+                    commands: vec![
+                        CMD_REANALYZE.into(),
+                        CMD_EXPLAIN.into(),
+                        CMD_TIMELINE.into(),
+                    ],
                     ..Default::default()
                 }),
                 // Push only. Offering pull as well makes Neovim 0.11 and VS Code show every
@@ -285,8 +297,43 @@ impl LanguageServer for Backend {
         )))
     }
 
+    async fn code_lens(&self, p: CodeLensParams) -> Result<Option<Vec<CodeLens>>> {
+        let Some(path) = doc_path(&p.text_document.uri) else {
+            return Ok(None);
+        };
+        self.barrier().await;
+        Ok(Some(handlers::code_lens::code_lenses(
+            &self.shared.view(),
+            &path,
+        )))
+    }
+
     async fn execute_command(&self, p: ExecuteCommandParams) -> Result<Option<LSPAny>> {
         match p.command.as_str() {
+            CMD_TIMELINE => {
+                let arg = p.arguments.first().cloned().unwrap_or(Value::Null);
+                let view = self.shared.view();
+                let capture = handlers::timeline::target(&view, &arg)
+                    .map_err(tower_lsp_server::jsonrpc::Error::invalid_params)?;
+                // Analysing a capture takes a while: on a worker, never on the request loop.
+                let job = tokio::task::spawn_blocking(move || {
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        handlers::timeline::page(&view, &capture)
+                    }))
+                    .unwrap_or_else(|_| Err("memlsp.timeline: rendering the page failed; please report this with the capture".into()))
+                });
+                match job.await {
+                    Ok(Ok(v)) => Ok(Some(v)),
+                    Ok(Err(msg)) => {
+                        let mut e = tower_lsp_server::jsonrpc::Error::internal_error();
+                        e.message = msg.into();
+                        Err(e)
+                    }
+                    Err(e) => Err(tower_lsp_server::jsonrpc::Error::invalid_params(
+                        e.to_string(),
+                    )),
+                }
+            }
             CMD_REANALYZE => {
                 let (tx, rx) = oneshot::channel();
                 self.send(Event::Reanalyze(Some(tx)));

@@ -117,10 +117,16 @@ fn frame_label(loc: &findings::Location) -> String {
     format!("{}:{} {}", loc.file, loc.line, loc.function)
 }
 
-/// The diagnostic for a finding on `line_text` (the current text of the culprit line).
-pub fn diagnostic(lf: &LineFinding, line_text: Option<&str>, enc: Encoding) -> lsp::Diagnostic {
+/// The diagnostic for a finding now on line `line` (1-based; where the culprit line's text is
+/// after the user's edits), whose current text is `line_text`.
+pub fn diagnostic(
+    lf: &LineFinding,
+    line: u32,
+    line_text: Option<&str>,
+    enc: Encoding,
+) -> lsp::Diagnostic {
     let f = &lf.finding;
-    let line0 = f.location.as_ref().map_or(0, |l| l.line.saturating_sub(1));
+    let line0 = line.saturating_sub(1);
     let name = lf.capture_name();
     let mut whence = format!("capture {name}");
     if let Some(scope) = &f.scope {
@@ -239,7 +245,39 @@ pub fn inlay_hint(ls: &LineSite, line0: u32, line_text: &str, enc: Encoding) -> 
     }
 }
 
-/// The allocation stack as hover text: user frames first, framework and native frames folded.
+/// A finding's own hint at the end of `line_text` (`72.00 MiB not donated`), when it has one.
+pub fn finding_hint(
+    lf: &LineFinding,
+    line0: u32,
+    line_text: &str,
+    enc: Encoding,
+) -> Option<lsp::InlayHint> {
+    let f = &lf.finding;
+    let label = crate::present::hint::finding_hint(f)?;
+    let mut tip = format!(
+        "{} {}, capture {}",
+        f.code,
+        f.code.pattern(),
+        lf.capture_name()
+    );
+    if let Some(scope) = &f.scope {
+        tip.push_str(&format!(", {scope}"));
+    }
+    Some(lsp::InlayHint {
+        position: lsp::Position::new(line0, column(line_text, line_text.len() as u32, enc)),
+        label: lsp::InlayHintLabel::String(label),
+        kind: None,
+        text_edits: None,
+        tooltip: Some(lsp::InlayHintTooltip::String(tip)),
+        padding_left: Some(true),
+        padding_right: None,
+        data: None,
+    })
+}
+
+/// The allocation stack as hover Markdown: one line per user frame, each a link to the file
+/// and line (`file:///…#L8`, which VS Code and Neovim's `gx` open); framework and native frames
+/// folded into a count.
 fn stack_block(frames: &[Location], filter: &FrameFilter, roots: &[PathBuf]) -> String {
     let mut out = String::new();
     let mut folded = 0usize;
@@ -247,31 +285,44 @@ fn stack_block(frames: &[Location], filter: &FrameFilter, roots: &[PathBuf]) -> 
     for fr in frames {
         match filter.classify(&fr.file) {
             FrameKind::User => {
-                let shown = match fr.local() {
-                    Some(p) => format!("{}:{} {}", relative(p, roots), fr.line, fr.function),
-                    None => format!("{} (not in the workspace)", frame_label(fr)),
-                };
-                out.push_str(&shown);
-                out.push('\n');
+                let link = fr.local().and_then(|p| Some((p, uri(p)?))).map(|(p, u)| {
+                    format!(
+                        "[{}:{}]({}#L{})",
+                        md_escape(&relative(p, roots)),
+                        fr.line,
+                        u.as_str(),
+                        fr.line
+                    )
+                });
+                match link {
+                    Some(l) => out.push_str(&format!("- {l} `{}`\n", fr.function)),
+                    None => {
+                        out.push_str(&format!("- `{}` (not in the workspace)\n", frame_label(fr)))
+                    }
+                }
             }
             FrameKind::Generated => {
                 // The kernel a compiler wrote for the user's line below it.
-                out.push_str(&format!(
-                    "{}:{} {} (generated code)\n",
-                    fr.file, fr.line, fr.function
-                ));
+                out.push_str(&format!("- `{}` (generated code)\n", frame_label(fr)));
             }
             FrameKind::Framework => folded += 1,
             FrameKind::Native => folded_native += 1,
         }
     }
     if folded > 0 {
-        out.push_str(&format!("… {folded} framework frames folded\n"));
+        out.push_str(&format!("- … {folded} framework frames folded\n"));
     }
     if folded_native > 0 {
-        out.push_str(&format!("… {folded_native} native frames folded\n"));
+        out.push_str(&format!("- … {folded_native} native frames folded\n"));
     }
     out
+}
+
+/// Text shown inside a Markdown link's brackets.
+fn md_escape(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('[', "\\[")
+        .replace(']', "\\]")
 }
 
 /// Markdown hover for a line: each finding, then the sites, each with its stack and evidence.
@@ -332,9 +383,8 @@ pub fn hover_markdown(entry: &LineEntry, filter: &FrameFilter, roots: &[PathBuf]
             md.push('\n');
         }
         if !lf.frames.is_empty() {
-            md.push_str("\nAllocation stack (innermost first):\n```text\n");
+            md.push_str("\nAllocation stack (innermost first):\n\n");
             md.push_str(&stack_block(&lf.frames, filter, roots));
-            md.push_str("```\n");
         }
         md.push_str(&format!("\n[{}]({})\n\n---\n\n", f.code, f.code.docs_url()));
     }
@@ -368,9 +418,8 @@ pub fn hover_markdown(entry: &LineEntry, filter: &FrameFilter, roots: &[PathBuf]
             _ => {}
         }
         if !ls.frames.is_empty() {
-            md.push_str("\nAllocation stack (innermost first):\n```text\n");
+            md.push_str("\nAllocation stack (innermost first):\n\n");
             md.push_str(&stack_block(&ls.frames, filter, roots));
-            md.push_str("```\n");
         }
         md.push_str("\n---\n\n");
     }
@@ -465,6 +514,7 @@ mod conversion_tests {
         let line = idx.line(Path::new("/ws/train.py"), 8).unwrap();
         let d = diagnostic(
             &line.findings[0],
+            8,
             Some("        total += loss"),
             Encoding::Utf16,
         );
@@ -521,7 +571,11 @@ mod conversion_tests {
             md.contains("- *inferred*: accumulated without .detach()"),
             "{md}"
         );
-        assert!(md.contains("\ntrain.py:8 step\nmain.py:20 main\n"), "{md}");
+        // Each user frame links to its file and line.
+        assert!(
+            md.contains("\n- [train.py:8](file:///ws/train.py#L8) `step`\n- [main.py:20](file:///ws/main.py#L20) `main`\n"),
+            "{md}"
+        );
         assert!(md.contains("… 1 framework frames folded"), "{md}");
         assert!(
             md.contains("1.20 GiB** live in 12 blocks (38.2% of live memory"),

@@ -17,7 +17,10 @@ pub trait Sink {
     /// current offset.
     fn entry(&mut self, tree: &Tree<'_>, list: u32, pairs: &[Val]) -> Result<(), String>;
     /// `offset` bytes of input are consumed (called every few MiB), e.g. to release pages.
-    fn progress(&mut self, _offset: usize) {}
+    /// `false` stops decoding with [`crate::pickle::PickleErrorKind::Cancelled`].
+    fn progress(&mut self, _offset: usize) -> bool {
+        true
+    }
     /// Whether lists that are values of streamed dicts go to [`Sink::sequence`] instead of the
     /// tree (a snapshot's frames lists: one fresh list of 30–120 frames per trace entry, which
     /// would otherwise be most of the decoded graph).

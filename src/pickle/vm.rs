@@ -25,6 +25,8 @@ pub enum PickleErrorKind {
     Refused,
     /// A resource limit was hit (nesting depth, memo size, object count).
     Limit,
+    /// The sink asked to stop ([`Sink::progress`] returned `false`).
+    Cancelled,
 }
 
 /// A decoding error at a byte offset.
@@ -985,7 +987,13 @@ impl<'a> Vm<'a, '_> {
             if self.p >= self.next_progress {
                 self.next_progress = self.p + PROGRESS_STEP;
                 if let Some(sink) = self.sink.as_deref_mut() {
-                    sink.progress(self.p);
+                    if !sink.progress(self.p) {
+                        return Err(PickleError {
+                            offset: self.p as u64,
+                            kind: Cancelled,
+                            message: "decoding was cancelled".into(),
+                        });
+                    }
                 }
             }
             let op = match self.d.get(self.p) {

@@ -2,6 +2,7 @@
 //! Python scanner (`python`), fix recipes (`edits`) and the step that applies them all to a
 //! report (`locate`).
 
+pub mod anchor;
 pub mod edits;
 pub mod locate;
 pub mod paths;

@@ -156,6 +156,7 @@ fn decode_pickle(
         actions: Vec::new(),
         map,
         released: 0,
+        cancel: opts.cancel.clone(),
     };
     let decoded = pickle::decode_streaming(bytes, &limits, Some(&mut sink));
     let tree = decoded.map_err(|e| {
@@ -173,6 +174,7 @@ fn decode_pickle(
                 "only data pickles from _dump_snapshot() are read",
             ),
             PickleErrorKind::Limit => (ErrorKind::Limit, "this does not look like a memory snapshot"),
+            PickleErrorKind::Cancelled => return CaptureError::cancelled(path),
         };
         CaptureError::new(path, kind, Some(e.offset), e.message, hint)
     })?;
@@ -319,6 +321,7 @@ struct TraceSink<'m> {
     /// Action str object → action, for the last few action objects seen.
     actions: Vec<(Val, Action)>,
     map: Option<&'m memmap2::Mmap>,
+    cancel: crate::options::Cancel,
     /// Input bytes before this offset were given back to the kernel.
     released: usize,
 }
@@ -440,7 +443,10 @@ impl pickle::Sink for TraceSink<'_> {
         p.list(t, &mut self.interner, seq, items)
     }
 
-    fn progress(&mut self, offset: usize) {
+    fn progress(&mut self, offset: usize) -> bool {
+        if self.cancel.is_cancelled() {
+            return false;
+        }
         // Give back the pages of input already decoded: the strings kept point into the map and
         // are re-read from the page cache if needed, so peak memory stays near the model's size.
         #[cfg(unix)]
@@ -461,6 +467,7 @@ impl pickle::Sink for TraceSink<'_> {
         }
         #[cfg(not(unix))]
         let _ = (offset, self.map);
+        true
     }
 }
 

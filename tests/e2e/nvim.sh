@@ -47,7 +47,7 @@ rc=0
   cd "$WS"
   PATH="$TMP/bin:$PATH" XDG_CONFIG_HOME="$TMP/config" XDG_DATA_HOME="$TMP/data" \
   XDG_STATE_HOME="$TMP/state" XDG_CACHE_HOME="$TMP/cache" \
-  WS="$WS" NEW_CAPTURE="$REPO/fixtures/torch/pt002_retained_graph.pickle" \
+  WS="$WS" E2E_ARTIFACTS="${E2E_ARTIFACTS:-}" NEW_CAPTURE="$REPO/fixtures/torch/pt002_retained_graph.pickle" \
     timeout 180 "$NVIM" --headless -i NONE -n -c "luafile $REPO/tests/e2e/nvim/e2e.lua"
 ) || rc=$?
 if [ "$rc" -ne 0 ]; then

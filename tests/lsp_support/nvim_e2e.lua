@@ -42,6 +42,36 @@ result.inlay_hints = vim.tbl_map(function(h)
   return { line = h.inlay_hint.position.line, label = label }
 end, vim.lsp.inlay_hint.get({ bufnr = bufnr }))
 
+-- Findings follow edits: three lines inserted above move the diagnostic (and its hint) down by
+-- three; deleting its line withdraws it; putting the text back restores it.
+local d0 = ours()[1]
+local text0 = vim.api.nvim_buf_get_lines(bufnr, d0.lnum, d0.lnum + 1, false)[1]
+local function at(lnum)
+  return vim.wait(10000, function()
+    local ds = ours()
+    if lnum == nil then return #ds == 0 end
+    return #ds > 0 and ds[1].lnum == lnum
+  end, 20)
+end
+vim.api.nvim_buf_set_lines(bufnr, 0, 0, false, { "# one", "# two", "# three" })
+result.moved_to = at(d0.lnum + 3) and d0.lnum + 3 or (ours()[1] and ours()[1].lnum)
+vim.wait(5000, function()
+  for _, h in ipairs(vim.lsp.inlay_hint.get({ bufnr = bufnr })) do
+    if h.inlay_hint.position.line == d0.lnum + 3 then return true end
+  end
+  return false
+end, 50)
+result.moved_hints = vim.tbl_map(function(h)
+  local label = h.inlay_hint.label
+  if type(label) == "table" then label = label[1].value end
+  return { line = h.inlay_hint.position.line, label = label }
+end, vim.lsp.inlay_hint.get({ bufnr = bufnr }))
+vim.api.nvim_buf_set_lines(bufnr, d0.lnum + 3, d0.lnum + 4, false, {})
+result.gone_when_deleted = at(nil)
+vim.api.nvim_buf_set_lines(bufnr, d0.lnum + 3, d0.lnum + 3, false, { text0 })
+vim.api.nvim_buf_set_lines(bufnr, 0, 3, false, {})
+result.restored = at(d0.lnum)
+
 local d = ours()[1]
 local hv = vim.lsp.buf_request_sync(bufnr, "textDocument/hover", {
   textDocument = vim.lsp.util.make_text_document_params(bufnr),

@@ -13,6 +13,7 @@
 --     topSites = 10,
 --   } } })
 -- The server scans and watches the workspace for captures itself: no client file watching needed.
+-- `:MemlspTimeline` opens the memory timeline page of the capture behind the cursor's line.
 return {
   cmd = { 'memlsp', 'lsp' },
   filetypes = { 'python' },
@@ -30,5 +31,7 @@ return {
     if vim.g.memlsp_inlay_hints ~= false and client:supports_method('textDocument/inlayHint') then
       vim.lsp.inlay_hint.enable(true, { bufnr = bufnr })
     end
+    -- :MemlspTimeline, the "Show memory timeline" code lenses (lua/memlsp/init.lua).
+    require('memlsp').attach(client, bufnr)
   end,
 }

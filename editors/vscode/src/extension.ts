@@ -1,5 +1,6 @@
 // VS Code client for memlsp: starts `memlsp lsp` on stdio and lets vscode-languageclient do the
-// rest (diagnostics, inlay hints, hovers, code actions, the server's commands).
+// rest (diagnostics, inlay hints, hovers, code actions, code lenses, the server's commands); shows
+// the server's memory timeline page in a webview (`memlsp.showTimeline`).
 //
 // Server binary: `memlsp.server.path` → the binary bundled in bin/ (platform VSIX) → `memlsp` on
 // PATH. Settings: the server pulls the `memlsp` section through workspace/configuration and is
@@ -8,6 +9,7 @@ import * as fs from "fs";
 import * as path from "path";
 import * as vscode from "vscode";
 import {
+  ExecuteCommandRequest,
   LanguageClient,
   LanguageClientOptions,
   ServerOptions,
@@ -16,6 +18,85 @@ import {
 
 let client: LanguageClient | undefined;
 let output: vscode.OutputChannel | undefined;
+/** The open timeline pages, one per capture. */
+const pages = new Map<string, vscode.WebviewPanel>();
+
+/** What `memlsp.timeline` answers: the page the server renders (no second implementation here). */
+interface TimelinePage {
+  capture: string;
+  title: string;
+  html: string;
+}
+
+/**
+ * `memlsp.showTimeline`: from the explorer (a capture's Uri), a code lens ({capture, file, line}),
+ * or the palette (the line under the cursor, else the newest capture). The server analyses the
+ * capture and renders the page; a click on a band in it reveals the file and line.
+ */
+async function showTimeline(arg?: unknown): Promise<void> {
+  if (!client || client.state !== State.Running) {
+    void vscode.window.showWarningMessage("memlsp: the server is not running.");
+    return;
+  }
+  let param: Record<string, unknown> = {};
+  if (arg instanceof vscode.Uri) {
+    param = { capture: arg.fsPath };
+  } else if (arg && typeof arg === "object" && ("capture" in arg || "file" in arg)) {
+    param = arg as Record<string, unknown>;
+  } else {
+    const ed = vscode.window.activeTextEditor;
+    if (ed && ed.document.uri.scheme === "file") {
+      param = { file: ed.document.uri.toString(), line: ed.selection.active.line + 1 };
+    }
+  }
+  let page: TimelinePage;
+  try {
+    page = await vscode.window.withProgress(
+      { location: vscode.ProgressLocation.Window, title: "memlsp: drawing the memory timeline" },
+      () =>
+        client!.sendRequest(ExecuteCommandRequest.type, {
+          command: "memlsp.timeline",
+          arguments: [param],
+        }) as Promise<TimelinePage>,
+    );
+  } catch (e) {
+    const msg = e instanceof Error ? e.message : String(e);
+    void vscode.window.showErrorMessage(`memlsp: ${msg}`);
+    return;
+  }
+  let panel = pages.get(page.capture);
+  if (panel) {
+    panel.reveal(vscode.ViewColumn.Beside);
+  } else {
+    panel = vscode.window.createWebviewPanel(
+      "memlsp.timeline",
+      page.title,
+      vscode.ViewColumn.Beside,
+      // The page is self-contained (inline script and style, no network).
+      { enableScripts: true, retainContextWhenHidden: true, localResourceRoots: [] },
+    );
+    const p = panel;
+    pages.set(page.capture, p);
+    p.onDidDispose(() => pages.delete(page.capture));
+    p.webview.onDidReceiveMessage(async (m: { command?: string; file?: string; line?: number }) => {
+      if (m.command !== "reveal" || typeof m.file !== "string") {
+        return;
+      }
+      const line = Math.max(0, (m.line ?? 1) - 1);
+      try {
+        const doc = await vscode.workspace.openTextDocument(vscode.Uri.file(m.file));
+        const at = new vscode.Range(line, 0, line, 0);
+        await vscode.window.showTextDocument(doc, { viewColumn: vscode.ViewColumn.One, selection: at });
+      } catch {
+        void vscode.window.showWarningMessage(
+          `memlsp: ${m.file} is not in this workspace (set memlsp.pathMappings to map recorded paths).`,
+        );
+      }
+    });
+  }
+  panel.title = page.title;
+  panel.webview.html = page.html;
+}
 
 /** Where the server binary is, and why that one. */
 export function resolveServer(ctx: vscode.ExtensionContext): { command: string; from: string } {
@@ -107,6 +188,7 @@ export async function activate(ctx: vscode.ExtensionContext): Promise<void> {
       await start(ctx);
     }),
     vscode.commands.registerCommand("memlsp.showOutput", () => output?.show(true)),
+    vscode.commands.registerCommand("memlsp.showTimeline", showTimeline),
     vscode.workspace.onDidChangeConfiguration(async (e) => {
       if (e.affectsConfiguration("memlsp.server.path")) {
         await stop();

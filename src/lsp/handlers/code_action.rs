@@ -23,21 +23,18 @@ pub fn code_actions(
     text_of: &dyn Fn(&Path) -> Option<String>,
     disabled_support: bool,
 ) -> Vec<CodeActionOrCommand> {
-    let Some(file) = view.index.files.get(path) else {
-        return Vec::new();
-    };
     let path = path.to_path_buf();
     let text = text.to_string();
     let published = view.diagnostics.get(&path);
     let mut out = Vec::new();
     let first = p.range.start.line.saturating_add(1);
     let last = p.range.end.line.saturating_add(1).max(first);
-    for (line, entry) in file.lines.range(first..=last) {
+    for (line, _, entry) in view.lines_in(&path, first, last) {
         for lf in &entry.findings {
             let f = &lf.finding;
             let diag = published.and_then(|ds| {
                 ds.iter().find(|d| {
-                    d.range.start.line + 1 == *line
+                    d.range.start.line + 1 == line
                         && d.code == Some(NumberOrString::String(f.code.to_string()))
                 })
             });
@@ -70,7 +67,7 @@ pub fn code_actions(
                 // frame), before anything imports torch; every other fix edits this line.
                 let (target, target_line) = match (&fix.kind, &fix.target) {
                     (FixKind::AllocConf { .. }, Some(t)) => (t.file.clone(), t.line),
-                    _ => (path.clone(), *line),
+                    _ => (path.clone(), line),
                 };
                 let target_text = if target == path {
                     Some(text.clone())

@@ -9,7 +9,7 @@ use crate::lsp::to_proto;
 
 pub fn hover(view: &View, path: &Path, p: &HoverParams) -> Option<Hover> {
     let pos = &p.text_document_position_params;
-    let entry = view.index.line(path, pos.position.line.saturating_add(1))?;
+    let entry = view.entry_at(path, pos.position.line.saturating_add(1))?;
     if entry.findings.is_empty() && entry.sites.is_empty() {
         return None;
     }

@@ -64,7 +64,8 @@ local function wait_diag(buf, code, lnum)
   return found
 end
 
--- Inlay hints as Neovim holds them for display: { [lnum] = 'label text' }.
+-- Inlay hints as Neovim holds them for display: { [lnum] = { 'label', ... } } (a line can carry
+-- its share of memory and each finding's own hint).
 local function hints(buf)
   local out = {}
   for _, h in ipairs(vim.lsp.inlay_hint.get({ bufnr = buf })) do
@@ -72,16 +73,24 @@ local function hints(buf)
     if type(label) == 'table' then
       label = table.concat(vim.tbl_map(function(p) return p.value end, label))
     end
-    out[h.inlay_hint.position.line] = label
+    local l = h.inlay_hint.position.line
+    out[l] = out[l] or {}
+    table.insert(out[l], label)
   end
   return out
 end
 
-local function wait_hint(buf, lnum)
+-- The first hint label on line `lnum` that contains `want` (plain text), waiting for it.
+local function wait_hint(buf, lnum, want)
   local label
   vim.wait(WAIT, function()
-    label = hints(buf)[lnum]
-    return label ~= nil
+    for _, l in ipairs(hints(buf)[lnum] or {}) do
+      if l:find(want, 1, true) then
+        label = l
+        return true
+      end
+    end
+    return false
   end, 20)
   return label
 end
@@ -193,6 +202,7 @@ run('JAX: no donation', function()
   log('       (client didChangeWatchedFiles.dynamicRegistration = ' .. tostring(dyn) .. ')')
 
   -- line 57: train_step_jit = jax.jit(train_step)
+  local want_line57 = line(buf, 56)
   local d = wait_diag(buf, 'JX005', 56)
   if not check('JX005 on line 57 (`jax.jit(train_step)`)', d ~= nil, show(diags(buf))) then return end
   check('JX005 message says no parameter is donated and what it saves',
@@ -210,6 +220,53 @@ run('JAX: no donation', function()
   check('hover on line 57 explains JX005 and names the capture',
     hv and hv:find('JX005', 1, true) and hv:find('b_mlp_nodonate.xplane.pb', 1, true), hv)
 
+  -- The finding's own hint: the jit line holds no buffer, but says what not donating costs.
+  local own = wait_hint(buf, 56, 'not donated')
+  check('inlay hint on line 57 says how much is not donated', own ~= nil, show(hints(buf)[56]))
+  local row = screen_row(buf, 56)
+  check('the screen shows the hint after `jax.jit(train_step)`',
+    row and row:find('params/opt_state not donated', 1, true) and row:find('MiB not donated', 1, true), show(row))
+
+  -- A code lens above the finding's line opens the memory timeline.
+  vim.wait(WAIT, function()
+    return #vim.tbl_filter(function(l) return l.range.start.line == 56 end, vim.lsp.codelens.get(buf)) > 0
+  end, 20)
+  local lens = vim.tbl_filter(function(l) return l.range.start.line == 56 end, vim.lsp.codelens.get(buf))[1]
+  check('code lens `Show memory timeline` on line 57', lens and lens.command
+    and lens.command.title == 'Show memory timeline', show(vim.lsp.codelens.get(buf)))
+  local opened
+  local orig_open = vim.ui.open
+  vim.ui.open = function(path) opened = path; return nil, nil end
+  vim.api.nvim_win_set_cursor(0, { 57, 0 })
+  vim.lsp.codelens.run()
+  vim.wait(WAIT, function() return opened ~= nil end, 20)
+  local page = opened and io.open(opened):read('*a') or ''
+  check('running the lens writes the page and opens it with vim.ui.open',
+    opened and opened:match('%.html$') and page:lower():find('<!doctype html>', 1, true)
+      and page:find('JX005', 1, true), tostring(opened))
+  opened = nil
+  vim.cmd('MemlspTimeline')
+  vim.wait(WAIT, function() return opened ~= nil end, 20)
+  page = opened and io.open(opened):read('*a') or ''
+  check(':MemlspTimeline on line 57 opens the page of b_mlp_nodonate.xplane.pb',
+    page:find('b_mlp_nodonate.xplane.pb', 1, true) ~= nil, tostring(opened))
+  if os.getenv('E2E_ARTIFACTS') and opened then
+    vim.uv.fs_copyfile(opened, os.getenv('E2E_ARTIFACTS') .. '/nvim-timeline.html')
+  end
+  vim.ui.open = orig_open
+
+  -- Findings follow edits: three lines above move the diagnostic down by three; deleting its
+  -- line withdraws it; putting the text back brings it back.
+  vim.api.nvim_buf_set_lines(buf, 0, 0, false, { '# one', '# two', '# three' })
+  check('three lines inserted above: JX005 moves to line 60', wait_diag(buf, 'JX005', 59) ~= nil, show(diags(buf, 'JX005')))
+  check('and its hint moves with it', wait_hint(buf, 59, 'not donated') ~= nil, show(hints(buf)))
+  vim.api.nvim_buf_set_lines(buf, 59, 60, false, {})
+  check('its line deleted: JX005 goes away', vim.wait(WAIT, function() return #diags(buf, 'JX005') == 0 end, 20),
+    show(diags(buf, 'JX005')))
+  vim.api.nvim_buf_set_lines(buf, 59, 59, false, { want_line57 })
+  vim.api.nvim_buf_set_lines(buf, 0, 3, false, {})
+  check('the line restored: JX005 is back on line 57', wait_diag(buf, 'JX005', 56) ~= nil, show(diags(buf, 'JX005')))
+
   local menu, picked = quick_fix(buf, 56, 'donate_argnums=(0, 1)')
   check('code-action menu offers donate_argnums=(0, 1)', picked, show(menu))
   local want = 'train_step_jit = jax.jit(train_step, donate_argnums=(0, 1))  # CULPRIT(no-donation): params/opt_state not donated'
@@ -222,7 +279,7 @@ end)
 run('JAX: attention heap peak', function()
   local buf = open('jax/e_attention_big.py')
   client_of(buf)
-  local label = wait_hint(buf, 30)
+  local label = wait_hint(buf, 30, '% of heap peak')
   check('inlay hint `89% of heap peak` on line 31 (softmax)', label == '89% of heap peak', show(hints(buf)))
   local row = screen_row(buf, 30)
   check('the screen shows the hint after the code of line 31',
@@ -234,7 +291,7 @@ end)
 run('PyTorch: real snapshot', function()
   local buf = open('cs336_systems/trace_peak_memory.py')
   client_of(buf)
-  local label = wait_hint(buf, 11)
+  local label = wait_hint(buf, 11, 'live memory')
   check('inlay hint `27% live memory` on line 12 (the scores matmul)', label == '27% live memory', show(hints(buf)))
   local row = screen_row(buf, 11)
   check('the screen shows `27% live memory` after line 12',
