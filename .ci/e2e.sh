@@ -5,7 +5,7 @@
 # the Neovim venv, the code-server build and npm's cache.
 #
 #   .ci/e2e.sh              # every suite
-#   .ci/e2e.sh nvim         # one suite: nvim, emacs, vscode
+#   .ci/e2e.sh nvim         # one suite: nvim, emacs, vscode, html
 #
 # Each suite prints one line per check and `N passed, N failed`; the script ends with a total
 # and exits non-zero when a suite failed.
@@ -18,7 +18,7 @@ ARTIFACTS="$REPO/target/e2e"
 export E2E_ARTIFACTS="$ARTIFACTS"
 mkdir -p "$MEMLSP_CI_CACHE" "$ARTIFACTS"
 SUITES=("$@")
-[ ${#SUITES[@]} -eq 0 ] && SUITES=(nvim emacs vscode)
+[ ${#SUITES[@]} -eq 0 ] && SUITES=(nvim emacs vscode html)
 T_START=$SECONDS
 
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "ok installed"; }
@@ -80,6 +80,14 @@ run_vscode() {
     python3 curl chromium
   export npm_config_cache="$MEMLSP_CI_CACHE/npm"
   tests/e2e/vscode.sh "$MEMLSP" "$SHARED" "$ARTIFACTS"
+}
+
+run_html() {
+  # The report page in Chromium (Playwright): every capture of ../shared.
+  command -v node >/dev/null && command -v npm >/dev/null || apt_install nodejs npm
+  apt_install chromium
+  export npm_config_cache="$MEMLSP_CI_CACHE/npm"
+  tests/e2e/html.sh "$MEMLSP" "$SHARED" "$ARTIFACTS"
 }
 
 failed=0

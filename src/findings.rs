@@ -425,6 +425,8 @@ impl Serialize for TextEdit {
 /// same capture with the change, in a replay that reproduces the recorded ones.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Simulated {
+    /// The device whose trace was replayed.
+    pub device: i64,
     pub peak_allocated_before: u64,
     pub peak_allocated_after: u64,
     pub peak_reserved_before: u64,

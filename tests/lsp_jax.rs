@@ -121,8 +121,7 @@ fn no_donation_is_pinned_to_the_jit_line_with_a_working_fix() {
     );
     assert_eq!(fixed.lines().count(), text.lines().count());
 
-    // Once the line no longer holds the text the capture was placed on, its finding is
-    // withdrawn (no diagnostic, no action); undoing the edit brings it back.
+    // Once the line no longer matches the capture, no edit is offered, and the title says why.
     let edited = text.replace(
         "train_step_jit = jax.jit(train_step)",
         "train_step_jit = train_step",
@@ -131,21 +130,15 @@ fn no_donation_is_pinned_to_the_jit_line_with_a_working_fix() {
         "textDocument/didChange",
         json!({"textDocument": {"uri": uri(&py), "version": 2}, "contentChanges": [{"text": edited}]}),
     );
-    let gone = lsp.diagnostics(&py, Duration::from_secs(5), |d| {
-        !d.iter().any(|x| x["code"] == "JX005")
-    });
-    assert!(gone.is_some(), "JX005 stayed on an edited line");
     let actions = code_actions(&mut lsp, &py, 56);
-    assert!(actions.is_empty(), "{actions:#?}");
-    lsp.notify(
-        "textDocument/didChange",
-        json!({"textDocument": {"uri": uri(&py), "version": 3}, "contentChanges": [{"text": text}]}),
+    assert!(!actions.is_empty());
+    for a in &actions {
+        assert!(a.get("edit").is_none(), "stale edit offered: {a}");
+    }
+    assert!(
+        actions.iter().any(|a| a["disabled"]["reason"].is_string()),
+        "{actions:#?}"
     );
-    let back = lsp.diagnostics(&py, Duration::from_secs(5), |d| {
-        d.iter()
-            .any(|x| x["code"] == "JX005" && x["range"]["start"]["line"] == 56)
-    });
-    assert!(back.is_some(), "JX005 did not come back after the undo");
 
     // Deleting the capture withdraws its diagnostics.
     std::fs::remove_file(&capture).unwrap();

@@ -69,6 +69,7 @@ mod tests {
             FixKind::DetachAccumulated { item: false },
         );
         fix.simulated = Some(Simulated {
+            device: 0,
             peak_allocated_before: 1 << 30,
             peak_allocated_after: 512 << 20,
             peak_reserved_before: 1 << 30,

@@ -95,11 +95,25 @@ fn torch(r: &CaptureReport, t: &crate::torch::summary::Summary) -> Value {
         .flat_map(|f| f.fixes.iter().map(move |x| (f, x)))
         .filter_map(|(f, x)| {
             let s = x.simulated.as_ref()?;
-            Some(json!({"code": f.code.as_str(), "title": x.title, "after": s.peak_allocated_after, "before": s.peak_allocated_before, "oom_avoided": s.oom_avoided}))
+            Some(json!({"code": f.code.as_str(), "device": s.device, "title": x.title, "after": s.peak_allocated_after, "before": s.peak_allocated_before, "oom_avoided": s.oom_avoided}))
+        })
+        .collect();
+    // Devices whose allocator state has no timeline (no trace recorded): their segments alone.
+    let untraced: Vec<Value> = t
+        .segment_bars
+        .iter()
+        .filter(|(d, _)| !t.series.iter().any(|s| s.device == *d))
+        .map(|(d, segs)| {
+            json!({
+                "device": d,
+                "segments": segs,
+                "fragmentation": t.fragmentation.iter().filter(|f| f.device == *d).collect::<Vec<_>>(),
+            })
         })
         .collect();
     json!({
         "devices": devices,
+        "untraced": untraced,
         "simulated": simulated,
         "diff": t.diff.as_ref().map(|d| json!({
             "earlier": d.earlier,

@@ -3,10 +3,13 @@
 //! A finding is placed on the line the capture recorded, in the text the file had when the
 //! finding was indexed (its *base*). When the user edits, the line moves: [`LineMap::between`]
 //! aligns the two texts line by line (common prefix and suffix, then a longest common
-//! subsequence of the changed middle) so that a line keeps its place only where its text is
-//! unchanged. A line whose text was edited or deleted maps to nothing, and its finding is
-//! withdrawn until the text comes back (undo): the map is always computed from the base, never
-//! from the previous edit, so it is stateless and reversible.
+//! subsequence of the changed middle). Unchanged lines follow their text. A line edited in place
+//! (a changed run of lines replaced by as many lines) keeps its place, so typing on a finding's
+//! line does not make it flicker away (its quick fix says when it no longer applies, and a fix
+//! already in the text withdraws it); a line cut and pasted elsewhere follows its text when that
+//! text is unique. A deleted line maps to nothing and its finding is withdrawn until the text
+//! comes back (undo): the map is always computed from the base, never from the previous edit, so
+//! it is stateless and reversible.
 
 /// Above this many cells (changed old lines × changed new lines) the middle is aligned by
 /// lines whose text is unique on both sides instead of the full LCS (a reformat of a whole
@@ -55,8 +58,36 @@ impl LineMap {
         } else {
             unique_pairs(am, bm)
         };
-        for (i, j) in pairs {
+        for &(i, j) in &pairs {
             to_new[prefix + i] = Some((prefix + j) as u32 + 1);
+        }
+        // Between two matched lines: a run replaced by as many lines was edited in place.
+        let mut taken = vec![false; bm.len()];
+        for &(_, j) in &pairs {
+            taken[j] = true;
+        }
+        let mut prev = (0usize, 0usize);
+        for &(i, j) in pairs.iter().chain(std::iter::once(&(am.len(), bm.len()))) {
+            let (gi, gj) = (i - prev.0, j - prev.1);
+            if gi == gj {
+                for k in 0..gi {
+                    to_new[prefix + prev.0 + k] = Some((prefix + prev.1 + k) as u32 + 1);
+                    taken[prev.1 + k] = true;
+                }
+            }
+            prev = (i + 1, j + 1);
+        }
+        // A line still unplaced whose text is now on exactly one unplaced new line moved there.
+        let mut free: std::collections::HashMap<&str, Option<usize>> = Default::default();
+        for (j, l) in bm.iter().enumerate().filter(|(j, _)| !taken[*j]) {
+            free.entry(l).and_modify(|e| *e = None).or_insert(Some(j));
+        }
+        for (i, l) in am.iter().enumerate() {
+            if to_new[prefix + i].is_none() && !l.trim().is_empty() {
+                if let Some(Some(j)) = free.get(l) {
+                    to_new[prefix + i] = Some((prefix + j) as u32 + 1);
+                }
+            }
         }
         LineMap {
             to_new,
@@ -175,16 +206,31 @@ mod tests {
     }
 
     #[test]
-    fn a_deleted_or_edited_line_maps_to_nothing_and_undo_brings_it_back() {
+    fn a_deleted_line_maps_to_nothing_and_undo_brings_it_back() {
         let deleted = BASE.replace("    total += loss\n", "");
         let m = LineMap::between(BASE, &deleted);
         assert_eq!(m.new_line(5), None);
         assert_eq!(m.new_line(6), Some(5));
-        let edited = BASE.replace("total += loss", "total += loss.detach()");
-        assert_eq!(LineMap::between(BASE, &edited).new_line(5), None);
         let undone = LineMap::between(BASE, BASE);
         assert!(undone.is_identity());
         assert_eq!(undone.new_line(5), Some(5));
+    }
+
+    #[test]
+    fn a_line_edited_in_place_keeps_its_place_and_a_moved_line_follows_its_text() {
+        let edited = format!(
+            "# new\n{}",
+            BASE.replace("total += loss", "total += loss.detach()")
+        );
+        assert_eq!(LineMap::between(BASE, &edited).new_line(5), Some(6));
+        // Replaced by two lines: not the same line any more.
+        let split = BASE.replace("    total += loss\n", "    a = loss\n    total += a\n");
+        let m = LineMap::between(BASE, &split);
+        assert_eq!(m.new_line(5), None);
+        assert_eq!(m.new_line(6), Some(7));
+        // Cut and pasted below `return`.
+        let moved = BASE.replace("    total += loss\n", "") + "    total += loss\n";
+        assert_eq!(LineMap::between(BASE, &moved).new_line(5), Some(6));
     }
 
     #[test]
@@ -210,7 +256,7 @@ mod tests {
             .collect();
         let m = LineMap::between(&old, &new);
         assert_eq!(m.new_line(1), Some(2));
-        assert_eq!(m.new_line(2), None);
+        assert_eq!(m.new_line(2), Some(3)); // edited in place
         assert_eq!(m.new_line(2999), Some(3000));
     }
 }

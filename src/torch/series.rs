@@ -341,9 +341,15 @@ fn device_series(
                 };
                 values[b] = signed_add(values[b], d);
                 total = signed_add(total, d);
+                if i == lo {
+                    // The column starts after its first entry: what it held before belongs to
+                    // the previous column.
+                    col.total_min = total;
+                    col.total_max = total;
+                }
                 col.total_min = col.total_min.min(total);
                 if total > col.total_max || i == lo {
-                    col.total_max = col.total_max.max(total);
+                    col.total_max = total;
                     col.at = i as u64;
                     col.values.clone_from(&values);
                     col.time_us = e.time_us();

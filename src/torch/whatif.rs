@@ -122,6 +122,7 @@ fn free_like_the_others(
 
 fn simulated(w: &WhatIf, change: &str) -> Option<Simulated> {
     w.simulated.then(|| Simulated {
+        device: w.device,
         peak_allocated_before: w.peak_allocated_before,
         peak_allocated_after: w.peak_allocated_after,
         peak_reserved_before: w.peak_reserved_before,

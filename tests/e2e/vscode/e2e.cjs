@@ -238,7 +238,14 @@ async function hoverOn(page, n) {
     });
     check("line 57 `jax.jit(train_step)` has a warning squiggle", l57 && l57.squiggles.includes("warning")
       && l57.text.startsWith("train_step_jit = jax.jit(train_step)"), l57);
-    const hover = await hoverOn(page, 57);
+    const own57 = await until(async () => {
+      const l = await line(page, 57);
+      return l && l.text.includes("MiB not donated") ? l : null;
+    });
+    check("line 57 ends with its finding's own hint (`… MiB not donated`)", own57
+      && /not donated \d+\.\d+ MiB not donated/.test(own57.text), own57 && own57.text);
+    // (Hover again if the first one went to the code lens above the line.)
+    const hover = (await hoverOn(page, 57)) || (await page.mouse.move(5, 5), await sleep(500), await hoverOn(page, 57));
     check("hovering line 57 shows the JX005 explanation", hover && hover.includes("JX005")
       && hover.includes("b_mlp_nodonate.xplane.pb"), hover && hover.slice(0, 300));
     await page.keyboard.press("Escape");
@@ -278,7 +285,7 @@ async function hoverOn(page, n) {
     });
     check("line 31 (softmax) shows the inlay hint `89% of heap peak`", l31
       && l31.text.startsWith("    probs = jax.nn.softmax(scores, axis=-1)")
-      && l31.text.endsWith("saved for backward 89% of heap peak"), l31 && l31.text);
+      && l31.text.includes("saved for backward 89% of heap peak"), l31 && l31.text);
     check("line 31 has a warning squiggle (JX002)", l31 && l31.squiggles.includes("warning"), l31);
     const hover31 = await hoverOn(page, 31);
     check("hovering line 31 shows JX002 with the 832.12 MiB it holds", hover31 && hover31.includes("JX002")
@@ -288,6 +295,67 @@ async function hoverOn(page, n) {
     await page.screenshot({ path: path.join(SHOT_DIR, "vscode.png") });
     await page.keyboard.press("Escape");
     await page.mouse.move(5, 5);
+
+    // -- The memory timeline: the code lens on a finding's line opens the server's page in a
+    //    webview; a click on a place in it reveals that file and line. -------------------
+    await page.keyboard.press("Escape");
+    await page.mouse.move(5, 5);
+    await command(page, "View: Toggle Panel Visibility"); // room for the page
+    await gotoLine(page, 31);
+    const lens = await until(async () =>
+      page.evaluate(() => {
+        const ed = document.querySelector(".editor-group-container.active .monaco-editor");
+        const a = ed && [...ed.querySelectorAll(".codelens-decoration a")].find((x) =>
+          x.textContent.includes("Show memory timeline"));
+        if (!a) return null;
+        const r = a.getBoundingClientRect();
+        return { x: r.x + r.width / 2, y: r.y + r.height / 2, text: a.textContent };
+      }),
+    );
+    check("a `Show memory timeline` code lens sits above the finding lines", lens, lens);
+    const t1 = Date.now();
+    if (lens) await page.mouse.click(lens.x, lens.y);
+    // The webview's document is an iframe inside an iframe: find the frame holding the page.
+    const frame = await until(async () => {
+      for (const f of page.frames()) {
+        const ok = await f.evaluate(() => !!document.getElementById("memlsp-data")
+          && document.body.dataset.openMs !== undefined).catch(() => false);
+        if (ok) return f;
+      }
+      return null;
+    }, 60000);
+    check("the lens opens the timeline webview", frame, page.frames().map((f) => f.url()));
+    if (frame) {
+      console.log(`       (webview shown ${Date.now() - t1} ms after the click)`);
+      const seen = await frame.evaluate(() => ({
+        title: document.getElementById("title").textContent,
+        canvases: [...document.querySelectorAll("canvas")].filter((c) => c.width > 0 && c.height > 0).length,
+        findings: [...document.querySelectorAll(".finding b")].map((b) => b.textContent),
+        // Places the page can open: findings' lines and the rows of the bar charts.
+        links: [...document.querySelectorAll("a.loc, .row[data-file]")].filter((a) => a.dataset.file)
+          .map((a) => ({ file: a.dataset.file, line: Number(a.dataset.line), row: a.classList.contains("row") })),
+      }));
+      check("the webview draws the heap of e_attention_big over the program order", seen.title.includes("e_attention_big.xplane.pb")
+        && seen.canvases > 0, seen);
+      check("the webview lists JX002 with its line", seen.findings.some((f) => f.startsWith("JX002")), seen.findings);
+      await sleep(500);
+      await page.screenshot({ path: path.join(SHOT_DIR, "vscode-timeline.png") });
+      // Click a place other than the line the cursor is on: VS Code reveals it.
+      const target = seen.links.find((l) => l.file.endsWith("e_attention_big.py") && l.line !== 31);
+      if (check("the page links to a line of e_attention_big.py", target, seen.links)) {
+        await frame.click(`${target.row ? ".row" : "a.loc"}[data-line="${target.line}"]`);
+        const at = await until(async () =>
+          page.evaluate((want) => {
+            const s = [...document.querySelectorAll(".statusbar-item")].map((x) => x.textContent).find((t) => /Ln \d+, Col \d+/.test(t));
+            const tab = document.querySelector(".tabs-container .tab.active");
+            return s && s.includes(`Ln ${want},`) && tab && tab.textContent.includes("e_attention_big.py") ? s : null;
+          }, target.line));
+        check(`clicking e_attention_big.py:${target.line} in the page reveals that line in the editor`, at, at);
+      }
+    }
+    // Back to one editor group and the Problems panel for the checks below.
+    await command(page, "View: Close All Editor Groups");
+    await command(page, "View: Focus Problems");
 
     // -- PyTorch: real snapshot (cs336_systems/trace_peak_memory.py:12) --------------------
     await openFile(page, "cs336_systems/trace_peak_memory.py");
@@ -361,6 +429,7 @@ async function hoverOn(page, n) {
     });
     check("unticking memlsp.inlayHints.enable takes the hint off line 22", off
       && off.text === "        h = F.gelu(self.fc1(x))", off && off.text);
+
   } catch (e) {
     check("the test ran to the end", false, String(e && e.stack || e));
     await page.screenshot({ path: path.join(SHOT_DIR, "vscode-error.png") }).catch(() => {});

@@ -1,0 +1,223 @@
+// memlsp's HTML report pages in real Chromium (headless), opened from file:// as a user would.
+// Run by tests/e2e/html.sh over a folder of pages (`memlsp report X --format html -o X.html` for
+// every capture in ../shared). For each page it checks what the user sees:
+//   - no console error and no uncaught exception; the open time (the page's own measure, and
+//     navigation to `load`) is logged, and must stay under 1 s;
+//   - PyTorch: every timeline canvas has its bands drawn (pixels of the band colours); hovering a
+//     band shows a tooltip naming the band's site and its bytes at that moment; clicking it
+//     targets the band's file and line (#opened, what a VS Code webview posts);
+//     snapshots without a trace say so and still draw their segments;
+//   - JAX: the heap curve is drawn, its tooltip reads the heap at that point, a click on a
+//     buffer targets that buffer's file and line;
+//   - every finding of the data is listed.
+// env: PAGES (folder of *.html), SHOT_DIR (screenshots), SHOTS ("name.html=shot.png,…"),
+// CHROMIUM (browser binary), MAX_OPEN_MS (default 1000).
+"use strict";
+const fs = require("fs");
+const path = require("path");
+const { chromium } = require("playwright-core");
+
+const PAGES = process.env.PAGES;
+const SHOT_DIR = process.env.SHOT_DIR || ".";
+const MAX_OPEN_MS = Number(process.env.MAX_OPEN_MS || 1000);
+const SHOTS = Object.fromEntries((process.env.SHOTS || "").split(",").filter(Boolean).map((s) => s.split("=")));
+
+let passed = 0;
+let failed = 0;
+function check(name, ok, detail) {
+  if (ok) passed++;
+  else {
+    failed++;
+    console.log(`FAILED ${name}${detail === undefined ? "" : ": " + JSON.stringify(detail).slice(0, 600)}`);
+  }
+  return ok;
+}
+
+// Canvas pixels of the given colours (CSS hex), in CSS pixels: a point well inside a run of
+// each colour (the pixel and its four neighbours share it), and the count.
+async function findColour(page, selector, hex) {
+  return page.evaluate(({ selector, hex }) => {
+    const c = document.querySelector(selector);
+    if (!c) return null;
+    const g = c.getContext("2d");
+    const { width: w, height: h } = c;
+    const px = g.getImageData(0, 0, w, h).data;
+    const want = [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16));
+    const is = (x, y) => {
+      if (x < 0 || y < 0 || x >= w || y >= h) return false;
+      const o = (y * w + x) * 4;
+      return px[o] === want[0] && px[o + 1] === want[1] && px[o + 2] === want[2] && px[o + 3] === 255;
+    };
+    let count = 0, best = null;
+    for (let y = 0; y < h; y++) for (let x = 0; x < w; x++) {
+      if (!is(x, y)) continue;
+      count++;
+      if (!best && is(x - 1, y) && is(x + 1, y) && is(x, y - 1) && is(x, y + 1)) best = { x, y };
+    }
+    const r = c.getBoundingClientRect();
+    const sx = r.width / w, sy = r.height / h;
+    return { count, at: best && { x: r.left + (best.x + 0.5) * sx, y: r.top + (best.y + 0.5) * sy } };
+  }, { selector, hex });
+}
+
+async function tipText(page) {
+  return page.evaluate(() => {
+    const t = document.getElementById("tip");
+    return t && t.style.display === "block" ? t.innerText : null;
+  });
+}
+
+async function opened(page) {
+  return page.evaluate(() => {
+    const o = document.getElementById("opened");
+    return { file: o.dataset.file, line: Number(o.dataset.line) };
+  });
+}
+
+const PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"];
+
+async function checkTorch(page, name, cap) {
+  const t = cap.torch;
+  if (!t.devices.length) {
+    const said = await page.evaluate(() => document.body.innerText.includes("No trace in this snapshot"));
+    check(`${name}: says it has no trace`, said);
+    const segs = (t.untraced || []).filter((d) => d.segments.length).length;
+    const drawn = await page.$$eval(".panel.segs", (x) => x.length);
+    check(`${name}: draws the segments of every device without a trace`, drawn === segs, { drawn, segs });
+    return;
+  }
+  for (const dev of t.devices) {
+    const sel = `.panel.timeline[data-device="${dev.device}"] canvas`;
+    if (!dev.peak) continue; // nothing allocated or freed in this trace
+    // Where the page draws each band: the geometry of its canvas (PAD 46, height 260, the
+    // scale's top ymax as the page computes it).
+    const box = await page.$eval(sel, (c) => {
+      c.scrollIntoView({ block: "center" });
+      const r = c.getBoundingClientRect();
+      return { left: r.left, top: r.top, width: r.width };
+    });
+    const H = 260, PAD = 46, n = dev.columns.length, W = box.width - PAD - 8;
+    let ymax = 1;
+    for (const k of dev.columns) ymax = Math.max(ymax, k[4], k[5]);
+    const sims = t.simulated.filter((s) => s.device === dev.device);
+    for (const s of sims) ymax = Math.max(ymax, s.after);
+    for (const o of dev.ooms) ymax = Math.max(ymax, o.capacity || 0);
+    const Y = (v) => 8 + (H - 24) * (1 - v / ymax);
+    // The tallest slice of a site band (else of any band): its middle, away from the lines
+    // drawn over the bands (the peak and OOM markers, the reserved line, simulated peaks).
+    const marked = (i) => {
+      return [i - 1, i, i + 1].some((j) => j >= 0 && j < n && ((dev.peak && dev.peak[0] >= dev.columns[j][0] && dev.peak[0] <= dev.columns[j][1])
+        || dev.ooms.some((o) => o.index >= dev.columns[j][0] && o.index <= dev.columns[j][1])));
+    };
+    let best = null;
+    dev.bands.forEach((b, bi) => dev.columns.forEach((k, i) => {
+      const acc = k[6].slice(0, bi).reduce((a, v) => a + v, 0), v = k[6][bi];
+      const h = Y(acc) - Y(acc + v);
+      const y = (Y(acc) + Y(acc + v)) / 2;
+      // Markers are drawn at a column's centre: wide columns are pointed at a quarter in.
+      const wide = W / n >= 8;
+      const clear = (wide || !marked(i)) && Math.abs(y - Y(k[5])) > 4 && sims.every((s) => Math.abs(y - Y(s.after)) > 4);
+      const score = h + (b.kind === "site" ? 1e6 : 0);
+      if (h >= 4 && clear && (!best || score > best.score)) best = { bi, i, score, x: box.left + PAD + (i + (wide ? 0.25 : 0.5)) * W / n, y: box.top + y };
+    }));
+    if (!check(`${name} device ${dev.device}: a band is tall enough to point at`, best, dev.bands.length)) continue;
+    const b = dev.bands[best.bi];
+    const colour = b.kind === "site" ? PALETTE[best.bi % PALETTE.length] : b.kind === "other" ? "#bab0ac" : "#8c959f";
+    const pixel = await page.evaluate(({ sel, x, y }) => {
+      const c = document.querySelector(sel), r = c.getBoundingClientRect();
+      const d = c.getContext("2d").getImageData(Math.floor((x - r.left) * c.width / r.width), Math.floor((y - r.top) * c.height / r.height), 1, 1).data;
+      return "#" + [d[0], d[1], d[2]].map((v) => v.toString(16).padStart(2, "0")).join("");
+    }, { sel, x: best.x, y: best.y });
+    // Within a few levels per channel (edges are blended).
+    const close = [1, 3, 5].every((o) => Math.abs(parseInt(pixel.slice(o, o + 2), 16) - parseInt(colour.slice(o, o + 2), 16)) <= 6);
+    check(`${name} device ${dev.device}: band ${best.bi} is drawn where its bytes are`, close, { pixel, colour, best });
+    await page.mouse.move(best.x, best.y);
+    const tip = await tipText(page);
+    const label = b.kind === "site" ? (b.at ? `${b.at.shown}:${b.at.line}` : "") : b.kind === "other" ? "other sites" : "allocated before";
+    check(`${name} device ${dev.device}: hovering the band shows its site and bytes at that moment`,
+      tip && tip.includes(label) && tip.includes("at that moment") && tip.includes("live "), { tip, label });
+    if (b.at) {
+      await page.mouse.click(best.x, best.y);
+      const o = await opened(page);
+      check(`${name} device ${dev.device}: a click on the band targets ${b.at.shown}:${b.at.line}`,
+        o.file === b.at.file && o.line === b.at.line, { o, at: b.at });
+    }
+    await page.mouse.move(1, 1);
+  }
+}
+
+async function checkXla(page, name, cap) {
+  const x = cap.xla;
+  if (!x.module) {
+    check(`${name}: says it has no plan`, await page.evaluate(() => document.body.innerText.includes("No HLO plan")));
+    return;
+  }
+  if (!x.heap_peak) {
+    check(`${name}: says the heap stays empty`, await page.evaluate(() => !!document.querySelector(".empty-heap")));
+    return;
+  }
+  const found = await findColour(page, ".panel.heap canvas", "#4e79a7");
+  if (check(`${name}: the heap over the program order is drawn`, found && found.count > 0 && found.at, found)) {
+    await page.mouse.move(found.at.x, found.at.y);
+    const tip = await tipText(page);
+    check(`${name}: hovering the heap shows the heap there`, tip && tip.includes("heap-simulator events") && tip.includes("heap "), tip);
+    await page.mouse.move(1, 1);
+  }
+  const rows = await page.$$eval(".panel.bars .row", (rs) => rs.map((r) => ({ file: r.dataset.file, line: Number(r.dataset.line) })));
+  const i = rows.findIndex((r) => r.file);
+  if (i >= 0) {
+    await (await page.$$(".panel.bars .row"))[i].click();
+    const o = await opened(page);
+    check(`${name}: a click on a buffer targets its line`, o.file === rows[i].file && o.line === rows[i].line, { o, row: rows[i] });
+  }
+}
+
+(async () => {
+  const browser = await chromium.launch({
+    executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+    headless: true,
+    args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run", "--disable-background-networking"],
+  });
+  const files = fs.readdirSync(PAGES).filter((f) => f.endsWith(".html")).sort();
+  const times = [];
+  for (const f of files) {
+    const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
+    const errors = [];
+    page.on("console", (m) => { if (m.type() === "error") errors.push(m.text()); });
+    page.on("pageerror", (e) => errors.push(String(e)));
+    // Anything the page asks the network for is a failure: it must be self-contained.
+    const requests = [];
+    page.on("request", (r) => { if (!r.url().startsWith("file:") && !r.url().startsWith("data:")) requests.push(r.url()); });
+    const file = path.join(PAGES, f);
+    const size = fs.statSync(file).size;
+    const t0 = Date.now();
+    await page.goto("file://" + file, { waitUntil: "load" });
+    const loadMs = Date.now() - t0;
+    const openMs = Number(await page.evaluate(() => document.body.dataset.openMs));
+    times.push({ f, size, loadMs, openMs });
+    const data = await page.evaluate(() => JSON.parse(document.getElementById("memlsp-data").textContent));
+    const cap = data.captures[0];
+    const before = failed;
+    check(`${f}: opens in under ${MAX_OPEN_MS} ms`, loadMs < MAX_OPEN_MS && openMs < MAX_OPEN_MS, { loadMs, openMs });
+    check(`${f}: is under 2 MB`, size < 2 << 20, size);
+    const listed = await page.$$eval(".finding", (x) => x.length);
+    const want = data.captures.reduce((n, c) => n + c.findings.length, 0);
+    check(`${f}: lists its ${want} findings`, listed === want, { listed, want });
+    if (cap.torch) await checkTorch(page, f, cap);
+    else if (cap.xla) await checkXla(page, f, cap);
+    check(`${f}: no console error`, errors.length === 0, errors);
+    check(`${f}: no network request`, requests.length === 0, requests);
+    if (SHOTS[f]) {
+      await page.mouse.move(1, 1);
+      await page.evaluate(() => window.scrollTo(0, 0));
+      await page.screenshot({ path: path.join(SHOT_DIR, SHOTS[f]), fullPage: false });
+    }
+    console.log(`${failed === before ? "ok    " : "FAILED"} ${f} (${(size / 1024).toFixed(0)} KiB, open ${openMs.toFixed(0)} ms, load ${loadMs} ms)`);
+    await page.close();
+  }
+  await browser.close();
+  const worst = times.reduce((a, b) => (b.loadMs > a.loadMs ? b : a), times[0] || {});
+  console.log(`${files.length} pages; slowest load ${worst.loadMs} ms (${worst.f})`);
+  console.log(`${passed} passed, ${failed} failed`);
+  process.exit(failed === 0 && files.length > 0 ? 0 : 1);
+})();
