@@ -11,7 +11,7 @@ use serde::Serialize;
 use serde::ser::SerializeMap;
 
 /// How a number was obtained. Every number shown to a user carries one of these.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Label {
     /// Counted from events or state in the capture (allocator blocks, trace entries, BFC events).
@@ -77,11 +77,12 @@ pub enum Code {
     JX007,
     JX008,
     JX009,
+    BL001,
 }
 
 impl Code {
     /// Every code, in documentation order.
-    pub const ALL: [Code; 20] = [
+    pub const ALL: [Code; 21] = [
         Code::PT001,
         Code::PT002,
         Code::PT003,
@@ -102,6 +103,7 @@ impl Code {
         Code::JX007,
         Code::JX008,
         Code::JX009,
+        Code::BL001,
     ];
 
     /// The stable code as users see it, e.g. `PT002`.
@@ -127,6 +129,7 @@ impl Code {
             Code::JX007 => "JX007",
             Code::JX008 => "JX008",
             Code::JX009 => "JX009",
+            Code::BL001 => "BL001",
         }
     }
 
@@ -158,6 +161,7 @@ impl Code {
             Code::JX007 => "allocator retry / OOM",
             Code::JX008 => "XLA already rematerialized",
             Code::JX009 => "top buffer at peak",
+            Code::BL001 => "grew past the baseline",
         }
     }
 
@@ -166,7 +170,8 @@ impl Code {
     /// retention, hint for attribution).
     pub fn default_severity(self) -> Severity {
         match self {
-            Code::PT008 | Code::PT009 | Code::JX001 | Code::JX007 => Severity::Error,
+            // A baseline breach fails the check whatever `--fail-on` says: the user asked for it.
+            Code::PT008 | Code::PT009 | Code::JX001 | Code::JX007 | Code::BL001 => Severity::Error,
             Code::PT002
             | Code::PT003
             | Code::PT006
@@ -211,6 +216,7 @@ impl Code {
             | Code::JX007
             | Code::JX008
             | Code::JX009 => Family::Jax,
+            Code::BL001 => Family::Both,
         }
     }
 
@@ -253,6 +259,12 @@ pub struct Evidence {
 }
 
 impl Evidence {
+    pub fn new(label: Label, text: impl Into<String>) -> Self {
+        Evidence {
+            label,
+            text: text.into(),
+        }
+    }
     pub fn measured(text: impl Into<String>) -> Self {
         Evidence {
             label: Label::Measured,

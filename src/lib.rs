@@ -4,6 +4,7 @@
 //! `docs/ARCHITECTURE.md` for the map.
 
 pub mod analyze;
+pub mod baseline;
 pub mod cli;
 pub mod error;
 pub mod findings;

@@ -35,6 +35,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
     ("analyse", &["torch", "xla"]),
     ("report", &["report"]),
+    ("compare", &["baseline"]),
     ("locate", &["source"]),
     ("pipeline", &["analyze"]),
     ("present", &["present", "cli", "lsp"]),

@@ -275,3 +275,57 @@ fn a_rewritten_capture_cancels_the_running_analysis() {
     assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
     lsp.shutdown();
 }
+
+#[test]
+fn a_baseline_setting_puts_bl001_on_the_jit_line_with_its_hint() {
+    let (_tmp, ws) = tempdir();
+    let Some(py) = workspace_with("b_mlp_nodonate", &ws) else {
+        return;
+    };
+    let Some(c) = lsp_support::shared("jax_cpu_captures/c_mlp_donate/c_mlp_donate.xplane.pb")
+    else {
+        return;
+    };
+    // The baseline recorded from the donating run, committed in the workspace.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memlsp"))
+        .args(["baseline"])
+        .arg(&c)
+        .args(["-o", "memlsp-baseline.json"])
+        .current_dir(&ws)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let mut lsp = Lsp::start(
+        &ws,
+        json!({"memlsp": {"baseline": {"file": "memlsp-baseline.json", "maxGrowth": 5}}}),
+    );
+    lsp.open(&py);
+    let diags = lsp
+        .diagnostics(&py, WAIT, |d| d.iter().any(|x| x["code"] == "BL001"))
+        .unwrap_or_else(|| panic!("no BL001: {:?}", lsp.messages()));
+    let bl = diags
+        .iter()
+        .find(|d| d["code"] == "BL001" && d["range"]["start"]["line"] == 56)
+        .unwrap_or_else(|| panic!("no BL001 on the jax.jit line: {diags:#?}"));
+    assert_eq!(bl["severity"], 1);
+    assert!(
+        bl["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("+56% vs baseline: 186.09 MiB → 290.16 MiB")),
+        "{bl}"
+    );
+    let hints = lsp.hints(&py, 200);
+    assert!(
+        hints.iter().any(|h| h["position"]["line"] == 56
+            && label(h) == "+56% vs baseline: 186.09 MiB → 290.16 MiB"),
+        "{hints:#?}"
+    );
+    // A generous threshold withdraws it.
+    lsp.notify(
+        "workspace/didChangeConfiguration",
+        json!({"settings": {"memlsp": {"baseline": {"file": "memlsp-baseline.json", "maxGrowth": 60}}}}),
+    );
+    let gone = lsp.diagnostics(&py, WAIT, |d| !d.iter().any(|x| x["code"] == "BL001"));
+    assert!(gone.is_some(), "BL001 stayed at maxGrowth 60");
+    lsp.shutdown();
+}

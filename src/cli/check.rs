@@ -21,7 +21,14 @@ pub(super) struct CheckArgs {
     pub format: CheckFormat,
     pub fail_on: Severity,
     pub workspace: Option<PathBuf>,
+    pub baseline: Option<BaselineCheck>,
     pub common: CommonArgs,
+}
+
+/// `--baseline FILE` and how to compare.
+pub(super) struct BaselineCheck {
+    pub file: PathBuf,
+    pub options: crate::baseline::CompareOptions,
 }
 
 pub(super) fn run(args: CheckArgs) -> i32 {
@@ -37,27 +44,47 @@ pub(super) fn run(args: CheckArgs) -> i32 {
     } else {
         args.paths.clone()
     };
+    // The baseline is read first: a wrong path is a usage error before any analysis.
+    let base = match &args.baseline {
+        Some(b) => match std::fs::read_to_string(&b.file)
+            .map_err(|e| format!("{}: cannot read the baseline ({e})", b.file.display()))
+            .and_then(|t| crate::baseline::parse(&b.file, &t))
+        {
+            Ok(base) => Some((base, b)),
+            Err(e) => {
+                eprintln!("memlsp: {e}");
+                return 2;
+            }
+        },
+        None => None,
+    };
     let mut errors: Vec<CaptureError> = Vec::new();
     let files = collect(&paths, &mut errors);
     let opts = args.common.options(workspace.clone());
-    let locator = Locator::new(&opts.locate, opts.analysis.frames.clone());
-    let progress = Progress::new(files.len());
-    let mut reports: Vec<CaptureReport> = Vec::new();
-    for (i, file) in files.iter().enumerate() {
-        progress.show(i, file);
-        match analyze_file(file, &opts) {
-            Ok(mut report) => {
-                locator.locate(&mut report);
-                reports.push(report);
+    let mut reports = analyse_all(&files, &opts, &mut errors);
+    if let Some((base, b)) = &base {
+        let o = crate::baseline::compare(&mut reports, base, &b.options);
+        eprintln!(
+            "memlsp: {} number(s) compared with {} (allowed growth {:.1}%{})",
+            o.compared,
+            b.file.display(),
+            b.options.max_growth * 100.0,
+            match o.timing_skipped {
+                0 => String::new(),
+                n => format!("; {n} timing-dependent left out, --timing compares them"),
             }
-            Err(e) => {
-                progress.clear();
-                eprintln!("memlsp: {e}");
-                errors.push(e);
-            }
+        );
+        for k in &o.new_keys {
+            eprintln!("memlsp: {k}: not in the baseline (record it again to include it)");
+        }
+        for k in &o.missing_keys {
+            eprintln!("memlsp: {k}: in the baseline, but no capture of this run has that key");
         }
     }
-    progress.clear();
+    let locator = Locator::new(&opts.locate, opts.analysis.frames.clone());
+    for r in &mut reports {
+        locator.locate(r);
+    }
     let out = match args.format {
         CheckFormat::Text => text::check(&reports, errors.len()),
         CheckFormat::Json => json::render(&json::document(&reports, &errors)),
@@ -66,6 +93,71 @@ pub(super) fn run(args: CheckArgs) -> i32 {
     };
     emit(&out);
     exit_code(&reports, !errors.is_empty(), args.fail_on)
+}
+
+/// Analyse every file (not located yet: a baseline compares recorded paths), with progress.
+fn analyse_all(
+    files: &[PathBuf],
+    opts: &crate::options::Options,
+    errors: &mut Vec<CaptureError>,
+) -> Vec<CaptureReport> {
+    let progress = Progress::new(files.len());
+    let mut reports: Vec<CaptureReport> = Vec::new();
+    for (i, file) in files.iter().enumerate() {
+        progress.show(i, file);
+        match analyze_file(file, opts) {
+            Ok(report) => reports.push(report),
+            Err(e) => {
+                progress.clear();
+                eprintln!("memlsp: {e}");
+                errors.push(e);
+            }
+        }
+    }
+    progress.clear();
+    reports
+}
+
+/// `memlsp baseline PATH… [-o FILE]`: the numbers of the captures, as JSON.
+pub(super) fn record_baseline(args: super::BaselineArgs) -> i32 {
+    let workspace = super::absolute(".".as_ref());
+    let mut errors: Vec<CaptureError> = Vec::new();
+    let files = collect(&args.paths, &mut errors);
+    let opts = args.common.options(workspace);
+    let reports = analyse_all(&files, &opts, &mut errors);
+    if !errors.is_empty() {
+        // A baseline missing a capture would pass every later check of it: write none.
+        eprintln!(
+            "memlsp: no baseline written: {} capture(s) could not be read",
+            errors.len()
+        );
+        return 2;
+    }
+    let base = crate::baseline::record(&reports);
+    let out = crate::baseline::to_json(&base);
+    match &args.output {
+        Some(path) => match std::fs::write(path, out) {
+            Ok(()) => {
+                eprintln!(
+                    "memlsp: baseline of {} capture(s) written to {}",
+                    base.captures.len(),
+                    path.display()
+                );
+                0
+            }
+            Err(e) => {
+                eprintln!(
+                    "memlsp: {}: cannot write the baseline ({e}); pass a writable -o FILE",
+                    path.display()
+                );
+                2
+            }
+        },
+        None => {
+            emit(&out);
+            0
+        }
+    }
 }
 
 /// 2 when a capture could not be read, else 1 when a finding is at or above `fail_on`, else 0.

@@ -1,4 +1,4 @@
-//! Command-line front ends: `report` and `--check`.
+//! Command-line front ends: `report`, `--check` and `baseline`.
 //!
 //! [`main`] parses the command line and returns the exit code instead of exiting, so every path
 //! is testable: 0 = nothing at or above `--fail-on`, 1 = findings, 2 = a capture could not be
@@ -51,6 +51,15 @@ struct Cli {
     /// Workspace root that source paths are resolved against [default: current directory]
     #[arg(long, value_name = "DIR")]
     workspace: Option<PathBuf>,
+    /// Compare with a stored baseline (`memlsp baseline`): a number that grew is a BL001 finding
+    #[arg(long, value_name = "FILE")]
+    baseline: Option<PathBuf>,
+    /// Growth allowed by --baseline before BL001 (e.g. 5%, 0.5%) [default: 5%]
+    #[arg(long, value_name = "PERCENT", value_parser = crate::baseline::parse_growth)]
+    max_growth: Option<f64>,
+    /// With --baseline: also compare timing-dependent numbers (runtime peaks, reserved bytes)
+    #[arg(long)]
+    timing: bool,
     #[command(flatten)]
     common: CommonArgs,
     #[command(subcommand)]
@@ -67,6 +76,20 @@ enum Command {
     },
     /// Print the full report of one capture (or a directory of per-rank snapshots)
     Report(ReportArgs),
+    /// Record the deterministic numbers of captures as a baseline for `--check --baseline`
+    Baseline(BaselineArgs),
+}
+
+#[derive(Args, Debug)]
+struct BaselineArgs {
+    /// Capture files or directories (scanned like --check)
+    #[arg(value_name = "PATH", required = true)]
+    paths: Vec<PathBuf>,
+    /// Write the baseline to FILE instead of stdout
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    output: Option<PathBuf>,
+    #[command(flatten)]
+    common: CommonArgs,
 }
 
 #[derive(Args, Debug)]
@@ -224,23 +247,39 @@ pub fn main() -> i32 {
     match cli.command {
         Some(_) if cli.check => usage("--check cannot be combined with a subcommand"),
         Some(Command::Report(args)) => report::run_report(args),
+        Some(Command::Baseline(args)) => check::record_baseline(args),
         Some(Command::Lsp { .. }) => lsp(),
-        None if cli.check => check::run(check::CheckArgs {
-            paths: cli.paths,
-            format: cli.format.unwrap_or(CheckFormat::Text),
-            fail_on: cli.fail_on.unwrap_or(Severity::Warning),
-            workspace: cli.workspace,
-            common: cli.common,
-        }),
+        None if cli.check => {
+            if cli.baseline.is_none() && (cli.max_growth.is_some() || cli.timing) {
+                return usage("--max-growth and --timing need --baseline FILE");
+            }
+            check::run(check::CheckArgs {
+                paths: cli.paths,
+                format: cli.format.unwrap_or(CheckFormat::Text),
+                fail_on: cli.fail_on.unwrap_or(Severity::Warning),
+                workspace: cli.workspace,
+                baseline: cli.baseline.map(|file| check::BaselineCheck {
+                    file,
+                    options: crate::baseline::CompareOptions {
+                        max_growth: cli.max_growth.unwrap_or(0.05),
+                        timing: cli.timing,
+                    },
+                }),
+                common: cli.common,
+            })
+        }
         None => {
             if !cli.paths.is_empty()
                 || cli.format.is_some()
                 || cli.fail_on.is_some()
                 || cli.workspace.is_some()
+                || cli.baseline.is_some()
+                || cli.max_growth.is_some()
+                || cli.timing
                 || !cli.common.is_empty()
             {
                 return usage(
-                    "paths and --format/--fail-on/--workspace/--path-map/--max-file-bytes/\
+                    "paths and --format/--fail-on/--workspace/--baseline/--path-map/--max-file-bytes/\
                      --exclude-frames need --check (or use `memlsp report FILE`)",
                 );
             }

@@ -34,6 +34,13 @@ pub struct Settings {
     pub top_sites: usize,
     /// A "Show memory timeline" code lens on every finding's line.
     pub code_lens: bool,
+    /// `baseline.file`: a baseline (`memlsp baseline`) to compare every capture with (BL001);
+    /// relative paths are taken from the first workspace folder.
+    pub baseline_file: Option<String>,
+    /// `baseline.maxGrowth`: allowed growth in percent.
+    pub baseline_max_growth: f64,
+    /// `baseline.timing`: also compare timing-dependent numbers.
+    pub baseline_timing: bool,
 }
 
 impl Default for Settings {
@@ -49,6 +56,9 @@ impl Default for Settings {
             max_file_bytes: opts.decode.max_file_bytes,
             top_sites: opts.analysis.top,
             code_lens: true,
+            baseline_file: None,
+            baseline_max_growth: 5.0,
+            baseline_timing: false,
         }
     }
 }
@@ -130,6 +140,38 @@ impl Settings {
                 None => problems.push("codeLens.enable must be true or false".into()),
             }
         }
+        if let Some(b) = obj.get("baseline") {
+            match b {
+                Value::Null => {}
+                Value::String(f) if !f.is_empty() => s.baseline_file = Some(f.clone()),
+                Value::Object(o) => {
+                    match o.get("file") {
+                        Some(Value::String(f)) if !f.is_empty() => {
+                            s.baseline_file = Some(f.clone())
+                        }
+                        None | Some(Value::Null) => {}
+                        Some(_) => problems.push("baseline.file must be a path".into()),
+                    }
+                    if let Some(g) = o.get("maxGrowth") {
+                        match g.as_f64() {
+                            Some(g) if g >= 0.0 => s.baseline_max_growth = g,
+                            _ => {
+                                problems.push("baseline.maxGrowth must be a percentage >= 0".into())
+                            }
+                        }
+                    }
+                    if let Some(t) = o.get("timing") {
+                        match t.as_bool() {
+                            Some(t) => s.baseline_timing = t,
+                            None => problems.push("baseline.timing must be true or false".into()),
+                        }
+                    }
+                }
+                _ => problems.push(
+                    "baseline must be a path or {\"file\", \"maxGrowth\", \"timing\"}".into(),
+                ),
+            }
+        }
         if let Some(n) = obj.get("maxFileBytes") {
             match n.as_u64() {
                 Some(n) => s.max_file_bytes = n,
@@ -162,6 +204,18 @@ impl Settings {
             self.max_file_bytes,
             &self.user_frame_excludes,
         )
+    }
+
+    /// The baseline file, absolute (relative paths from the first root).
+    pub fn baseline_path(&self, roots: &[PathBuf]) -> Option<PathBuf> {
+        let f = self.baseline_file.as_ref()?;
+        let first = roots
+            .first()
+            .map(PathBuf::as_path)
+            .unwrap_or(Path::new("."));
+        let expanded = f.replace("${workspaceFolder}", &first.to_string_lossy());
+        let p = PathBuf::from(expanded);
+        Some(if p.is_absolute() { p } else { first.join(p) })
     }
 
     /// `pathMappings` with `${workspaceFolder}` expanded and relative local paths joined to the

@@ -90,6 +90,15 @@ impl Index {
     /// win: when several captures report the same code on the same line for the same scope
     /// (rank / module), the newest is shown and the others are named in `also_in`.
     pub fn build(captures: &[Arc<CaptureResult>], locator: &Locator) -> Index {
+        Index::build_with(captures, locator, None)
+    }
+
+    /// [`Index::build`], each capture first compared with a baseline (BL001 findings).
+    pub fn build_with(
+        captures: &[Arc<CaptureResult>],
+        locator: &Locator,
+        baseline: Option<&(crate::baseline::Baseline, crate::baseline::CompareOptions)>,
+    ) -> Index {
         let mut order: Vec<&Arc<CaptureResult>> = captures.iter().collect();
         order.sort_by(|a, b| b.mtime.cmp(&a.mtime).then_with(|| a.path.cmp(&b.path)));
 
@@ -104,6 +113,10 @@ impl Index {
             let name = cap.name();
             for report in &cap.reports {
                 let mut report = report.clone();
+                if let Some((base, opts)) = baseline {
+                    // Each capture alone: its key is the one it has as the only capture of a run.
+                    crate::baseline::compare(std::slice::from_mut(&mut report), base, opts);
+                }
                 locator.locate(&mut report);
                 for f in &report.findings {
                     let Some(loc) = &f.location else { continue };

@@ -16,6 +16,7 @@ use tower_lsp_server::Client;
 use tower_lsp_server::ls_types as lsp;
 
 use crate::analyze;
+use crate::baseline::{Baseline, CompareOptions};
 use crate::error::{CaptureError, ErrorKind};
 use crate::lsp::config::Settings;
 use crate::lsp::index::{CaptureResult, FileEntry, Index, capture_name};
@@ -147,6 +148,9 @@ pub struct Owner {
     bases: HashMap<PathBuf, Base>,
     /// Files whose current text differs from their base: where each indexed line is now.
     moved: HashMap<PathBuf, Arc<LineMap>>,
+    /// The `baseline` setting's file and what was read from it.
+    baseline_path: Option<PathBuf>,
+    baseline: Option<Arc<(Baseline, CompareOptions)>>,
 }
 
 /// The text a file's findings were placed against, and the captures (path, mtime) they came
@@ -182,6 +186,8 @@ impl Owner {
             py_files: HashSet::new(),
             bases: HashMap::new(),
             moved: HashMap::new(),
+            baseline_path: None,
+            baseline: None,
         }
     }
 
@@ -259,6 +265,10 @@ impl Owner {
                 let mut py_changed = false;
                 let mut edited = Vec::new();
                 for p in paths {
+                    if self.baseline_path.as_ref() == Some(&p) {
+                        changed |= self.load_baseline().await;
+                        continue;
+                    }
                     if self.matcher.is_capture(&p) {
                         changed |= self.consider(&p);
                     } else if p.extension().is_some_and(|e| e == "py") {
@@ -401,9 +411,42 @@ impl Owner {
         self.store_view(None);
         self.rebuild_resolver();
         self.rescan();
-        if before != self.captures.len() {
+        let baseline_changed = self.load_baseline().await;
+        if before != self.captures.len() || baseline_changed {
             self.republish().await;
         }
+    }
+
+    /// Read the `baseline` setting's file again. True when what the captures are compared with
+    /// changed. A file that cannot be read is reported once and compares nothing.
+    async fn load_baseline(&mut self) -> bool {
+        self.baseline_path = self.settings.baseline_path(&self.roots);
+        let loaded = match &self.baseline_path {
+            None => None,
+            Some(p) => match std::fs::read_to_string(p)
+                .map_err(|e| format!("{}: cannot read the baseline ({e})", p.display()))
+                .and_then(|t| crate::baseline::parse(p, &t))
+            {
+                Ok(b) => Some(Arc::new((
+                    b,
+                    CompareOptions {
+                        max_growth: self.settings.baseline_max_growth / 100.0,
+                        timing: self.settings.baseline_timing,
+                    },
+                ))),
+                Err(e) => {
+                    self.log(lsp::MessageType::ERROR, format!("baseline: {e}"))
+                        .await;
+                    self.client
+                        .show_message(lsp::MessageType::WARNING, format!("memlsp: {e}"))
+                        .await;
+                    None
+                }
+            },
+        };
+        let changed = loaded != self.baseline;
+        self.baseline = loaded;
+        changed
     }
 
     fn rebuild_resolver(&mut self) {
@@ -826,7 +869,7 @@ impl Owner {
             .filter_map(|e| e.result.clone())
             .collect();
         let locator = Locator::with_resolver(resolver, self.settings.options().analysis.frames);
-        let index = Index::build(&results, &locator);
+        let index = Index::build_with(&results, &locator, self.baseline.as_deref());
 
         if index.unresolved != self.logged_unresolved && !index.unresolved.is_empty() {
             let list: Vec<String> = index

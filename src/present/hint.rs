@@ -9,6 +9,13 @@ pub fn finding_hint(f: &Finding) -> Option<String> {
     let b = f.bytes.map(fmt_bytes);
     let what = match (f.code, b) {
         (Code::PT001 | Code::JX009, _) => return None,
+        // `+56% vs baseline: 186.09 MiB → 290.16 MiB`: the message's own first words.
+        (Code::BL001, _) => f
+            .message
+            .split(" (")
+            .next()
+            .unwrap_or(&f.message)
+            .to_string(),
         (Code::PT002, Some(b)) => format!("retains {b}"),
         (Code::PT003, Some(b)) => format!("container holds {b}"),
         (Code::PT004, Some(b)) => format!("optimizer state {b}"),

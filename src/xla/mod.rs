@@ -88,7 +88,7 @@ pub fn analyse(cap: &Capture, opts: &AnalysisOptions) -> Result<Output, CaptureE
     };
     let findings = diagnose::diagnose(&ctx);
     let sites = sites::sites(plan, &opts.frames, opts.top);
-    let summary = summary::summarize(summary::Parts {
+    let mut summary = summary::summarize(summary::Parts {
         plan,
         plans: &plans,
         rt: &rt,
@@ -98,6 +98,7 @@ pub fn analyse(cap: &Capture, opts: &AnalysisOptions) -> Result<Output, CaptureE
         live_at_last,
         pictures: opts.pictures,
     });
+    summary.call_site = plan.call_site.iter().map(|f| f.location()).collect();
     Ok(Output {
         summary,
         sites,

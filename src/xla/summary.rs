@@ -36,6 +36,10 @@ pub struct Summary {
     /// Position of the heap peak in the program order.
     #[serde(skip)]
     pub peak_position: u64,
+    /// Where the module was called from (innermost first): the `jax.jit` line is found from
+    /// its first frame (baseline findings about the whole plan go there).
+    #[serde(skip)]
+    pub call_site: Vec<crate::findings::Location>,
 }
 
 /// `curve` as at most `columns` pixel columns of `(first, last, min, max)`.
@@ -319,6 +323,7 @@ pub fn runtime_only(plans: usize, rt: &Runtime, versions: Vec<(String, String)>)
         allocators: allocators(rt),
         heap_columns: Vec::new(),
         peak_position: 0,
+        call_site: Vec::new(),
     }
 }
 
@@ -351,5 +356,6 @@ pub fn summarize(p: Parts) -> Summary {
             Vec::new()
         },
         peak_position: p.plan.peak_position as u64,
+        call_site: Vec::new(),
     }
 }
