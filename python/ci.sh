@@ -18,7 +18,9 @@ fi
   "jax==0.10.2" "jaxlib==0.10.2" "$here"
 "$venv/bin/python" -c 'import jax, memlsp_capture; print("jax", jax.__version__, "| memlsp_capture", memlsp_capture.__version__)'
 
-echo "== python capture helper: tests"
+echo "== python capture helper: tests (memlsp reads the JAX capture: ${MEMLSP_BIN:=$PWD/target/debug/memlsp})"
+[ -x "$MEMLSP_BIN" ] || cargo build --quiet --bin memlsp
+export MEMLSP_BIN
 MEMLSP_REQUIRE_SHARED=1 "$venv/bin/python" - <<'PY'
 import sys
 import unittest

@@ -11,6 +11,7 @@ import gzip
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 import unittest
 import warnings
@@ -125,6 +126,37 @@ class JaxCaptureTest(unittest.TestCase):
             sorted([os.path.basename(xplanes[0]), "memory_before.prof", "memory_after.prof",
                     "memory_analysis.json"]),
         )
+
+        self.memlsp_reads_the_capture(cap.run_dir, mod)
+
+    def memlsp_reads_the_capture(self, run_dir, mod):
+        """memlsp on the run folder this helper wrote: the plan it reads from the .xplane.pb has
+        the byte counts the compiler's own memory_analysis() gives, and the buffers land on the
+        program's lines."""
+        exe = os.environ.get("MEMLSP_BIN")
+        if not exe or not os.path.exists(exe):
+            message = f"MEMLSP_BIN={exe!r} is not a memlsp binary; `cargo build` and set it"
+            if REQUIRED:
+                self.fail(message + " (MEMLSP_REQUIRE_SHARED=1: this is a failure, not a skip)")
+            print(f"\n(skipped running memlsp on the capture: {message})")
+            return
+        here = os.path.dirname(os.path.abspath(__file__))
+        out = subprocess.run(
+            [exe, "report", run_dir, "--format", "json"],
+            cwd=here, capture_output=True, text=True, timeout=120,
+        )
+        self.assertEqual(out.returncode, 0, out.stderr)
+        (cap,) = json.loads(out.stdout)["captures"]
+        xla = cap["xla"]
+        self.assertTrue(xla["module"].startswith("jit_train_step("), xla["module"])
+        plan = xla["plan"]
+        self.assertEqual(plan["parameter_bytes"], mod["argument_size_in_bytes"])
+        self.assertEqual(plan["output_bytes"], mod["output_size_in_bytes"])
+        self.assertEqual(plan["temp_bytes"], mod["temp_size_in_bytes"])
+        self.assertEqual(plan["donated_bytes"], mod["alias_size_in_bytes"])
+        lines = {(s.get("file"), s.get("line")) for s in cap["sites"]}
+        # relu(x @ w1 + b1) and the output layer of jax_mlp_program.py
+        self.assertIn(("jax_mlp_program.py", 25), lines, cap["sites"])
 
 
 if __name__ == "__main__":
