@@ -6,6 +6,7 @@
 
 pub mod capture;
 pub mod diagnose;
+pub mod donation;
 pub mod growth;
 pub mod hlo;
 pub mod plan;
