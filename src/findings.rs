@@ -486,14 +486,14 @@ pub struct FixTarget {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Fix {
     pub title: String,
-    /// Estimated bytes saved (inferred).
+    /// Estimated bytes saved (inferred); with a `saving_range`, its lower end.
     pub saving_bytes: Option<u64>,
     /// What the fix costs (recompute, smaller batch, …), in words.
     pub cost: Option<String>,
     /// The fix replayed through the allocator model (PyTorch).
     pub simulated: Option<Simulated>,
-    /// A bound on the saving, computed from the plan (JAX): `[low, high]` bytes; the real
-    /// saving lies inside.
+    /// A bound on the saving, computed from the plan (JAX): `[low, high]` bytes, inferred; the
+    /// real saving lies inside. Never wider than half its upper end (`saving_range_says`).
     pub saving_range: Option<(u64, u64)>,
     pub kind: FixKind,
     /// Set by the locate step: the file and line the fix edits, when it is a local edit and the
@@ -557,6 +557,14 @@ impl Fix {
     }
     pub fn saving(mut self, bytes: u64) -> Self {
         self.saving_bytes = Some(bytes);
+        self
+    }
+    /// The saving bounded to `[lo, hi]` bytes (inferred): the range, and its lower end as the
+    /// one number.
+    pub fn saving_range(mut self, lo: u64, hi: u64) -> Self {
+        let (lo, hi) = (lo.min(hi), hi.max(lo));
+        self.saving_range = Some((lo, hi));
+        self.saving_bytes = Some(lo);
         self
     }
     pub fn cost(mut self, cost: impl Into<String>) -> Self {
@@ -691,6 +699,25 @@ pub fn fmt_bytes(bytes: u64) -> String {
     format!("{v:.2} {}", UNITS[unit])
 }
 
+/// Whether `[lo, hi]` says something about a saving: no wider than half its upper end
+/// (`[0, everything]` does not).
+pub fn saving_range_says(lo: u64, hi: u64) -> bool {
+    lo <= hi && hi - lo <= hi / 2
+}
+
+/// `76.07–116.07 MiB` (one unit when both ends share it), `512.00 KiB–1.50 MiB`, `0 B` for an
+/// empty range.
+pub fn fmt_range(lo: u64, hi: u64) -> String {
+    let (a, b) = (fmt_bytes(lo), fmt_bytes(hi));
+    if a == b {
+        return a;
+    }
+    match (a.rsplit_once(' '), b.rsplit_once(' ')) {
+        (Some((x, u)), Some((y, v))) if u == v => format!("{x}–{y} {u}"),
+        _ => format!("{a}–{b}"),
+    }
+}
+
 /// Signed variant of [`fmt_bytes`] for deltas.
 pub fn fmt_signed_bytes(bytes: i128) -> String {
     let mag = bytes.unsigned_abs().min(u64::MAX as u128) as u64;
@@ -712,6 +739,19 @@ mod tests {
         assert_eq!(fmt_bytes(1536), "1.50 KiB");
         assert_eq!(fmt_bytes(11_844_714_496), "11.03 GiB");
         assert_eq!(fmt_signed_bytes(-2048), "-2.00 KiB");
+    }
+
+    #[test]
+    fn saving_ranges_are_formatted_and_must_say_something() {
+        assert_eq!(fmt_range(76 << 20, 116 << 20), "76.00–116.00 MiB");
+        assert_eq!(fmt_range(512 << 10, 3 << 19), "512.00 KiB–1.50 MiB");
+        assert_eq!(fmt_range(0, 0), "0 B");
+        assert!(saving_range_says(0, 0));
+        assert!(saving_range_says(50, 100));
+        assert!(!saving_range_says(49, 100));
+        assert!(!saving_range_says(0, 1 << 30));
+        let f = Fix::advice("x").saving_range(10, 5);
+        assert_eq!((f.saving_range, f.saving_bytes), (Some((5, 10)), Some(5)));
     }
 
     #[test]

@@ -74,13 +74,14 @@ fn missing_donation_points_at_the_jit_line_with_argnums() {
         "{:?}",
         fix.kind
     );
-    // params + opt_state = every parameter but the batch x, y (f32[256,1024] each).
+    // params + opt_state = every parameter but the batch x, y (f32[256,1024] each) could be
+    // donated; the saving is bounded below that, as XLA:CPU had lent the outputs' memory to
+    // temporaries (tests/jax_savings.rs checks the range against c_mlp_donate).
     let o = oracle_module("b_mlp_nodonate", "jit_train_step(36)");
     let batch = 2 * 256 * 1024 * 4;
-    assert_eq!(
-        fix.saving_bytes,
-        Some(o["parameter_bytes"].as_u64().unwrap() - batch)
-    );
+    let (lo, hi) = fix.saving_range.expect("a saving range");
+    assert!(hi < o["parameter_bytes"].as_u64().unwrap() - batch);
+    assert_eq!(fix.saving_bytes, Some(lo));
     assert_eq!(r.findings[0].code, Code::JX005);
     assert!(
         r.headline().contains("donate_argnums=(0, 1)"),

@@ -55,8 +55,11 @@ fn bare_jit_decorator_without_donation_is_the_culprit_line() {
         "{:?}",
         f.fixes[0].kind
     );
-    // params and momentum: four f32[1024,1024] leaves.
-    assert_eq!(f.fixes[0].saving_bytes, Some(4 * 1024 * 1024 * 4));
+    // params and momentum: four f32[1024,1024] leaves could be donated; the saving is bounded
+    // below their 16 MiB (temporaries lent the outputs' memory move to the heap).
+    let (lo, hi) = f.fixes[0].saving_range.expect("a saving range");
+    assert!(lo > 0 && hi < 4 * 1024 * 1024 * 4, "{lo} {hi}");
+    assert_eq!(f.fixes[0].saving_bytes, Some(lo));
     // JAX's own list.append calls between steps are not growth.
     assert!(
         r.findings.iter().all(|f| f.code != Code::JX004),

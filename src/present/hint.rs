@@ -55,9 +55,9 @@ fn saving(f: &Finding) -> Option<String> {
     f.fixes.iter().find_map(|x| {
         let (lo, hi) = x.saving_range?;
         Some(if lo == hi {
-            format!("saves {} (bounded)", fmt_bytes(lo))
+            format!("saves {} (inferred)", fmt_bytes(lo))
         } else {
-            format!("saves {}–{} (bounded)", fmt_bytes(lo), fmt_bytes(hi))
+            format!("saves {}–{} (inferred)", fmt_bytes(lo), fmt_bytes(hi))
         })
     })
 }

@@ -4,7 +4,7 @@
 //! allocator and event counts are `measured`, roles, causes and savings are `inferred`.
 
 use crate::findings::{
-    self, Code, Evidence, Finding, Fix, FixKind, Location, Refine, Severity, fmt_bytes,
+    self, Code, Evidence, Finding, Fix, FixKind, Location, Refine, Severity, fmt_bytes, fmt_range,
 };
 
 use super::plan::{PeakBuffer, Plan, Role};
@@ -39,6 +39,8 @@ pub struct Context<'a> {
     pub live_at_last: Vec<LiveGroup>,
     /// Chooses the culprit frame of a buffer's stack.
     pub pick: &'a dyn Fn(&[Location]) -> Option<usize>,
+    /// The capture is of the XLA:CPU client (`cpu_version` and no `gpu_version`, read).
+    pub cpu: bool,
 }
 
 const CONFIRM: &str =
@@ -69,25 +71,6 @@ pub fn culprit(
 
 fn located(ctx: &Context, b: &PeakBuffer) -> (Option<Location>, Vec<Location>) {
     culprit(b, ctx.pick)
-}
-
-/// "still needs X > capacity Y" when a fix does not bring the plan under the pool.
-fn fit_note(ctx: &Context, saving: u64) -> String {
-    match ctx.capacity {
-        Some(cap) => {
-            let after = ctx.plan.total_peak_bytes.saturating_sub(saving);
-            if after > cap {
-                format!(
-                    "; still does not fit: {} > capacity {}",
-                    fmt_bytes(after),
-                    fmt_bytes(cap)
-                )
-            } else {
-                format!("; fits: {} ≤ capacity {}", fmt_bytes(after), fmt_bytes(cap))
-            }
-        }
-        None => String::new(),
-    }
 }
 
 /// Buffers of one culprit line: (location, stack, buffers, bytes).
@@ -129,7 +112,8 @@ fn shapes(rows: &[&PeakBuffer]) -> String {
         .join(", ")
 }
 
-/// Square trailing dimensions ≥ 512 (`[…, S, S]`): an attention score / probability matrix.
+/// Square trailing dimensions ≥ 512 after at least one more (`[…, H, S, S]`): an attention
+/// score / probability matrix (a `[rows, features]` matrix that happens to be square is not).
 fn is_square_tail(shape: &str) -> Option<u64> {
     let dims: Vec<u64> = shape
         .split('[')
@@ -140,14 +124,10 @@ fn is_square_tail(shape: &str) -> Option<u64> {
         .filter_map(|d| d.trim().parse().ok())
         .collect();
     let n = dims.len();
-    (n >= 2 && dims[n - 1] == dims[n - 2] && dims[n - 1] >= 512).then(|| dims[n - 1])
+    (n >= 3 && dims[n - 1] == dims[n - 2] && dims[n - 1] >= 512).then(|| dims[n - 1])
 }
 
-/// Top-level argument of a parameter's op_name: `opt_state['m'][2]['w']` → `opt_state`.
-pub fn arg_root(op_name: &str) -> &str {
-    let end = op_name.find(['[', '.', '/']).unwrap_or(op_name.len());
-    &op_name[..end]
-}
+pub use super::donation::arg_root;
 
 /// All diagnosis lines for the module, most severe first.
 pub fn diagnose(ctx: &Context) -> Vec<Finding> {
@@ -445,74 +425,307 @@ fn jx002_forward_kept(ctx: &Context) -> Option<Finding> {
                     p.user_remat_instructions
                 )));
             }
-            let largest = rows.iter().map(|b| b.size).max().unwrap_or(0);
-            let save = fwd.saturating_sub(largest);
-            f = f.fix(if p.user_remat_instructions > 0 {
-                Fix::advice(format!(
-                    "jax.checkpoint is already applied but the recomputed forwards are all live at once: scan over the layers (jax.lax.scan over a checkpointed layer) so each layer is recomputed during its own backward; saves up to ~{}{}",
-                    fmt_bytes(save),
-                    fit_note(ctx, save)
-                ))
-                .saving(save)
-                .cost(format!("restructuring the layer loop; {CONFIRM}"))
-            } else {
-                Fix::new(
+            let layers = layers_of(rows);
+            let (lo, hi) = remat_range(*bytes, &layers);
+            let unrolled_on_cpu = ctx.cpu && !layers.stacked && layers.count > 1;
+            let scan = format!(
+                "{} layers, {} from this line per layer: a checkpointed scan keeps {} and recomputes one layer (at most twice its share live: its forwards and the gradients through them) during that layer's backward",
+                layers.count,
+                fmt_bytes(bytes.div_ceil(layers.count.max(1))),
+                if layers.inputs > 0 {
                     format!(
-                        "wrap the block in jax.checkpoint (remat): saves up to ~{} of forward-kept bytes{}",
-                        fmt_bytes(save),
-                        fit_note(ctx, save)
-                    ),
-                    FixKind::JaxCheckpoint,
-                )
-                .saving(save)
-                .cost(format!("about one extra forward pass per step; {CONFIRM}"))
-                .preferred()
-            });
-            f = f.fix(
-                Fix::advice(format!(
-                    "halve the microbatch and accumulate gradients: ~{} less{}",
-                    fmt_bytes(fwd / 2),
-                    fit_note(ctx, fwd / 2)
-                ))
-                .saving(fwd / 2)
-                .cost("twice the steps per batch"),
+                        "only the layer inputs ({} stacked)",
+                        fmt_bytes(layers.inputs)
+                    )
+                } else {
+                    "only the layer inputs".to_string()
+                }
             );
-            let square: u64 = rows
+            if p.user_remat_instructions > 0 {
+                f = f.fix(bounded(
+                    Fix::advice(format!(
+                        "jax.checkpoint is already applied but the recomputed forwards are all live at once: scan over the layers (jax.lax.scan over a checkpointed layer) so each layer is recomputed during its own backward{}",
+                        saves("; ", ctx, lo, hi)
+                    ))
+                    .cost(format!("restructuring the layer loop; {CONFIRM}")),
+                    lo,
+                    hi,
+                ));
+                f = f.evidence(Evidence::inferred(scan));
+            } else if unrolled_on_cpu {
+                f = f.evidence(Evidence::inferred(format!(
+                    "the {} layers are unrolled (a Python loop, no scan): on XLA:CPU jax.checkpoint per layer does not lower this peak, the recomputed forwards of all layers are scheduled before the backward pass and are live together as the originals were; {scan}",
+                    layers.count
+                )));
+                f = f.fix(
+                    Fix::new(
+                        "jax.checkpoint on the layer alone: no saving expected here — inside an unrolled Python loop XLA:CPU schedules every recomputed forward before the backward pass, so they are live together as the originals were; use the checkpointed layer in a scan (next fix)",
+                        FixKind::JaxCheckpoint,
+                    )
+                    .cost("about one extra forward pass per step, for no memory on XLA:CPU"),
+                );
+                f = f.fix(
+                    bounded(
+                        Fix::advice(format!(
+                            "scan over the layers: jax.lax.scan(jax.checkpoint(layer), x, stacked_params), so each layer is recomputed during its own backward{}",
+                            saves("; ", ctx, lo, hi)
+                        ))
+                        .cost(format!(
+                            "stack the layers' parameters; about one extra forward pass per step; {CONFIRM}"
+                        )),
+                        lo,
+                        hi,
+                    )
+                    .preferred(),
+                );
+            } else {
+                f = f.evidence(Evidence::inferred(scan));
+                f = f.fix(
+                    bounded(
+                        Fix::new(
+                            format!(
+                                "wrap the {} in jax.checkpoint (remat){}",
+                                if layers.stacked {
+                                    "scanned layer"
+                                } else {
+                                    "block"
+                                },
+                                saves(": ", ctx, lo, hi)
+                            ),
+                            FixKind::JaxCheckpoint,
+                        )
+                        .cost(format!("about one extra forward pass per step; {CONFIRM}")),
+                        lo,
+                        hi,
+                    )
+                    .preferred(),
+                );
+            }
+            if let Some(m) = microbatch_fix(ctx) {
+                f = f.fix(m);
+            }
+            let square_rows: Vec<&&PeakBuffer> = rows
                 .iter()
-                .filter(|b| is_square_tail(&b.shape).is_some())
-                .map(|b| b.size)
-                .sum();
+                .filter(|b| is_square_tail(&unstacked(b)).is_some())
+                .collect();
+            let square: u64 = square_rows.iter().map(|b| b.size).sum();
             if square > 0 {
-                let s = rows
+                let s = square_rows
                     .iter()
-                    .find_map(|b| is_square_tail(&b.shape))
+                    .find_map(|b| is_square_tail(&unstacked(b)))
                     .unwrap_or(0);
                 f = f.evidence(Evidence::inferred(format!(
                     "{} of them are S×S attention matrices (S = {s}): B·H·S·S per layer",
                     fmt_bytes(square)
                 )));
-                f = f.fix(
+                // Halving S: the S×S buffers shrink 4×; the line's other buffers at most 2×.
+                let (lo, hi) = (square * 3 / 4, square * 3 / 4 + (bytes - square) / 2);
+                f = f.fix(bounded(
                     Fix::advice(format!(
-                        "shorter sequences: halving S shrinks the S×S buffers 4× (~{} less){}",
-                        fmt_bytes(square * 3 / 4),
-                        fit_note(ctx, square * 3 / 4)
+                        "shorter sequences: halving S shrinks the S×S buffers 4×{}",
+                        saves(": ", ctx, lo, hi)
                     ))
-                    .saving(square * 3 / 4)
                     .cost("less context per example"),
-                );
-                f = f.fix(
+                    lo,
+                    hi,
+                ));
+                // Flash attention: the S×S buffers leave the plan, blocks of them stay.
+                let block = square_rows.iter().map(|b| b.size).max().unwrap_or(0);
+                f = f.fix(bounded(
                     Fix::advice(
                         "chunked / fused (flash) attention — only once you confirm the B·H·S·S buffers leave the plan (memory_analysis())",
                     )
-                    .saving(square)
                     .cost("a kernel that supports your backend"),
-                );
+                    square.saturating_sub(block),
+                    square,
+                ));
             }
             out = Some(f);
         }
     }
 
     out
+}
+
+/// Dimensions of `f32[8,1024,256]{2,1,0}` in order.
+fn dims_in_order(shape: &str) -> Vec<u64> {
+    shape
+        .split_once('[')
+        .and_then(|(_, r)| r.split(']').next())
+        .map(|d| d.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// A buffer's shape without the leading layer dimension a scan stacks it along.
+fn unstacked(b: &PeakBuffer) -> String {
+    let shape = super::hlo::without_layout(&b.shape).to_string();
+    if b.role != Role::ScanStack {
+        return shape;
+    }
+    let (ty, _) = shape.split_once('[').unwrap_or((&shape, ""));
+    let dims = dims_in_order(&shape);
+    let rest: Vec<String> = dims.iter().skip(1).map(|d| d.to_string()).collect();
+    format!("{ty}[{}]", rest.join(","))
+}
+
+/// How a line's forward-kept buffers repeat over layers.
+#[derive(Debug, PartialEq, Eq)]
+struct Layers {
+    /// Number of layers (1 when nothing repeats).
+    count: u64,
+    /// The buffers are stacked by a scan (`while` loop) along their leading dimension.
+    stacked: bool,
+    /// The smallest of several stacked buffers: the layer inputs a checkpointed scan keeps.
+    inputs: u64,
+}
+
+/// Layers from the buffers: a scan's stack length, else how often the same value (op name and
+/// shape) of an unrolled loop repeats (read shapes, inferred layers).
+fn layers_of(rows: &[&PeakBuffer]) -> Layers {
+    let stacked: Vec<&&PeakBuffer> = rows.iter().filter(|b| b.role == Role::ScanStack).collect();
+    if !stacked.is_empty() {
+        let mut lens: Vec<(u64, usize)> = Vec::new();
+        for b in &stacked {
+            if let Some(&l) = dims_in_order(&b.shape).first() {
+                match lens.iter_mut().find(|x| x.0 == l) {
+                    Some(x) => x.1 += 1,
+                    None => lens.push((l, 1)),
+                }
+            }
+        }
+        let count = lens
+            .iter()
+            .max_by_key(|x| x.1)
+            .map(|x| x.0)
+            .unwrap_or(1)
+            .max(1);
+        let inputs = if stacked.len() >= 2 {
+            stacked.iter().map(|b| b.size).min().unwrap_or(0)
+        } else {
+            0
+        };
+        return Layers {
+            count,
+            stacked: true,
+            inputs,
+        };
+    }
+    // (op name, shape) → (buffers, bytes of one)
+    let mut kinds: Vec<((&str, String), u64, u64)> = Vec::new();
+    for b in rows {
+        let key = (
+            b.op_name.as_str(),
+            super::hlo::without_layout(&b.shape).to_string(),
+        );
+        match kinds.iter_mut().find(|k| k.0 == key) {
+            Some(k) => k.1 += 1,
+            None => kinds.push((key, 1, b.size)),
+        }
+    }
+    // The values of a layer repeat once per layer: the most common repeat count among the large
+    // values (≥ 1 MiB each; small reductions and the layer in flight in the backward differ),
+    // the smaller one on a tie.
+    let large: Vec<u64> = kinds
+        .iter()
+        .filter(|k| k.2 >= 1 << 20)
+        .map(|k| k.1)
+        .collect();
+    let counts = if large.is_empty() {
+        kinds.iter().map(|k| k.1).collect()
+    } else {
+        large
+    };
+    let mut freq: Vec<(u64, usize)> = Vec::new();
+    for c in counts {
+        match freq.iter_mut().find(|f| f.0 == c) {
+            Some(f) => f.1 += 1,
+            None => freq.push((c, 1)),
+        }
+    }
+    let count = freq
+        .iter()
+        .max_by_key(|f| (f.1, std::cmp::Reverse(f.0)))
+        .map(|f| f.0)
+        .unwrap_or(1);
+    Layers {
+        count,
+        stacked: false,
+        inputs: 0,
+    }
+}
+
+/// What checkpointing the layers (in a scan) saves of a line's `bytes` of forward-kept buffers:
+/// at most all of them but the layer inputs the scan keeps; at least that less one layer's share
+/// twice over (its recomputed forwards and the gradients through them, live during its backward).
+fn remat_range(bytes: u64, layers: &Layers) -> (u64, u64) {
+    let share = bytes.div_ceil(layers.count.max(1));
+    let hi = bytes.saturating_sub(layers.inputs);
+    (hi.saturating_sub(2 * share), hi)
+}
+
+/// The batch: the leading dimension most plain-array parameters (`x`, `y`, not pytree leaves)
+/// share.
+fn batch_rows(p: &Plan) -> Option<u64> {
+    let mut lead: Vec<(u64, usize)> = Vec::new();
+    for x in &p.parameters {
+        if arg_root(&x.op_name) != x.op_name || x.op_name.is_empty() {
+            continue;
+        }
+        let dims = dims_in_order(&x.shape);
+        if dims.len() < 2 {
+            continue;
+        }
+        match lead.iter_mut().find(|l| l.0 == dims[0]) {
+            Some(l) => l.1 += 1,
+            None => lead.push((dims[0], 1)),
+        }
+    }
+    lead.iter().max_by_key(|l| (l.1, l.0)).map(|l| l.0)
+}
+
+/// Gradient accumulation over microbatches, bounded from the batch-sized buffers at the peak:
+/// split `k` ways they shrink `k`×, and the accumulated gradients (the size of the smallest
+/// pytree argument, the parameters) plus one microbatch's gradients are new.
+fn microbatch_fix(ctx: &Context) -> Option<Fix> {
+    let p = ctx.plan;
+    let batch = batch_rows(p)?;
+    let k = [8u64, 4, 2]
+        .into_iter()
+        .find(|k| batch % k == 0 && batch > *k)?;
+    let sized: u64 = p
+        .at_peak
+        .iter()
+        .filter(|b| b.heap && dims_in_order(&unstacked(b)).first() == Some(&batch))
+        .map(|b| b.size)
+        .sum();
+    let mut trees: Vec<(&str, u64)> = Vec::new();
+    for x in &p.parameters {
+        let root = arg_root(&x.op_name);
+        if root == x.op_name {
+            continue;
+        }
+        match trees.iter_mut().find(|t| t.0 == root) {
+            Some(t) => t.1 += x.bytes,
+            None => trees.push((root, x.bytes)),
+        }
+    }
+    let grads = trees.iter().map(|t| t.1).min().unwrap_or(0);
+    let hi = sized / k * (k - 1);
+    let lo = hi.saturating_sub(2 * grads);
+    if sized == 0 {
+        return None;
+    }
+    Some(bounded(
+        Fix::advice(format!(
+            "accumulate gradients over {k} microbatches of {} rows (jax.lax.scan over the microbatches): the {} of batch-sized buffers at the peak shrink {k}×, the accumulated gradients are new{}",
+            batch / k,
+            fmt_bytes(sized),
+            saves("; ", ctx, lo, hi)
+        ))
+        .cost(format!("{k} sequential passes per batch")),
+        lo,
+        hi,
+    ))
 }
 
 /// JX003: the backward pass dominates.
@@ -552,13 +765,16 @@ fn jx003_backward_dominates(ctx: &Context) -> Option<Finding> {
             "role from the JAX name stack (`transpose(`)",
         ))
         .fix(
-            Fix::advice(format!(
-                "shard parameters and gradients (FSDP) or accumulate gradients over microbatches; check for f32 copies of bf16 gradients{}",
-                fit_note(ctx, bwd / 2)
-            ))
-            .saving(bwd / 2)
-            .cost("communication (FSDP) or more steps (accumulation)"),
+            // What sharding saves depends on the number of devices, which one plan does not
+            // tell: no number.
+            Fix::advice(
+                "shard parameters and gradients (FSDP) over the devices; check for f32 copies of bf16 gradients",
+            )
+            .cost("communication between the devices"),
         );
+        if let Some(m) = microbatch_fix(ctx) {
+            f = f.fix(m);
+        }
         if p.user_remat_instructions > 0 {
             f = f.evidence(Evidence::read(format!(
                 "jax.checkpoint is already applied ({} instructions in rematted_computation), yet these buffers are live together at the peak: the remat is ineffective here",
@@ -654,13 +870,37 @@ fn f32_copies(ctx: &Context) -> Option<Finding> {
         .evidence(Evidence::inferred(
             "an f32 array with a bf16 parameter's dimensions, made outside the backward pass: an upcast gradient or update (e.g. `g.astype(jnp.float32) / loss_scale`)",
         ))
-        .fix(
-            Fix::advice(
-                "keep it in bf16 (unscale in bf16) or fuse the upcast into the update, so at most one f32 copy is live",
-            )
-            .saving(bytes / 2)
-            .cost(format!("bf16 rounding of the unscaled gradient; {CONFIRM}")),
-        );
+        ;
+    // A bf16 copy is half the f32 one: at most half of it goes; with the schedule unchanged
+    // the peak drops by that unless another point of the schedule becomes the peak.
+    let shrink: Vec<(&PeakBuffer, u64)> = rows.iter().map(|b| (*b, b.size / 2)).collect();
+    let same = heap.saturating_sub(p.heap_peak_if_shrunk(&shrink));
+    // The other f32 gradients of bf16 parameters the backward computes while the copy is live
+    // (f32 matmul outputs at the peak): unscaled in bf16 too, each gets a bf16 version of half
+    // its size beside it.
+    let since = rows.iter().map(|b| b.live_events.start).min().unwrap_or(0);
+    let beside: u64 = p
+        .at_peak
+        .iter()
+        .filter(|b| b.heap && b.role == Role::Backward && b.live_events.start >= since)
+        .filter(|b| {
+            dims_of(&b.shape).is_some_and(|(ty, dims)| {
+                ty == "f32" && dims.len() >= 2 && low.iter().any(|(_, d)| *d == dims)
+            })
+        })
+        .map(|b| b.size / 2)
+        .sum();
+    let hi = bytes / 2;
+    let lo = same.min(hi).saturating_sub(beside);
+    f = f.fix(bounded(
+        Fix::advice(format!(
+            "keep it in bf16 (unscale in bf16) or fuse the upcast into the update, so at most one f32 copy is live{}",
+            saves(": ", ctx, lo, hi)
+        ))
+        .cost(format!("bf16 rounding of the unscaled gradient; {CONFIRM}")),
+        lo,
+        hi,
+    ));
     Some(f)
 }
 
@@ -731,16 +971,25 @@ fn jx009_top_buffers(ctx: &Context) -> Vec<Finding> {
         // A single array taking a quarter of the step: say what shrinks it.
         if pct(b.size, p.total_peak_bytes) >= 25.0 {
             f = f.fix(if b.heap {
-                Fix::advice(
-                    "compute this array in chunks (jax.lax.map or a loop over slices of the batch) so only one chunk is live",
+                // Two chunks halve the array, many chunks nearly remove it; the peak with the
+                // schedule unchanged says how much of that reaches the peak.
+                let lo = heap.saturating_sub(p.heap_peak_if_shrunk(&[(b, b.size / 2)]));
+                let hi = heap.saturating_sub(p.heap_peak_if_shrunk(&[(b, b.size)]));
+                bounded(
+                    Fix::advice(format!(
+                        "compute this array in chunks (jax.lax.map or a loop over slices of the batch) so only one chunk is live{}",
+                        saves(": ", ctx, lo, hi)
+                    ))
+                    .cost("a loop in the step; same arithmetic"),
+                    lo,
+                    hi,
                 )
-                .saving(b.size / 2)
-                .cost("a loop in the step; same arithmetic")
             } else {
+                // The output allocation goes, but the array may still be computed as a
+                // temporary of the same size: the plan does not bound the saving.
                 Fix::advice(
-                    "return a reduced value (metrics, argmax, a norm) instead of the full array, or evaluate in chunks",
+                    "return a reduced value (metrics, argmax, a norm) instead of the full array, or evaluate in chunks (the output allocation goes; whether XLA still materialises the array as a temporary, memory_analysis() tells)",
                 )
-                .saving(b.size)
                 .cost("the caller no longer gets the full array")
             });
         }
@@ -916,57 +1165,34 @@ fn growth_finding(ctx: &Context) -> Option<Finding> {
 
 fn donation_finding(ctx: &Context) -> Option<Finding> {
     let p = ctx.plan;
-    if p.alias_count > 0 || p.donated_bytes > 0 || p.non_aliased_output_bytes == 0 {
+    let est = p.donation.as_ref()?;
+    if p.non_aliased_output_bytes == 0 || est.args.is_empty() {
         return None;
     }
-    // Parameters whose shape reappears among the outputs could reuse their buffers.
-    let mut outs: Vec<String> = p.output_shapes.clone();
-    let mut matched: Vec<(&str, u64)> = Vec::new();
-    let mut roots: Vec<&str> = Vec::new();
-    for prm in &p.parameters {
-        let root = arg_root(&prm.op_name);
-        if !roots.contains(&root) {
-            roots.push(root);
-        }
-        if let Some(i) = outs.iter().position(|s| *s == prm.shape) {
-            outs.swap_remove(i);
-            matched.push((root, prm.bytes));
-        }
+    let (lo, hi) = est.range(p.heap_peak_bytes);
+    if hi < (1 << 20) || pct(hi, p.total_peak_bytes) < 10.0 {
+        return None;
     }
-    // Only pytree state (params / optimizer state) counts, not a plain array argument.
-    let is_tree = |root: &str| {
-        p.parameters
-            .iter()
-            .any(|x| arg_root(&x.op_name) == root && x.op_name.len() > root.len())
+    let roots: Vec<&str> = {
+        let mut r: Vec<&str> = Vec::new();
+        for prm in &p.parameters {
+            let root = arg_root(&prm.op_name);
+            if !r.contains(&root) {
+                r.push(root);
+            }
+        }
+        r
     };
-    let mut args: Vec<(&str, u64)> = Vec::new();
-    for (root, bytes) in &matched {
-        if !is_tree(root) {
-            continue;
-        }
-        match args.iter_mut().find(|a| a.0 == *root) {
-            Some(a) => a.1 += bytes,
-            None => args.push((root, *bytes)),
-        }
-    }
-    let saving: u64 = args
-        .iter()
-        .map(|a| a.1)
-        .sum::<u64>()
-        .min(p.non_aliased_output_bytes);
-    if args.is_empty() || saving < (1 << 20) || pct(saving, p.total_peak_bytes) < 10.0 {
-        return None;
-    }
     // The position of each argument: in the op name for `args[0]`, else its place among the
-    // plan's parameter roots (the locate step corrects it from the function's signature).
-    let candidates: Vec<(Option<String>, u32)> = args
-        .iter()
-        .map(|(root, _)| match root.strip_prefix("args") {
+    // plan's parameter roots (the locate step corrects it from the function's signature). The
+    // arguments donated already stay in the tuple.
+    let position = |root: &str| -> (Option<String>, u32) {
+        match root.strip_prefix("args") {
             Some(_) => (
                 None,
                 p.parameters
                     .iter()
-                    .find(|x| arg_root(&x.op_name) == *root)
+                    .find(|x| arg_root(&x.op_name) == root)
                     .and_then(|x| {
                         x.op_name
                             .strip_prefix("args[")
@@ -977,36 +1203,104 @@ fn donation_finding(ctx: &Context) -> Option<Finding> {
             ),
             None => (
                 Some(root.to_string()),
-                roots.iter().position(|r| r == root).unwrap_or(0) as u32,
+                roots.iter().position(|r| *r == root).unwrap_or(0) as u32,
             ),
-        })
+        }
+    };
+    let candidates: Vec<(Option<String>, u32)> = est
+        .donated_args
+        .iter()
+        .map(|r| r.as_str())
+        .chain(est.args.iter().map(|a| a.0.as_str()))
+        .map(position)
         .collect();
     let argnums = argnum_set(&candidates);
-    let names: Vec<String> = args
+    let names: Vec<String> = est
+        .args
         .iter()
         .map(|a| format!("{} ({})", a.0, fmt_bytes(a.1)))
         .collect();
     let tuple = argnums_tuple(&argnums);
+    let saving = if findings::saving_range_says(lo, hi) {
+        format!("saves {} of the peak", fmt_range(lo, hi))
+    } else {
+        format!("saves up to {} of the peak", fmt_bytes(hi))
+    };
     let loc = ctx.call_site.clone();
+    let (what, aliased) = if est.donated_args.is_empty() {
+        (
+            "no parameter is donated".to_string(),
+            format!(
+                "input_output_alias is empty; parameters {} + outputs {} are separate allocations",
+                fmt_bytes(p.parameter_bytes),
+                fmt_bytes(p.output_bytes)
+            ),
+        )
+    } else {
+        (
+            format!(
+                "{} donated, {} not",
+                est.donated_args.join(", "),
+                est.args
+                    .iter()
+                    .map(|a| a.0.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            format!(
+                "{} input_output_alias entries ({} donated); outputs not aliased with parameters: {}",
+                p.alias_count,
+                fmt_bytes(p.donated_bytes),
+                fmt_bytes(p.non_aliased_output_bytes)
+            ),
+        )
+    };
     let mut f = Finding::new(Code::JX005,
         Severity::Warning,
         format!(
-            "no parameter is donated: {} come in and same-shaped outputs ({}) are written to new buffers; donate_argnums=({tuple}) can save up to {}",
+            "{what}: {} {} in and same-shaped outputs ({}) are written to new buffers; donate_argnums=({tuple}) {saving}, less than the outputs' bytes: the temporaries XLA placed in them then need the heap",
             names.join(", "),
-            fmt_bytes(p.non_aliased_output_bytes),
-            fmt_bytes(saving)
+            if names.len() == 1 { "comes" } else { "come" },
+            fmt_bytes(est.output_bytes),
         ),
     )
     .at(loc.clone(), loc.iter().cloned().collect())
-    .bytes(saving, Some(pct(saving, p.total_peak_bytes)))
-    .evidence(Evidence::read(format!(
-        "input_output_alias is empty; parameters {} + outputs {} are separate allocations",
-        fmt_bytes(p.parameter_bytes),
-        fmt_bytes(p.output_bytes)
-    )))
+    .bytes(lo, Some(pct(lo, p.total_peak_bytes)))
+    .evidence(Evidence::read(aliased))
     .evidence(Evidence::inferred(format!(
-        "{} of parameters have an output of the same shape and dtype",
-        fmt_bytes(saving)
+        "{} parameter(s) have an output of the same shape and dtype: donated, those outputs ({}) are written into the parameters' buffers{}",
+        est.params,
+        fmt_bytes(est.output_bytes),
+        if est.lent_buffers > 0 {
+            format!(
+                "; the buffer assignment places {} temporaries ({} in all: activations, gradients) in their output allocations before the outputs are written",
+                est.lent_buffers,
+                fmt_bytes(est.lent_bytes)
+            )
+        } else {
+            String::new()
+        }
+    )));
+    f = f.evidence(Evidence::inferred(format!(
+        "with donation they need the heap: {} of them live at once under the {} (liveness), {} with the heap's own buffers{}; saving = {} of outputs − that growth of the heap ({} → {})",
+        fmt_bytes(est.lent_peak),
+        if est.scheduled { "compiled schedule" } else { "entry computation's order" },
+        fmt_bytes(est.moved_peak),
+        if est.copies > 0 {
+            format!(
+                " and the copies XLA makes of {} parameter(s) ({}) still read after their update may be written",
+                est.copies,
+                fmt_bytes(est.copy_bytes)
+            )
+        } else {
+            String::new()
+        },
+        fmt_bytes(est.output_bytes),
+        fmt_bytes(p.heap_peak_bytes),
+        fmt_range(
+            est.lent_peak.max(p.heap_peak_bytes),
+            est.moved_peak.max(p.heap_peak_bytes)
+        ),
     )));
     f.refine = Some(Refine::JitLine {
         function: p
@@ -1015,26 +1309,77 @@ fn donation_finding(ctx: &Context) -> Option<Finding> {
             .unwrap_or(&p.hlo_name)
             .to_string(),
     });
-    f = f.fix(
-        Fix::new(
-            format!(
-                "add donate_argnums=({tuple}) to jax.jit: saves up to {}{}",
-                fmt_bytes(saving),
-                fit_note(ctx, saving)
-            ),
-            FixKind::DonateArgnums {
-                argnums,
-                args: candidates,
-            },
-        )
-        .saving(saving)
-        .cost(format!(
-            "the donated arrays are invalid after the call (rebind them to the outputs); {CONFIRM}"
-        ))
-        .preferred(),
-    );
+    let fix = Fix::new(
+        format!(
+            "add donate_argnums=({tuple}) to jax.jit{}",
+            saves(": ", ctx, lo, hi)
+        ),
+        FixKind::DonateArgnums {
+            argnums,
+            args: candidates,
+        },
+    )
+    .cost(format!(
+        "the donated arrays are invalid after the call (rebind them to the outputs); {CONFIRM}"
+    ))
+    .preferred();
+    f = f.fix(bounded(fix, lo, hi));
     f.scope = Some(p.module.clone());
     Some(f)
+}
+
+/// A fix's saving bounded to `[lo, hi]` (inferred). A range wider than half its upper end says
+/// too little: the fix then carries no number at all.
+fn bounded(fix: Fix, lo: u64, hi: u64) -> Fix {
+    if findings::saving_range_says(lo, hi) {
+        fix.saving_range(lo, hi)
+    } else {
+        fix
+    }
+}
+
+/// `: saves 12.25–22.77 MiB; fits: …` after a fix title when `[lo, hi]` says something, else
+/// nothing (the fix then carries no number, see [`bounded`]).
+fn saves(sep: &str, ctx: &Context, lo: u64, hi: u64) -> String {
+    if findings::saving_range_says(lo, hi) {
+        format!(
+            "{sep}saves {}{}",
+            fmt_range(lo, hi),
+            fit_note_range(ctx, lo, hi)
+        )
+    } else {
+        String::new()
+    }
+}
+
+/// [`fit_note`] for a saving between `lo` and `hi`.
+fn fit_note_range(ctx: &Context, lo: u64, hi: u64) -> String {
+    match ctx.capacity {
+        Some(cap) => {
+            let best = ctx.plan.total_peak_bytes.saturating_sub(hi);
+            let worst = ctx.plan.total_peak_bytes.saturating_sub(lo);
+            if best > cap {
+                format!(
+                    "; still does not fit: at least {} > capacity {}",
+                    fmt_bytes(best),
+                    fmt_bytes(cap)
+                )
+            } else if worst <= cap {
+                format!(
+                    "; fits: at most {} ≤ capacity {}",
+                    fmt_bytes(worst),
+                    fmt_bytes(cap)
+                )
+            } else {
+                format!(
+                    "; may fit: {} against capacity {}",
+                    fmt_range(best, worst),
+                    fmt_bytes(cap)
+                )
+            }
+        }
+        None => String::new(),
+    }
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 
 pub mod capture;
 pub mod diagnose;
+pub mod donation;
 pub mod growth;
 pub mod hlo;
 pub mod plan;
@@ -85,6 +86,8 @@ pub fn analyse(cap: &Capture, opts: &AnalysisOptions) -> Result<Output, CaptureE
         growth,
         live_at_last: live_at_last.clone(),
         pick: &pick,
+        cpu: cap.versions.iter().any(|(k, _)| k == "cpu_version")
+            && !cap.versions.iter().any(|(k, _)| k == "gpu_version"),
     };
     let findings = diagnose::diagnose(&ctx);
     let sites = sites::sites(plan, &opts.frames, opts.top);

@@ -164,6 +164,9 @@ pub struct PeakBuffer {
     /// stacked values), whose line stands in for the missing one (inferred).
     pub via: Option<String>,
     pub via_stack: Vec<Frame>,
+    /// For a heap row: the heap-simulator events `[first, last)` during which its memory is
+    /// in use (the indices of `Plan::heap_levels`); empty for indefinite allocations.
+    pub live_events: std::ops::Range<usize>,
 }
 
 impl PeakBuffer {
@@ -228,6 +231,37 @@ pub struct Plan {
     /// Heap bytes before each event of the heap-simulator trace (the program order), then after
     /// the last: `heap_curve[peak_position + 1]` is the peak.
     pub heap_curve: Vec<u64>,
+    /// Heap bytes in use after each event of the heap-simulator trace (the replay's levels; the
+    /// heap peak is their maximum).
+    pub heap_levels: Vec<u64>,
+    /// What donating the state parameters not yet donated would change (None when there is
+    /// nothing to donate).
+    pub donation: Option<super::donation::DonationEstimate>,
+}
+
+impl Plan {
+    /// The heap peak with the schedule unchanged if each heap row of `shrink` needed that many
+    /// fewer bytes over its whole life (inferred: XLA may schedule and fuse the changed
+    /// program differently).
+    pub fn heap_peak_if_shrunk(&self, shrink: &[(&PeakBuffer, u64)]) -> u64 {
+        let n = self.heap_levels.len();
+        let mut delta = vec![0i128; n + 1];
+        for (b, by) in shrink {
+            let r = b.live_events.start.min(n)..b.live_events.end.min(n);
+            if r.is_empty() {
+                continue;
+            }
+            delta[r.start] += *by as i128;
+            delta[r.end] -= *by as i128;
+        }
+        let mut cut = 0i128;
+        let mut peak = 0i128;
+        for (i, level) in self.heap_levels.iter().enumerate() {
+            cut += delta[i];
+            peak = peak.max(*level as i128 - cut);
+        }
+        peak.max(0) as u64
+    }
 }
 
 /// One entry-computation parameter.
@@ -401,7 +435,12 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
     // the buffer xprof shows for it: itself, or the buffer whose SHARE_WITH revived it (the value
     // that occupies the memory now). Shares into a buffer already live (in place) change nothing.
     let mut peak_ids: Vec<i64> = Vec::new();
+    // Root buffer -> event index at which it became live; closed into `live_ranges` when freed.
+    let mut opened: FxHashMap<i64, usize> = FxHashMap::default();
+    let mut live_ranges: FxHashMap<i64, Vec<std::ops::Range<usize>>> = FxHashMap::default();
+    let mut levels: Vec<u64> = Vec::new();
     if let Some(t) = trace.and_then(|ti| traces.get(ti)) {
+        levels.reserve(t.events.len());
         let mut live: Vec<i64> = Vec::new();
         let mut display: FxHashMap<i64, i64> = FxHashMap::default();
         let mut heap: i64 = 0;
@@ -410,6 +449,10 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
         for (pos, e) in t.events.iter().enumerate() {
             plan.heap_points += 1;
             plan.heap_curve.push(heap.max(0) as u64);
+            // The level after the previous event (the body may `continue`).
+            if pos > 0 {
+                levels.push(heap.max(0) as u64);
+            }
             if !bufs.contains_key(&e.buffer_id) {
                 continue;
             }
@@ -439,6 +482,9 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
                         None => continue,
                     };
                     if refs == 0 {
+                        if let Some(start) = opened.remove(&root) {
+                            live_ranges.entry(root).or_default().push(start..pos);
+                        }
                         live.retain(|&x| x != root);
                         display.remove(&root);
                         heap =
@@ -468,6 +514,7 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
                 _ => {}
             }
             if let Some((root, shown)) = grew {
+                opened.insert(root, pos);
                 live.push(root);
                 display.insert(root, shown);
                 heap = heap.saturating_add(bufs.get(&root).map(|b| b.proto.size).unwrap_or(0));
@@ -483,9 +530,19 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
             }
         }
         plan.heap_curve.push(heap.max(0) as u64);
+        if !t.events.is_empty() {
+            levels.push(heap.max(0) as u64);
+        }
+        for (root, start) in opened.drain() {
+            live_ranges
+                .entry(root)
+                .or_default()
+                .push(start..t.events.len());
+        }
         plan.heap_points += 1;
         plan.heap_peak_bytes = peak.max(0) as u64;
     }
+    plan.heap_levels = levels;
 
     // Rows: the largest logical buffer of each indefinite allocation, then heap buffers.
     let row = |b: &Buf, heap: bool| -> PeakBuffer {
@@ -536,6 +593,7 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
             role,
             via,
             via_stack,
+            live_events: 0..0,
             op_name,
             opcode: b.instr.opcode.clone(),
             category: Category::of(&ba.buffer_allocations[b.alloc]),
@@ -561,7 +619,13 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
     }
     for id in &peak_ids {
         if let Some(b) = bufs.get(id) {
-            let r = row(b, true);
+            let mut r = row(b, true);
+            // The life (a buffer shared into after a free lives again) that holds the peak.
+            r.live_events = live_ranges
+                .get(&root_of(&bufs, *id))
+                .and_then(|v| v.iter().find(|l| l.contains(&plan.peak_position)))
+                .cloned()
+                .unwrap_or(0..0);
             let role = plan.roles.entry(r.role.key()).or_default();
             *role = role.saturating_add(r.size);
             rows.push(r);
@@ -624,6 +688,11 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
             };
         }
     }
+    let events = trace
+        .and_then(|ti| traces.get(ti))
+        .map(|t| t.events.as_slice())
+        .unwrap_or(&[]);
+    plan.donation = super::donation::estimate(module, ba, color, events, &plan.heap_levels);
     for i in module.computations.iter().flat_map(|c| &c.instructions) {
         if i.name.contains(".remat") {
             plan.xla_remat_instructions += 1;

@@ -10,7 +10,7 @@ mod xla;
 
 use std::fmt::Write;
 
-use crate::findings::{Finding, Kind, Label, fmt_bytes};
+use crate::findings::{Finding, Kind, Label, fmt_bytes, fmt_range};
 use crate::report::{CaptureReport, Engine};
 
 pub(super) use check::{check, fix_notes};
@@ -104,13 +104,19 @@ fn next_steps(s: &mut String, r: &CaptureReport) {
         let at = at(f).map(|a| format!(" {a}")).unwrap_or_default();
         for fix in &f.fixes {
             n += 1;
-            // Savings are estimates: labelled, and said once.
-            let saving = match fix.saving_bytes.filter(|b| *b > 0) {
-                Some(b) if fix.title.contains(&fmt_bytes(b)) => {
+            // Savings are estimates: labelled, and said once; a bound from the plan as a range.
+            let saving = match (fix.saving_range, fix.saving_bytes.filter(|b| *b > 0)) {
+                (Some((lo, hi)), _) if fix.title.contains(&fmt_range(lo, hi)) => {
                     format!(" {}", tag(Label::Inferred))
                 }
-                Some(b) => format!(" — saves ~{} {}", fmt_bytes(b), tag(Label::Inferred)),
-                None => String::new(),
+                (Some((lo, hi)), _) => {
+                    format!(" — saves {} {}", fmt_range(lo, hi), tag(Label::Inferred))
+                }
+                (None, Some(b)) if fix.title.contains(&fmt_bytes(b)) => {
+                    format!(" {}", tag(Label::Inferred))
+                }
+                (None, Some(b)) => format!(" — saves ~{} {}", fmt_bytes(b), tag(Label::Inferred)),
+                (None, None) => String::new(),
             };
             let cost = fix
                 .cost
