@@ -87,10 +87,21 @@ pub fn analyze_path(path: &Path, opts: &Options) -> Result<Vec<CaptureReport>, C
         .filter(|p| detect_kind(p) == Some(CaptureKind::TorchSnapshot))
         .collect();
     let mut out = Vec::new();
-    if torch.len() > 1 {
-        out.extend(analyze_ranks(&torch, opts)?);
-    } else if let Some(p) = torch.first() {
-        out.push(analyze_file(p, opts)?);
+    match torch_groups(&torch) {
+        TorchGroups::Ranks(ranks, rest) => {
+            out.extend(analyze_ranks(&ranks, opts)?);
+            for p in rest {
+                out.push(analyze_file(p, opts)?);
+            }
+        }
+        TorchGroups::Steps(first, last, rest) => {
+            out.push(analyze_diff(first, last, opts)?);
+            for p in rest {
+                out.push(analyze_file(p, opts)?);
+            }
+        }
+        TorchGroups::One(p) => out.push(analyze_file(p, opts)?),
+        TorchGroups::None => {}
     }
     for p in files
         .iter()
@@ -99,6 +110,78 @@ pub fn analyze_path(path: &Path, opts: &Options) -> Result<Vec<CaptureReport>, C
         out.push(analyze_file(p, opts)?);
     }
     Ok(out)
+}
+
+/// How the snapshots of a directory are read together.
+enum TorchGroups<'a> {
+    /// Per-rank snapshots (`rank3_…`, or several unnamed ones: each rank analysed and compared;
+    /// with steps in the names, the latest step of each rank), and the other files.
+    Ranks(Vec<&'a PathBuf>, Vec<&'a PathBuf>),
+    /// Snapshots of one process at several steps (`snapshot_step1`, `snapshot_step10`, as
+    /// `memlsp_capture` writes them): what grew from the first to the last, and the other files
+    /// (`snapshot_oom`) on their own.
+    Steps(&'a PathBuf, &'a PathBuf, Vec<&'a PathBuf>),
+    One(&'a PathBuf),
+    None,
+}
+
+/// The number after `key` in a file name (`rank3_snapshot_step10.pickle`: rank 3, step 10).
+fn name_number(p: &Path, key: &str) -> Option<u64> {
+    let name = p.file_name()?.to_string_lossy().to_ascii_lowercase();
+    let i = name.find(key)?;
+    let digits: String = name[i + key.len()..]
+        .trim_start_matches(['_', '-'])
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
+}
+
+fn torch_groups<'a>(torch: &[&'a PathBuf]) -> TorchGroups<'a> {
+    let ranked: Vec<&PathBuf> = torch
+        .iter()
+        .copied()
+        .filter(|p| name_number(p, "rank").is_some())
+        .collect();
+    if ranked.len() > 1 {
+        // The latest step of each rank.
+        let mut latest: std::collections::BTreeMap<u64, &PathBuf> = Default::default();
+        for p in &ranked {
+            let r = name_number(p, "rank").unwrap_or(0);
+            let newer = latest.get(&r).is_none_or(|q| {
+                name_number(p, "step").unwrap_or(0) > name_number(q, "step").unwrap_or(0)
+            });
+            if newer {
+                latest.insert(r, p);
+            }
+        }
+        let ranks: Vec<&PathBuf> = latest.into_values().collect();
+        let rest = torch
+            .iter()
+            .copied()
+            .filter(|p| name_number(p, "rank").is_none())
+            .collect();
+        return TorchGroups::Ranks(ranks, rest);
+    }
+    let mut stepped: Vec<(u64, &PathBuf)> = torch
+        .iter()
+        .filter_map(|p| Some((name_number(p, "step")?, *p)))
+        .collect();
+    if stepped.len() > 1 {
+        stepped.sort();
+        let (first, last) = (stepped[0].1, stepped[stepped.len() - 1].1);
+        let rest = torch
+            .iter()
+            .copied()
+            .filter(|p| name_number(p, "step").is_none())
+            .collect();
+        return TorchGroups::Steps(first, last, rest);
+    }
+    match torch {
+        [] => TorchGroups::None,
+        [one] => TorchGroups::One(one),
+        many => TorchGroups::Ranks(many.to_vec(), Vec::new()),
+    }
 }
 
 /// Analyse one capture file.

@@ -169,3 +169,96 @@ fn exclude_frames_moves_attribution_to_the_next_user_frame() {
         "{moved}"
     );
 }
+
+/// A folder as `memlsp_capture.torch` fills it (`snapshot_step1`, `snapshot_step10`,
+/// `snapshot_oom`): what grew between the first and the last step, and the OOM on its own — not
+/// three "ranks" compared with each other. Files named `rank<N>_…` are compared as ranks, the
+/// latest step of each.
+#[test]
+fn a_capture_folder_reads_steps_as_growth_and_ranks_as_ranks() {
+    let fx = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/torch");
+    let dir = tempfile::tempdir().unwrap();
+    let caps = dir.path().join("caps");
+    std::fs::create_dir_all(&caps).unwrap();
+    std::fs::copy(
+        fx.join("pt011_step10.pickle"),
+        caps.join("snapshot_step1.pickle"),
+    )
+    .unwrap();
+    std::fs::copy(
+        fx.join("pt011_step20.pickle"),
+        caps.join("snapshot_step10.pickle"),
+    )
+    .unwrap();
+    std::fs::copy(
+        fx.join("pt008_fragmentation_oom.pickle"),
+        caps.join("snapshot_oom.pickle"),
+    )
+    .unwrap();
+    let r = memlsp(&["report", "caps", "--format", "json"], dir.path());
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let doc = r.json();
+    let caps_json = doc["captures"].as_array().unwrap();
+    assert_eq!(caps_json.len(), 2, "{doc:#}");
+    let growth = &caps_json[0];
+    assert!(
+        growth["path"]
+            .as_str()
+            .unwrap()
+            .ends_with("snapshot_step10.pickle")
+    );
+    assert!(
+        growth["torch"]["diff"]["earlier"]
+            .as_str()
+            .unwrap()
+            .ends_with("snapshot_step1.pickle")
+    );
+    assert!(
+        growth["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["code"] == "PT011")
+    );
+    assert!(growth["torch"]["rank"].is_null());
+    let oom = &caps_json[1];
+    assert!(
+        oom["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["code"] == "PT008")
+    );
+
+    // Per-rank files at two steps: the ranks are compared at their latest step.
+    let ranks = dir.path().join("ranks");
+    std::fs::create_dir_all(&ranks).unwrap();
+    for (src, dst) in [
+        (
+            "ranks/rank0_snapshot.pickle",
+            "rank0_snapshot_step10.pickle",
+        ),
+        (
+            "ranks/rank1_snapshot.pickle",
+            "rank1_snapshot_step10.pickle",
+        ),
+        ("pt011_step10.pickle", "rank0_snapshot_step1.pickle"),
+    ] {
+        std::fs::copy(fx.join(src), ranks.join(dst)).unwrap();
+    }
+    let r = memlsp(&["report", "ranks", "--format", "json"], dir.path());
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let doc = r.json();
+    let paths: Vec<&str> = doc["captures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths.len(), 2, "{paths:?}");
+    assert!(
+        paths.iter().all(|p| p.ends_with("_step10.pickle")),
+        "{paths:?}"
+    );
+    assert_eq!(doc["captures"][1]["torch"]["rank"], 1);
+}

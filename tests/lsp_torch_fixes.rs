@@ -246,3 +246,46 @@ fn a_folder_of_captures_moved_in_is_read() {
     assert!(d.is_some(), "{:?}", lsp.messages());
     lsp.shutdown();
 }
+
+#[test]
+fn a_training_loop_offers_to_record_a_memory_capture() {
+    let (_tmp, ws) = tempdir();
+    let train = workspace(&ws);
+    let mut lsp = Lsp::start(&ws, json!({}));
+    let text = lsp.open(&train);
+    // On the `for step in range(8):` header (line 11), even before any capture exists there.
+    let a = actions(&mut lsp, &train, 10);
+    let record = titled(&a, "Record a memory capture here");
+    assert_eq!(record["kind"], "refactor.rewrite");
+    let fixed = applied(&text, record, &train);
+    let want = "    _memlsp_capture = memlsp_capture.torch(\"memlsp-captures\", steps=(1, 10))\n    _memlsp_capture.start()\n    for step in range(8):";
+    assert!(fixed.contains(want), "{fixed}");
+    assert!(
+        fixed.starts_with("import memlsp_capture\nimport torch\n"),
+        "{fixed}"
+    );
+    assert!(
+        fixed.contains("        opt.zero_grad()\n        _memlsp_capture.step()\n    _memlsp_capture.stop()\n    print("),
+        "{fixed}"
+    );
+    // Not on a line of the body; not twice.
+    let body = actions(&mut lsp, &train, 12);
+    assert!(
+        !body.iter().any(|x| x["title"]
+            .as_str()
+            .is_some_and(|t| t.contains("Record a memory capture"))),
+        "{body:#?}"
+    );
+    lsp.notify(
+        "textDocument/didChange",
+        json!({"textDocument": {"uri": uri(&train), "version": 2}, "contentChanges": [{"text": fixed}]}),
+    );
+    let again = actions(&mut lsp, &train, 14);
+    assert!(
+        !again.iter().any(|x| x["title"]
+            .as_str()
+            .is_some_and(|t| t.contains("Record a memory capture"))),
+        "{again:#?}"
+    );
+    lsp.shutdown();
+}

@@ -35,6 +35,118 @@ pub fn edits_for(
     Ok(edits.into_iter().map(|e| src.text_edit(file, e)).collect())
 }
 
+/// The framework a training loop runs, for "Record a memory capture here".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CaptureFramework {
+    Torch,
+    Jax,
+}
+
+/// The training loop whose header is at 1-based `line` of `text`: a `for`/`while` statement
+/// whose body steps a model (`.backward(` or an optimizer's `.step(` in a file that imports torch;
+/// a call of a `jax.jit` function or of a `…step(` function in a file that imports jax).
+pub fn training_loop_at(text: &str, line: u32) -> Option<CaptureFramework> {
+    let src = Source::new(text);
+    let idx = src.line_index(line).ok()?;
+    let (_, end) = loop_body(&src, idx)?;
+    let body: String = (idx + 1..=end)
+        .map(|i| src.line_text(i))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let imports = |m: &str| {
+        (0..src.line_count()).any(|i| {
+            src.is_code_line(i) && {
+                let t = src.line_text(i).trim_start();
+                t.starts_with(&format!("import {m}")) || t.starts_with(&format!("from {m}"))
+            }
+        })
+    };
+    if imports("torch") && (body.contains(".backward(") || body.contains(".step(")) {
+        return Some(CaptureFramework::Torch);
+    }
+    if imports("jax") && (body.contains("step(") || body.contains("_jit(")) {
+        return Some(CaptureFramework::Jax);
+    }
+    None
+}
+
+/// The last line of the body of the loop whose header is line `idx` (0-based), and the body's
+/// indent; `None` when line `idx` is not a `for`/`while` header with an indented body.
+fn loop_body<'a>(src: &Source<'a>, idx: usize) -> Option<(&'a str, usize)> {
+    if !src.is_code_line(idx) {
+        return None;
+    }
+    let t = src.line_text(idx).trim_start();
+    let header = (t.starts_with("for ") || t.starts_with("while ") || t.starts_with("async for "))
+        && t.trim_end().ends_with(':');
+    if !header {
+        return None;
+    }
+    let indent = src.indent(idx).len();
+    let mut body_indent = None;
+    let mut last = None;
+    for i in idx + 1..src.line_count() {
+        let text = src.line_text(i);
+        if text.trim().is_empty() {
+            continue;
+        }
+        if src.is_code_line(i) && src.indent(i).len() <= indent {
+            break;
+        }
+        if src.is_code_line(i) && body_indent.is_none() {
+            body_indent = Some(src.indent(i));
+        }
+        if !text.trim_start().starts_with('#') || !src.statement_line[i] {
+            last = Some(i);
+        }
+    }
+    Some((body_indent?, last?))
+}
+
+/// "Record a memory capture here": start `memlsp_capture` before the loop at 1-based `line`,
+/// step it at the end of each iteration, stop it after the loop (and import it).
+pub fn record_capture(file: &str, text: &str, line: u32) -> Result<Vec<TextEdit>, NoEdit> {
+    let src = Source::new(text);
+    if text.contains("memlsp_capture.") {
+        return Err(NoEdit(
+            "the file already records a memory capture (memlsp_capture)".into(),
+        ));
+    }
+    let idx = src.line_index(line)?;
+    let framework = training_loop_at(text, line).ok_or_else(|| {
+        NoEdit(format!(
+            "line {line} is not the header of a training loop (a for/while loop whose body calls \
+             .backward()/.step() or a jitted step)"
+        ))
+    })?;
+    let (body_indent, last) = loop_body(&src, idx).ok_or_else(|| NoEdit("no loop body".into()))?;
+    let indent = src.indent(idx);
+    let start = match framework {
+        CaptureFramework::Torch => format!(
+            "{indent}# memlsp: snapshots after steps 1 and 10 (and at an OOM) in memlsp-captures/; start\n\
+             {indent}# it before the model is built to give parameters and optimizer state a stack too\n\
+             {indent}_memlsp_capture = memlsp_capture.torch(\"memlsp-captures\", steps=(1, 10))\n\
+             {indent}_memlsp_capture.start()\n"
+        ),
+        CaptureFramework::Jax => format!(
+            "{indent}# memlsp: a profiler trace of warm steps 2-4 in memlsp-captures/\n\
+             {indent}_memlsp_capture = memlsp_capture.jax(\"memlsp-captures\", steps=(2, 4))\n\
+             {indent}_memlsp_capture.start()\n"
+        ),
+    };
+    let (_, end) = src.line_span(last);
+    let mut edits = [
+        Edit::insert(import_position(&src), "import memlsp_capture\n"),
+        Edit::insert(src.line_starts[idx], start),
+        Edit::insert(
+            end,
+            format!("\n{body_indent}_memlsp_capture.step()\n{indent}_memlsp_capture.stop()"),
+        ),
+    ];
+    edits.sort_by_key(|e| e.start);
+    Ok(edits.into_iter().map(|e| src.text_edit(file, e)).collect())
+}
+
 /// How to wrap an expression.
 #[derive(Clone, Copy)]
 enum Wrap {
@@ -416,6 +528,54 @@ fn alloc_conf(src: &Source, value: &str) -> Result<Vec<Edit>, NoEdit> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn apply_all(text: &str, edits: &[TextEdit]) -> String {
+        let src = Source::new(text);
+        let mut out = text.to_string();
+        let mut at: Vec<(usize, &TextEdit)> = edits
+            .iter()
+            .map(|e| {
+                (
+                    src.line_starts[e.line as usize - 1] + e.start_col as usize,
+                    e,
+                )
+            })
+            .collect();
+        at.sort_by_key(|x| std::cmp::Reverse(x.0));
+        for (off, e) in at {
+            out.insert_str(off, &e.new_text);
+        }
+        out
+    }
+
+    #[test]
+    fn record_a_capture_around_a_torch_training_loop() {
+        let text = "import torch\n\ndef train(model, opt, loader):\n    for x, y in loader:\n        loss = model(x).sum()\n        loss.backward()\n        opt.step()\n\n    return model\n";
+        assert_eq!(training_loop_at(text, 4), Some(CaptureFramework::Torch));
+        assert_eq!(training_loop_at(text, 5), None, "not on a body line");
+        let edits = record_capture("t.py", text, 4).unwrap();
+        let out = apply_all(text, &edits);
+        assert_eq!(
+            out,
+            "import memlsp_capture\nimport torch\n\ndef train(model, opt, loader):\n    # memlsp: snapshots after steps 1 and 10 (and at an OOM) in memlsp-captures/; start\n    # it before the model is built to give parameters and optimizer state a stack too\n    _memlsp_capture = memlsp_capture.torch(\"memlsp-captures\", steps=(1, 10))\n    _memlsp_capture.start()\n    for x, y in loader:\n        loss = model(x).sum()\n        loss.backward()\n        opt.step()\n        _memlsp_capture.step()\n    _memlsp_capture.stop()\n\n    return model\n"
+        );
+        let again = record_capture("t.py", &out, 9).unwrap_err();
+        assert!(again.already_applied(), "{again:?}");
+    }
+
+    #[test]
+    fn record_a_capture_around_a_jax_loop_at_the_end_of_the_file() {
+        let text = "import jax\nstep_jit = jax.jit(step)\nfor i in range(5):\n    params, loss = step_jit(params, batch)";
+        assert_eq!(training_loop_at(text, 3), Some(CaptureFramework::Jax));
+        let out = apply_all(text, &record_capture("t.py", text, 3).unwrap());
+        assert!(out.ends_with("    params, loss = step_jit(params, batch)\n    _memlsp_capture.step()\n_memlsp_capture.stop()"), "{out}");
+        assert!(out.contains("_memlsp_capture = memlsp_capture.jax(\"memlsp-captures\", steps=(2, 4))\n_memlsp_capture.start()\nfor i in range(5):"), "{out}");
+        // A loop that trains nothing gets no action.
+        assert_eq!(
+            training_loop_at("import jax\nfor i in range(3):\n    print(i)\n", 2),
+            None
+        );
+    }
 
     /// Apply `kind` at `line` and return the new text (or the reason there is no edit).
     fn fix(kind: FixKind, text: &str, line: u32) -> Result<String, String> {

@@ -1,5 +1,6 @@
 //! `textDocument/codeAction`: each fix of each finding on the requested lines, as a real edit
-//! computed against the current text (the buffer, or the file), or a command that explains.
+//! computed against the current text (the buffer, or the file), or a command that explains; and
+//! on a training loop's header, "Record a memory capture here" (`memlsp_capture`).
 
 use std::path::Path;
 
@@ -23,10 +24,10 @@ pub fn code_actions(
     text_of: &dyn Fn(&Path) -> Option<String>,
     disabled_support: bool,
 ) -> Vec<CodeActionOrCommand> {
+    let mut out = record_capture(view, path, text, p);
     let path = path.to_path_buf();
     let text = text.to_string();
     let published = view.diagnostics.get(&path);
-    let mut out = Vec::new();
     let first = p.range.start.line.saturating_add(1);
     let last = p.range.end.line.saturating_add(1).max(first);
     for (line, _, entry) in view.lines_in(&path, first, last) {
@@ -119,4 +120,42 @@ pub fn code_actions(
         }
     }
     out
+}
+
+/// "Record a memory capture here" on the header of a training loop: `memlsp_capture` started
+/// before the loop, stepped at the end of each iteration, stopped after it.
+fn record_capture(
+    view: &View,
+    path: &Path,
+    text: &str,
+    p: &CodeActionParams,
+) -> Vec<CodeActionOrCommand> {
+    let line = p.range.start.line.saturating_add(1);
+    let Some(framework) = edits::training_loop_at(text, line) else {
+        return Vec::new();
+    };
+    let file = path.to_string_lossy().into_owned();
+    let Ok(e) = edits::record_capture(&file, text, line) else {
+        return Vec::new();
+    };
+    let what = match framework {
+        edits::CaptureFramework::Torch => "snapshots after steps 1 and 10 and at an OOM",
+        edits::CaptureFramework::Jax => "a trace of warm steps 2-4",
+    };
+    let edit = to_proto::workspace_edit(
+        &e,
+        &|_| Some(text.to_string()),
+        &|f: &str| to_proto::uri(Path::new(f)),
+        view.encoding,
+    );
+    edit.map(|edit| {
+        CodeActionOrCommand::CodeAction(CodeAction {
+            title: format!("Record a memory capture here (memlsp_capture: {what})"),
+            kind: Some(CodeActionKind::REFACTOR_REWRITE),
+            edit: Some(edit),
+            ..Default::default()
+        })
+    })
+    .into_iter()
+    .collect()
 }
