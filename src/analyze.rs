@@ -246,33 +246,144 @@ fn xla_file(path: &Path, opts: &Options) -> Result<CaptureReport, CaptureError> 
     })
 }
 
-/// Per-rank snapshots: each analysed alone, then every report carries the comparison of all.
-/// A rank's snapshot is dropped once its output and comparison row exist.
+/// Per-rank snapshots: each analysed alone, `opts.jobs()` at a time (a snapshot is dropped once
+/// its output exists, so at most that many are resident), then every report carries the
+/// comparison of all (built from the ranks' summaries) and its rank's PT012 findings.
 pub fn analyze_ranks(
     paths: &[&PathBuf],
     opts: &Options,
 ) -> Result<Vec<CaptureReport>, CaptureError> {
-    let mut outputs = Vec::new();
-    let mut rows = Vec::new();
-    for p in paths {
+    let one = |p: &PathBuf| -> Result<torch::Output, CaptureError> {
         check_size(p, opts)?;
         let snap = load_snapshot(p, &opts.decode)?;
         checkpoint(p, opts)?;
         let a = torch::analyse(&snap, &opts.analysis);
-        rows.push(RankRow::of(p, &a));
-        outputs.push(((*p).clone(), torch::output(&snap, &a, &opts.analysis)));
+        Ok(torch::output(&snap, &a, &opts.analysis))
+    };
+    let jobs = opts.jobs().min(paths.len()).max(1);
+    let mut results: Vec<Option<Result<torch::Output, CaptureError>>> =
+        (0..paths.len()).map(|_| None).collect();
+    if jobs == 1 {
+        for (i, p) in paths.iter().enumerate() {
+            progress(opts, i, paths.len(), p);
+            let r = one(p);
+            let failed = r.is_err();
+            results[i] = Some(r);
+            if failed {
+                break;
+            }
+        }
+    } else {
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let done = std::sync::Mutex::new(&mut results);
+        std::thread::scope(|sc| {
+            for _ in 0..jobs {
+                sc.spawn(|| {
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(p) = paths.get(i) else { break };
+                        progress(opts, i, paths.len(), p);
+                        let r = one(p);
+                        let failed = r.is_err();
+                        if let Ok(mut d) = done.lock() {
+                            d[i] = Some(r);
+                        }
+                        if failed {
+                            // The others stop at their next file.
+                            next.store(paths.len(), std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
     }
+    let mut outputs = Vec::with_capacity(paths.len());
+    for (p, r) in paths.iter().zip(results) {
+        match r {
+            Some(Ok(out)) => outputs.push(((*p).clone(), out)),
+            Some(Err(e)) => return Err(e),
+            None => {} // not started: an earlier file failed
+        }
+    }
+    let rows = outputs
+        .iter()
+        .enumerate()
+        .map(|(i, (p, out))| {
+            let rank = torch::ranks::rank_in_name(p).unwrap_or(i);
+            RankRow::of(p, rank, &out.summary.rank_summary)
+        })
+        .collect();
     let cmp = RankComparison::with_rows(rows);
     Ok(outputs
         .into_iter()
         .enumerate()
         .map(|(i, (path, mut out))| {
             cmp.annotate(i, &mut out.findings);
-            out.summary.rank = Some(i);
+            findings::sort(&mut out.findings);
+            out.summary.rank = Some(cmp.rows[i].rank);
             out.summary.rank_comparison = Some(cmp.clone());
             torch_report(&path, out)
         })
         .collect())
+}
+
+/// Reports of per-rank snapshots analysed one by one (`--check`, the server): those whose file
+/// names carry a rank and share a directory are compared, each gaining the comparison and its
+/// PT012 findings (from the ranks' summaries: nothing is read again). Reports already compared
+/// (`report DIR`) are left alone.
+pub fn compare_ranks_in(reports: &mut [CaptureReport]) {
+    let mut groups: std::collections::BTreeMap<PathBuf, Vec<usize>> = Default::default();
+    for (i, r) in reports.iter().enumerate() {
+        if let Engine::Torch(t) = &r.engine {
+            if t.rank_comparison.is_none() && torch::ranks::rank_in_name(&r.path).is_some() {
+                let dir = r.path.parent().map(Path::to_path_buf).unwrap_or_default();
+                groups.entry(dir).or_default().push(i);
+            }
+        }
+    }
+    for (_, mut idx) in groups {
+        if idx.len() < 2 {
+            continue;
+        }
+        idx.sort_by_key(|&i| torch::ranks::rank_in_name(&reports[i].path));
+        let rows: Vec<RankRow> = idx
+            .iter()
+            .filter_map(|&i| match &reports[i].engine {
+                Engine::Torch(t) => Some(RankRow::of(
+                    &reports[i].path,
+                    torch::ranks::rank_in_name(&reports[i].path).unwrap_or(i),
+                    &t.rank_summary,
+                )),
+                Engine::Xla(_) => None,
+            })
+            .collect();
+        let cmp = RankComparison::with_rows(rows);
+        for (k, &i) in idx.iter().enumerate() {
+            let r = &mut reports[i];
+            cmp.annotate(k, &mut r.findings);
+            findings::sort(&mut r.findings);
+            if let Engine::Torch(t) = &mut r.engine {
+                t.rank = Some(cmp.rows[k].rank);
+                t.rank_comparison = Some(cmp.clone());
+            }
+        }
+    }
+}
+
+/// `memlsp: rank 3/64 name` on stderr for runs of many snapshots, when stderr is a terminal
+/// (or `MEMLSP_PROGRESS=1`, for logs of batch jobs).
+fn progress(opts: &Options, i: usize, n: usize, p: &Path) {
+    use std::io::IsTerminal;
+    let _ = opts;
+    if n < 4 {
+        return;
+    }
+    let on = std::io::stderr().is_terminal()
+        || std::env::var_os("MEMLSP_PROGRESS").is_some_and(|v| v == "1");
+    if on {
+        let name = p.file_name().unwrap_or_default().to_string_lossy();
+        eprintln!("memlsp: snapshot {}/{n} {name}", i + 1);
+    }
 }
 
 /// Stop here when the caller no longer wants the answer (`DecodeOptions::cancel`).

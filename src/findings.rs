@@ -68,6 +68,7 @@ pub enum Code {
     PT009,
     PT010,
     PT011,
+    PT012,
     JX001,
     JX002,
     JX003,
@@ -82,7 +83,7 @@ pub enum Code {
 
 impl Code {
     /// Every code, in documentation order.
-    pub const ALL: [Code; 21] = [
+    pub const ALL: [Code; 22] = [
         Code::PT001,
         Code::PT002,
         Code::PT003,
@@ -94,6 +95,7 @@ impl Code {
         Code::PT009,
         Code::PT010,
         Code::PT011,
+        Code::PT012,
         Code::JX001,
         Code::JX002,
         Code::JX003,
@@ -120,6 +122,7 @@ impl Code {
             Code::PT009 => "PT009",
             Code::PT010 => "PT010",
             Code::PT011 => "PT011",
+            Code::PT012 => "PT012",
             Code::JX001 => "JX001",
             Code::JX002 => "JX002",
             Code::JX003 => "JX003",
@@ -152,6 +155,7 @@ impl Code {
             Code::PT009 => "OOM event",
             Code::PT010 => "delayed free",
             Code::PT011 => "growth between snapshots",
+            Code::PT012 => "rank skew",
             Code::JX001 => "plan exceeds capacity",
             Code::JX002 => "forward activations kept for backward",
             Code::JX003 => "backward dominates",
@@ -177,6 +181,7 @@ impl Code {
             | Code::PT006
             | Code::PT007
             | Code::PT011
+            | Code::PT012
             | Code::JX004
             | Code::JX005
             | Code::JX006 => Severity::Warning,
@@ -206,7 +211,8 @@ impl Code {
             | Code::PT008
             | Code::PT009
             | Code::PT010
-            | Code::PT011 => Family::Torch,
+            | Code::PT011
+            | Code::PT012 => Family::Torch,
             Code::JX001
             | Code::JX002
             | Code::JX003

@@ -91,4 +91,17 @@ pub struct Options {
     pub decode: DecodeOptions,
     pub analysis: AnalysisOptions,
     pub locate: LocateOptions,
+    /// Snapshots analysed at once (per-rank directories); 0 = one per core. Peak memory is at
+    /// most this many snapshots' worth.
+    pub jobs: usize,
+}
+
+impl Options {
+    /// [`Options::jobs`] resolved: at least 1, 0 meaning the machine's cores.
+    pub fn jobs(&self) -> usize {
+        match self.jobs {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        }
+    }
 }

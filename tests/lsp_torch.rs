@@ -157,3 +157,55 @@ fn a_snapshot_dumped_slowly_is_quiet_until_complete_then_deleted_clears() {
     assert!(h.is_empty(), "hints outlived their capture: {h:#?}");
     lsp.shutdown();
 }
+
+/// Rank snapshots of one folder are compared in the editor too: PT012 on the line where one
+/// rank holds far more than the median, the hover listing every rank's bytes there.
+#[test]
+fn rank_skew_is_a_diagnostic_on_the_line_with_the_ranks_in_its_hover() {
+    let names = [
+        "kkaitlyn111__memory_ctx128_fullstep.pickle",
+        "kkaitlyn111__memory_ctx256_forward.pickle",
+        "kkaitlyn111__memory_snapshot.pickle",
+    ];
+    let (_tmp, ws) = tempdir();
+    workspace(&ws);
+    for (r, n) in names.iter().enumerate() {
+        let Some(src) = lsp_support::shared(&format!("torch_snapshots/real/{n}")) else {
+            return;
+        };
+        copy(&src, &ws.join(format!("runs/rank{r}_snapshot.pickle")));
+    }
+    let opt = ws.join("cs336_basics/optimizers.py");
+    let mut lsp = Lsp::start(&ws, json!({}));
+    lsp.open(&opt);
+    let diags = lsp
+        .diagnostics(&opt, Duration::from_secs(30), |d| {
+            // Once all three ranks are read (they are published as each is done).
+            d.iter().any(|x| {
+                x["code"] == "PT012"
+                    && x["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains("across 3 ranks"))
+            })
+        })
+        .unwrap_or_else(|| panic!("no PT012: {:?}", lsp.messages()));
+    let d = diags.iter().find(|x| x["code"] == "PT012").unwrap();
+    let line = d["range"]["start"]["line"].as_u64().unwrap();
+    assert!(line == 81 || line == 83, "{d}");
+    assert!(
+        d["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("rank 0 holds ") && m.contains("than the median rank")),
+        "{d}"
+    );
+    let hover = lsp.request(
+        "textDocument/hover",
+        json!({"textDocument": {"uri": uri(&opt)}, "position": {"line": line, "character": 8}}),
+    );
+    let md = hover["contents"]["value"].as_str().unwrap_or("");
+    assert!(
+        md.contains("**PT012 rank skew**") && md.contains("rank 0: ") && md.contains("rank 1: "),
+        "{md}"
+    );
+    lsp.shutdown();
+}

@@ -62,6 +62,7 @@ pub(super) fn run(args: CheckArgs) -> i32 {
     let files = collect(&paths, &mut errors);
     let opts = args.common.options(workspace.clone());
     let mut reports = analyse_all(&files, &opts, &mut errors);
+    crate::analyze::compare_ranks_in(&mut reports);
     if let Some((base, b)) = &base {
         let o = crate::baseline::compare(&mut reports, base, &b.options);
         eprintln!(

@@ -5,6 +5,7 @@
 //! read or a usage error. Only the result goes to stdout; errors are one line each on stderr.
 
 mod check;
+mod compare;
 mod github;
 mod json;
 #[cfg(test)]
@@ -78,6 +79,20 @@ enum Command {
     Report(ReportArgs),
     /// Record the deterministic numbers of captures as a baseline for `--check --baseline`
     Baseline(BaselineArgs),
+    /// Compare ranks from their `report --format json` summaries (files or a directory of them)
+    Compare(CompareCliArgs),
+}
+
+#[derive(Args, Debug)]
+struct CompareCliArgs {
+    /// Summaries (`memlsp report SNAPSHOT --format json -o rankN.json`) or directories of them
+    #[arg(value_name = "SUMMARY", required = true)]
+    paths: Vec<PathBuf>,
+    /// Output format (text or json)
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = ReportFormat::Text)]
+    format: ReportFormat,
+    #[command(flatten)]
+    common: CommonArgs,
 }
 
 #[derive(Args, Debug)]
@@ -115,6 +130,10 @@ struct ReportArgs {
     /// Write the result to FILE instead of stdout
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     output: Option<PathBuf>,
+    /// Per-rank directories: snapshots analysed at once (peak memory is at most N snapshots'
+    /// worth) [default: one per core]
+    #[arg(long, short = 'j', value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    jobs: Option<u32>,
     #[command(flatten)]
     common: CommonArgs,
 }
@@ -248,6 +267,11 @@ pub fn main() -> i32 {
         Some(_) if cli.check => usage("--check cannot be combined with a subcommand"),
         Some(Command::Report(args)) => report::run_report(args),
         Some(Command::Baseline(args)) => check::record_baseline(args),
+        Some(Command::Compare(args)) => compare::run(compare::CompareArgs {
+            paths: args.paths,
+            format: args.format,
+            common: args.common,
+        }),
         Some(Command::Lsp { .. }) => lsp(),
         None if cli.check => {
             if cli.baseline.is_none() && (cli.max_growth.is_some() || cli.timing) {

@@ -13,6 +13,7 @@ pub(super) fn run_report(args: ReportArgs) -> i32 {
     opts.decode.max_trace_events = args.max_trace_events;
     opts.analysis.module = args.module.clone();
     opts.analysis.pictures = args.format == ReportFormat::Html;
+    opts.jobs = args.jobs.unwrap_or(0) as usize;
     let result = match &args.diff {
         Some(later) => run_diff(&args.file, later, &opts).map(|r| vec![r]),
         None => run(&args.file, &opts),

@@ -109,10 +109,20 @@ impl Index {
             HashMap::new();
         let mut seen_sites: HashMap<(PathBuf, u32, Option<String>), ()> = HashMap::new();
 
-        for cap in order {
+        // Every report cloned once; rank snapshots of one folder are compared (PT012).
+        let mut owner: Vec<usize> = Vec::new();
+        let mut flat: Vec<CaptureReport> = Vec::new();
+        for (k, cap) in order.iter().enumerate() {
+            for r in &cap.reports {
+                owner.push(k);
+                flat.push(r.clone());
+            }
+        }
+        crate::analyze::compare_ranks_in(&mut flat);
+        for (k, mut report) in owner.into_iter().zip(flat) {
+            let cap = order[k];
             let name = cap.name();
-            for report in &cap.reports {
-                let mut report = report.clone();
+            {
                 if let Some((base, opts)) = baseline {
                     // Each capture alone: its key is the one it has as the only capture of a run.
                     crate::baseline::compare(std::slice::from_mut(&mut report), base, opts);

@@ -63,6 +63,15 @@ impl Locator {
     pub fn locate(&self, report: &mut CaptureReport) {
         let capture = std::path::absolute(&report.path).unwrap_or_else(|_| report.path.clone());
         report.shown_path = Some(self.resolver.relative(&capture));
+        // The other ranks' snapshots, shown the way this one is.
+        if let crate::report::Engine::Torch(t) = &mut report.engine {
+            if let Some(c) = &mut t.rank_comparison {
+                for row in &mut c.rows {
+                    let abs = std::path::absolute(&row.path).unwrap_or_else(|_| row.path.clone());
+                    row.path = PathBuf::from(self.resolver.relative(&abs));
+                }
+            }
+        }
         for f in &mut report.findings {
             self.refine(f, &capture);
             self.resolve_all(f.location.iter_mut().chain(f.stack.iter_mut()));

@@ -95,6 +95,7 @@ const PARALLEL_FROM: usize = 200_000;
 /// The engine's output: the typed summary, the first `opts.top` sites, the findings.
 pub fn output(snap: &Snapshot, a: &Analysis, opts: &AnalysisOptions) -> Output {
     let mut summary = summary::summarize(snap, a, opts.top);
+    summary.rank_summary = ranks::RankSummary::of(snap, a);
     if opts.pictures {
         let starts: Vec<(i64, i64)> = a
             .timeline

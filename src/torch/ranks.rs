@@ -1,12 +1,85 @@
 //! Per-rank snapshots: a comparison of all ranks (peak, live, inactive, OOMs, top site) that
-//! every rank's report carries, so imbalance and replication are visible from any one of them.
+//! every rank's report carries, so imbalance and replication are visible from any one of them,
+//! and PT012 (rank skew): a site where some ranks hold far more than the median rank.
+//!
+//! The comparison needs only each rank's [`RankSummary`] (totals and largest sites), which every
+//! report's JSON carries (`torch.rank_summary`): ranks analysed where their snapshots were
+//! written can be compared from their summaries alone (`memlsp compare`).
 
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use crate::findings::{Code, Evidence, Finding};
+use crate::findings::{Code, Evidence, Finding, Location, Severity, fmt_bytes};
 use crate::torch::Analysis;
+use crate::torch::model::Snapshot;
+
+/// Sites a rank summary lists (the largest); a site a rank does not list holds less there than
+/// its smallest listed one.
+pub const SUMMARY_SITES: usize = 64;
+
+/// What one rank contributes to a comparison of ranks.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RankSummary {
+    pub allocated_bytes: u64,
+    pub reserved_bytes: u64,
+    pub inactive_bytes: u64,
+    /// Reconstructed live peak over the trace (largest device), when the trace allows.
+    pub peak_live_bytes_reconstructed: Option<u64>,
+    pub oom_events: u64,
+    /// Its largest live sites (measured), at most [`SUMMARY_SITES`].
+    pub sites: Vec<RankSite>,
+}
+
+/// One site of a rank summary.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RankSite {
+    /// `<file>:<line>:<function>` or `<no stack>`: the key sites are matched by across ranks.
+    pub site: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub function: Option<String>,
+    pub bytes: u64,
+}
+
+impl RankSummary {
+    /// The summary of one analysed snapshot.
+    pub fn of(snap: &Snapshot, a: &Analysis) -> RankSummary {
+        let o = &a.totals.overall;
+        RankSummary {
+            allocated_bytes: o.allocated,
+            reserved_bytes: o.reserved,
+            inactive_bytes: o.inactive,
+            peak_live_bytes_reconstructed: a
+                .timeline
+                .devices
+                .iter()
+                .filter(|t| t.live_peak_index.is_some())
+                .map(|t| t.live_peak.max(0) as u64)
+                .max(),
+            oom_events: a.totals.oom_events().count() as u64,
+            sites: a
+                .sites
+                .sites
+                .iter()
+                .take(SUMMARY_SITES)
+                .map(|s| {
+                    let l = s.key.and_then(|k| crate::torch::stacks::location(snap, k));
+                    RankSite {
+                        site: s.site.clone(),
+                        file: l.as_ref().map(|l| l.file.clone()),
+                        line: l.as_ref().map(|l| l.line),
+                        function: l.map(|l| l.function),
+                        bytes: s.bytes,
+                    }
+                })
+                .collect(),
+        }
+    }
+}
 
 /// One rank's row in the comparison.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -26,6 +99,11 @@ pub struct RankRow {
     pub ooms: u64,
     pub top_site: String,
     pub top_percent: Option<f64>,
+    /// The rank number: from the file name (`rank3_…`), else its place in the comparison.
+    pub rank: usize,
+    /// The rank's largest sites (for PT012; not repeated in every report's comparison).
+    #[serde(skip)]
+    pub sites: Vec<RankSite>,
 }
 
 fn display_path<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
@@ -42,27 +120,36 @@ pub struct RankComparison {
 }
 
 impl RankRow {
-    /// The row of one analysed rank.
-    pub fn of(path: &Path, a: &Analysis) -> RankRow {
-        let o = &a.totals.overall;
-        let top = a.sites.sites.first();
+    /// The row of rank `rank` from its summary.
+    pub fn of(path: &Path, rank: usize, s: &RankSummary) -> RankRow {
+        let top = s.sites.first();
         RankRow {
             path: path.to_path_buf(),
-            allocated: o.allocated,
-            reserved: o.reserved,
-            inactive: o.inactive,
-            peak: a
-                .timeline
-                .devices
-                .iter()
-                .filter(|t| t.live_peak_index.is_some())
-                .map(|t| t.live_peak.max(0) as u64)
-                .max(),
-            ooms: a.totals.oom_events().count() as u64,
-            top_site: top.map(|s| s.site.clone()).unwrap_or_else(|| "–".into()),
-            top_percent: top.and_then(|s| s.percent_of(o.allocated)),
+            allocated: s.allocated_bytes,
+            reserved: s.reserved_bytes,
+            inactive: s.inactive_bytes,
+            peak: s.peak_live_bytes_reconstructed,
+            ooms: s.oom_events,
+            top_site: top.map(|t| t.site.clone()).unwrap_or_else(|| "–".into()),
+            top_percent: top.and_then(|t| {
+                (s.allocated_bytes > 0).then(|| 100.0 * t.bytes as f64 / s.allocated_bytes as f64)
+            }),
+            rank,
+            sites: s.sites.clone(),
         }
     }
+}
+
+/// The rank number in a file name (`rank3_snapshot.pickle`, `snapshot_rank_12.pkl`).
+pub fn rank_in_name(p: &Path) -> Option<usize> {
+    let name = p.file_name()?.to_string_lossy().to_ascii_lowercase();
+    let i = name.find("rank")?;
+    let digits: String = name[i + 4..]
+        .trim_start_matches(['_', '-'])
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
 }
 
 impl RankComparison {
@@ -77,8 +164,10 @@ impl RankComparison {
         self.rows.len() > 1 && self.imbalance.is_some_and(|r| r <= 1.05)
     }
 
-    /// Scope and evidence the comparison adds to rank `rank`'s findings.
-    pub fn annotate(&self, rank: usize, findings: &mut [Finding]) {
+    /// Scope and evidence the comparison adds to the findings of row `i`, and its PT012s.
+    pub fn annotate(&self, i: usize, findings: &mut Vec<Finding>) {
+        let rank = self.rows.get(i).map_or(i, |r| r.rank);
+        findings.extend(self.skew(i));
         for f in findings.iter_mut() {
             f.scope = Some(format!("rank {rank}"));
             if f.code == Code::PT006 && self.uniform() {
@@ -90,6 +179,98 @@ impl RankComparison {
         }
     }
 }
+
+impl RankComparison {
+    /// PT012 for row `i`: each site where this rank holds far more than the median rank (at
+    /// least 50 % more and 64 MiB more). A rank that does not list a site holds less there than
+    /// its smallest listed site: counted as 0 (the median is then a lower bound, said so).
+    pub fn skew(&self, i: usize) -> Vec<Finding> {
+        let n = self.rows.len();
+        let Some(row) = self.rows.get(i) else {
+            return Vec::new();
+        };
+        if n < 2 {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for s in &row.sites {
+            let mut per: Vec<(usize, Option<u64>)> = self
+                .rows
+                .iter()
+                .map(|r| {
+                    (
+                        r.rank,
+                        r.sites.iter().find(|x| x.site == s.site).map(|x| x.bytes),
+                    )
+                })
+                .collect();
+            let mut bytes: Vec<u64> = per.iter().map(|p| p.1.unwrap_or(0)).collect();
+            bytes.sort_unstable();
+            let median = if n % 2 == 1 {
+                bytes[n / 2]
+            } else {
+                (bytes[n / 2 - 1] + bytes[n / 2]) / 2
+            };
+            let excess = s.bytes.saturating_sub(median);
+            if excess < SKEW_MIN_BYTES || (s.bytes as f64) < SKEW_RATIO * median as f64 {
+                continue;
+            }
+            let shown = |b: Option<u64>| b.map_or("below its listed sites".to_string(), fmt_bytes);
+            per.sort_by_key(|p| std::cmp::Reverse(p.1.unwrap_or(0)));
+            let listed: Vec<String> = per
+                .iter()
+                .take(16)
+                .map(|(r, b)| format!("rank {r}: {}", shown(*b)))
+                .collect();
+            let more = if n > 16 {
+                format!(", … {} more", n - 16)
+            } else {
+                String::new()
+            };
+            let unlisted = per.iter().filter(|p| p.1.is_none()).count();
+            let place = match (&s.file, s.line) {
+                (Some(f), Some(l)) => format!("{f}:{l}"),
+                _ => s.site.clone(),
+            };
+            let mut f = Finding::new(
+                Code::PT012,
+                Severity::Warning,
+                format!(
+                    "rank {} holds {} more at {place} than the median rank ({} vs {} across {n} ranks)",
+                    row.rank,
+                    fmt_bytes(excess),
+                    fmt_bytes(s.bytes),
+                    fmt_bytes(median)
+                ),
+            )
+            .bytes(excess, None)
+            .evidence(Evidence::measured(format!(
+                "live bytes at this site per rank, largest first: {}{more}",
+                listed.join(", ")
+            )));
+            if unlisted > 0 {
+                f = f.evidence(Evidence::inferred(format!(
+                    "{unlisted} rank(s) do not list this site among their largest {SUMMARY_SITES}: counted as 0, so the median is a lower bound"
+                )));
+            }
+            f = f.evidence(Evidence::inferred(
+                "uneven data (sequence lengths, a rank-0-only step: logging, evaluation, checkpointing) or state placed on one rank; \
+                 compare what this line does on that rank",
+            ));
+            if let (Some(file), Some(line)) = (&s.file, s.line) {
+                let l = Location::new(file.clone(), line, s.function.clone().unwrap_or_default());
+                f = f.at(Some(l.clone()), vec![l]);
+            }
+            out.push(f);
+        }
+        out
+    }
+}
+
+/// PT012 needs this much more than the median…
+const SKEW_MIN_BYTES: u64 = 64 << 20;
+/// …and this ratio to it.
+const SKEW_RATIO: f64 = 1.5;
 
 /// Largest / smallest live bytes across ranks (None when a rank holds nothing).
 fn imbalance(rows: &[RankRow]) -> Option<f64> {
@@ -115,6 +296,8 @@ mod tests {
             ooms: 0,
             top_site: "<no stack>".into(),
             top_percent: None,
+            rank: 0,
+            sites: Vec::new(),
         }
     }
 

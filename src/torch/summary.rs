@@ -37,6 +37,9 @@ pub struct Summary {
     pub rank: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rank_comparison: Option<RankComparison>,
+    /// What this snapshot contributes to a comparison of ranks (compact: totals and the largest
+    /// sites), so ranks can be compared from summaries alone (`memlsp compare`).
+    pub rank_summary: crate::torch::ranks::RankSummary,
     /// How well the allocator replay reproduces this capture's recorded segment events.
     pub replay: CaptureReplay,
     /// Memory over the trace per device, for pictures (computed on request).
@@ -624,6 +627,7 @@ pub fn summarize_with(snap: &Snapshot, a: &Analysis, top: usize, replay: Capture
         diff: None,
         rank: None,
         rank_comparison: None,
+        rank_summary: Default::default(),
         replay,
         series: Vec::new(),
         segment_bars: Vec::new(),

@@ -14,6 +14,7 @@ use crate::findings::{Finding, Kind, Label, fmt_bytes, fmt_range};
 use crate::report::{CaptureReport, Engine};
 
 pub(super) use check::{check, fix_notes};
+pub(super) use torch::ranks_table;
 
 /// `[measured]` etc.
 pub(crate) fn tag(l: Label) -> &'static str {

@@ -159,8 +159,16 @@ fn ranks(s: &mut String, t: &Summary) {
     let Some(c) = &t.rank_comparison else {
         return;
     };
+    s.push_str(&ranks_table(c));
+}
+
+/// The comparison of ranks (`report DIR`, `compare`).
+pub(crate) fn ranks_table(c: &crate::torch::ranks::RankComparison) -> String {
+    let mut s = String::new();
+    let s = &mut s;
     let _ = writeln!(s, "Ranks ({} snapshots)", c.rows.len());
-    for (i, r) in c.rows.iter().enumerate() {
+    for r in &c.rows {
+        let i = r.rank;
         let name = r
             .path
             .file_name()
@@ -195,6 +203,7 @@ fn ranks(s: &mut String, t: &Summary) {
         None => {}
     }
     s.push('\n');
+    std::mem::take(s)
 }
 
 fn sites(s: &mut String, r: &CaptureReport, t: &Summary, top: usize) {

@@ -1,0 +1,232 @@
+//! Ranks: PT012 (rank skew) on a real snapshot's ranks, one of them changed the way the bug
+//! changes it; `memlsp compare` on the ranks' summaries equals `report DIR` on the snapshots;
+//! `--jobs` does not change the answer; `--check` compares rank files of one folder too.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{arg, memlsp};
+use memlsp::findings::Code;
+use memlsp::options::AnalysisOptions;
+use memlsp::torch::model::{BlockState, Snapshot};
+use memlsp::torch::ranks::{RankComparison, RankRow, RankSummary};
+use serde_json::Value;
+
+const SNAP: &str = "kkaitlyn111__memory_ctx128_fullstep.pickle";
+
+fn load(name: &str) -> Option<Snapshot> {
+    let p = common::shared(&format!("torch_snapshots/real/{name}"))?;
+    Some(memlsp::torch::load::load_snapshot(&p, &Default::default()).unwrap())
+}
+
+/// `snap` as a rank that also keeps a second copy of every live block allocated at
+/// `file_suffix:line` (a rank that materialises state the others shard, or keeps a rank-0-only
+/// buffer): each segment holding such blocks is present twice, the copy holding only those
+/// blocks (the rest of the copy free).
+fn with_second_copy(snap: &Snapshot, file_suffix: &str, line: u32) -> (Snapshot, u64) {
+    let a = memlsp::torch::analyse(snap, &AnalysisOptions::default());
+    let target = a
+        .sites
+        .sites
+        .iter()
+        .find(|s| s.site.ends_with(&format!("{file_suffix}:{line}:step")))
+        .unwrap_or_else(|| panic!("no site {file_suffix}:{line}"))
+        .key;
+    let mut out = snap.clone();
+    let mut extra = 0;
+    let mut copies = Vec::new();
+    for (k, seg) in snap.segments.iter().enumerate() {
+        let ours = |b: &memlsp::torch::model::Block| {
+            b.state == BlockState::ActiveAllocated && a.stacks.site(b.stack).0 == target
+        };
+        if !seg.blocks.iter().any(ours) {
+            continue;
+        }
+        let mut c = seg.clone();
+        let shift = (1u64 << 44) + (k as u64) * (1 << 36);
+        c.address += shift;
+        for b in &mut c.blocks {
+            b.address += shift;
+            if ours(b) {
+                extra += b.size;
+            } else {
+                b.state = BlockState::Inactive;
+            }
+        }
+        copies.push(c);
+    }
+    out.segments.extend(copies);
+    (out, extra)
+}
+
+fn summary(snap: &Snapshot) -> RankSummary {
+    let a = memlsp::torch::analyse(snap, &AnalysisOptions::default());
+    RankSummary::of(snap, &a)
+}
+
+#[test]
+fn pt012_names_the_line_where_one_rank_holds_a_second_copy() {
+    let Some(snap) = load(SNAP) else { return };
+    let same = summary(&snap);
+    let (skewed, extra) = with_second_copy(&snap, "optimizers.py", 84);
+    let odd = summary(&skewed);
+    // Eight ranks of one data-parallel job: identical but for rank 5.
+    let rows: Vec<RankRow> = (0..8)
+        .map(|r| {
+            let s = if r == 5 { &odd } else { &same };
+            RankRow::of(Path::new(&format!("rank{r}_snapshot.pickle")), r, s)
+        })
+        .collect();
+    let cmp = RankComparison::with_rows(rows);
+    for i in (0..8).filter(|&i| i != 5) {
+        assert!(cmp.skew(i).is_empty(), "rank {i}: {:?}", cmp.skew(i));
+    }
+    let found = cmp.skew(5);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    let f = &found[0];
+    assert_eq!(f.code, Code::PT012);
+    let l = f.location.as_ref().unwrap();
+    assert!(
+        l.file.ends_with("cs336_basics/optimizers.py") && l.line == 84,
+        "{l:?}"
+    );
+    // The excess is exactly the copied blocks (measured), against the median rank.
+    assert_eq!(f.bytes, Some(extra));
+    assert!(extra > 12 << 30, "{extra}");
+    assert!(
+        f.message.starts_with(&format!(
+            "rank 5 holds {} more at /home/c-kaitwang/assignment1/cs336_basics/optimizers.py:84 than the median rank",
+            memlsp::findings::fmt_bytes(extra)
+        )),
+        "{}",
+        f.message
+    );
+    assert!(f.evidence[0].text.contains("rank 5: "), "{:?}", f.evidence);
+    // Within the thresholds, nothing: two ranks differing by less than 64 MiB are not skewed.
+    let cmp = RankComparison::with_rows(vec![
+        RankRow::of(Path::new("rank0.pickle"), 0, &same),
+        RankRow::of(Path::new("rank1.pickle"), 1, &same),
+    ]);
+    assert!(cmp.skew(0).is_empty() && cmp.skew(1).is_empty());
+}
+
+/// Three real snapshots as the ranks of one folder.
+fn rank_folder(dir: &Path) -> Option<Vec<PathBuf>> {
+    let names = [
+        "kkaitlyn111__memory_ctx128_fullstep.pickle",
+        "kkaitlyn111__memory_ctx256_forward.pickle",
+        "kkaitlyn111__memory_snapshot.pickle",
+    ];
+    let ranks = dir.join("ranks");
+    std::fs::create_dir_all(&ranks).unwrap();
+    let mut out = Vec::new();
+    for (r, n) in names.iter().enumerate() {
+        let src = common::shared(&format!("torch_snapshots/real/{n}"))?;
+        let dst = ranks.join(format!("rank{r}_snapshot.pickle"));
+        std::fs::copy(src, &dst).unwrap();
+        out.push(dst);
+    }
+    Some(out)
+}
+
+fn pt012(findings: &Value) -> Vec<(String, Value, Value)> {
+    findings
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["code"] == "PT012")
+        .map(|f| {
+            (
+                f["message"].as_str().unwrap().to_string(),
+                f["file"].clone(),
+                f["line"].clone(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn compare_on_summaries_equals_report_dir_on_snapshots() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let Some(files) = rank_folder(dir) else {
+        return;
+    };
+    let ranks = dir.join("ranks");
+    let r = memlsp(
+        &["report", arg(&ranks), "--format", "json", "--jobs", "2"],
+        dir,
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let doc = r.json();
+    let caps = doc["captures"].as_array().unwrap();
+    assert_eq!(caps.len(), 3);
+    let cmp = &caps[0]["torch"]["rank_comparison"];
+    let mut from_report = Vec::new();
+    for c in caps {
+        from_report.extend(pt012(&c["findings"]));
+    }
+    // --jobs 1 gives the same document.
+    let one = memlsp(
+        &["report", arg(&ranks), "--format", "json", "--jobs", "1"],
+        dir,
+    );
+    assert_eq!(one.stdout, r.stdout);
+
+    // Each rank analysed alone, where it was written; only the summaries move.
+    let sums = dir.join("summaries");
+    std::fs::create_dir_all(&sums).unwrap();
+    for (i, f) in files.iter().enumerate() {
+        let out = sums.join(format!("rank{i}.json"));
+        let s = memlsp(
+            &["report", arg(f), "--format", "json", "-o", arg(&out)],
+            dir,
+        );
+        assert_eq!(s.code, 0, "{}", s.stderr);
+        assert!(
+            std::fs::metadata(&out).unwrap().len() < 1 << 20,
+            "a summary is compact"
+        );
+    }
+    let c = memlsp(&["compare", arg(&sums), "--format", "json"], dir);
+    assert_eq!(c.code, 0, "{}", c.stderr);
+    let compared = c.json();
+    assert_eq!(&compared["rank_comparison"], cmp);
+    assert_eq!(pt012(&compared["findings"]), from_report);
+    assert!(
+        !from_report.is_empty(),
+        "the forward-only ranks hold no optimizer state"
+    );
+    // The text form names the ranks and the skew.
+    let t = memlsp(&["compare", arg(&sums)], dir);
+    assert!(
+        t.stdout
+            .starts_with("Ranks (3 snapshots)\n  rank 0 rank0_snapshot.pickle"),
+        "{}",
+        t.stdout
+    );
+    assert!(
+        t.stdout.contains("warning[PT012] rank 0 holds"),
+        "{}",
+        t.stdout
+    );
+
+    // --check on the folder compares the rank files too.
+    let chk = memlsp(&["--check", arg(&ranks), "--format", "json"], dir);
+    let mut from_check = Vec::new();
+    for c in chk.json()["captures"].as_array().unwrap() {
+        from_check.extend(pt012(&c["findings"]));
+    }
+    assert_eq!(from_check, from_report);
+}
+
+#[test]
+fn compare_refuses_what_is_not_a_summary() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("a.json"), "{\"x\": 1}").unwrap();
+    std::fs::write(tmp.path().join("b.json"), "not json").unwrap();
+    memlsp(&["compare", "a.json", "a.json"], tmp.path())
+        .assert_one_line_error("not a `memlsp report --format json` summary");
+    memlsp(&["compare", "b.json", "a.json"], tmp.path()).assert_one_line_error("not JSON");
+}
