@@ -86,7 +86,9 @@ fn torch(r: &CaptureReport, t: &crate::torch::summary::Summary) -> Value {
                 "ooms": s.ooms,
                 "segments": segs,
                 "fragmentation": t.fragmentation.iter().filter(|f| f.device == s.device).collect::<Vec<_>>(),
-                // The allocator at the peak and at the first OOM, replayed (validated devices).
+                // The allocator at the peak and at the first OOM, replayed where the replay of
+                // this device validates.
+                "validated": t.replay.devices.iter().any(|d| d.device == s.device && d.validated),
                 "states": t.state_bars.iter().filter(|p| p.device == s.device).collect::<Vec<_>>(),
             })
         })
