@@ -133,11 +133,17 @@ fn real_states_at_the_end_the_peak_and_the_oom() {
             at.extend(oom.map(At::BeforeRequest));
             let states = recorded_states(&snap, device, &at);
             let Some(states) = states else {
-                assert!(!d.validated, "{name} device {device}: validated, yet no state");
+                assert!(
+                    !d.validated,
+                    "{name} device {device}: validated, yet no state"
+                );
                 println!("{name} device {device}: not validated, no state");
                 continue;
             };
-            assert!(d.validated, "{name} device {device}: a state without validation");
+            assert!(
+                d.validated,
+                "{name} device {device}: a state without validation"
+            );
             devices += 1;
             let dump = || snap.segments.iter().filter(|s| s.device == device);
 

@@ -100,7 +100,10 @@ fn state_name(s: &BlockState) -> &'static str {
 /// first, blocks below 1/500 of the largest segment merged into their neighbour of that state.
 pub fn segments(snap: &Snapshot, device: i64, max_segments: usize) -> Vec<SegmentBar> {
     segment_bars(
-        snap.segments.iter().filter(|s| s.device == device).collect(),
+        snap.segments
+            .iter()
+            .filter(|s| s.device == device)
+            .collect(),
         max_segments,
     )
 }
@@ -618,9 +621,7 @@ mod tests {
                 (MB, st)
             })
             .collect();
-        let segs: Vec<Segment> = (0..400u64)
-            .map(|i| seg(i << 40, &blocks))
-            .collect();
+        let segs: Vec<Segment> = (0..400u64).map(|i| seg(i << 40, &blocks)).collect();
         let bars = segment_bars(segs.iter().collect(), 400);
         let entries: usize = bars.iter().map(|b| b.blocks.len()).sum();
         assert!(entries <= 2 * MAX_BLOCK_ENTRIES, "{entries} entries");
