@@ -109,7 +109,7 @@ pub fn segments(snap: &Snapshot, device: i64, max_segments: usize) -> Vec<Segmen
 }
 
 /// Bars of the segments `segs` (one device's), as [`segments`] draws them. Where that would
-/// still leave more than [`MAX_BLOCK_ENTRIES`] blocks, blocks below 1/2000 of the segments'
+/// still leave more than [`MAX_BLOCK_ENTRIES`] blocks, blocks below 1/4000 of the segments'
 /// total are merged instead, so a picture stays small whatever the input.
 pub fn segment_bars(mut segs: Vec<&Segment>, max_segments: usize) -> Vec<SegmentBar> {
     segs.sort_by(|a, b| {
@@ -124,14 +124,14 @@ pub fn segment_bars(mut segs: Vec<&Segment>, max_segments: usize) -> Vec<Segment
         let total = segs
             .iter()
             .fold(0u64, |a, s| a.saturating_add(s.total_size));
-        out = bars(&segs, (total / 2000).max(largest / 500));
+        out = bars(&segs, (total / 4000).max(largest / 500));
     }
     out.sort_by_key(|s| s.address);
     out
 }
 
 /// Block entries above which [`segment_bars`] merges more.
-pub const MAX_BLOCK_ENTRIES: usize = 4000;
+pub const MAX_BLOCK_ENTRIES: usize = 8000;
 
 /// Each segment's blocks, those below `small` merged into their neighbour.
 fn bars(segs: &[&Segment], small: u64) -> Vec<SegmentBar> {
