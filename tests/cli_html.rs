@@ -52,7 +52,7 @@ fn every_shared_capture_gets_a_self_contained_page_with_the_oracle_peaks() {
     let tmp = tempfile::tempdir().unwrap();
     let all = captures(&root);
     assert_eq!(all.len(), 39 + 16, "{all:#?}");
-    let (mut timelines, mut heaps) = (0, 0);
+    let (mut timelines, mut heaps, mut peak_states, mut oom_states) = (0, 0, 0, 0);
     for cap in &all {
         let name = cap.file_name().unwrap().to_string_lossy().into_owned();
         let out = tmp.path().join("page.html");
@@ -114,6 +114,35 @@ fn every_shared_capture_gets_a_self_contained_page_with_the_oracle_peaks() {
                 let top = cols.iter().map(|k| k[4].as_u64().unwrap()).max().unwrap();
                 assert_eq!(dev["peak"][1].as_u64(), Some(top), "{name}");
                 assert_eq!(dev["peak"][0], o["index"], "{name} device {d}: peak entry");
+                // The allocator replayed at the peak (every traced device of these snapshots
+                // validates) and at the first recorded OOM, with the oracle's request.
+                let states = dev["states"].as_array().unwrap();
+                let peak = states.iter().find(|s| s["moment"] == "peak");
+                let peak = peak.unwrap_or_else(|| panic!("{name} device {d}: no peak state"));
+                assert_eq!(peak["entry"], o["index"], "{name} device {d}");
+                assert!(!peak["segments"].as_array().unwrap().is_empty(), "{name}");
+                assert!(
+                    peak["active_bytes"].as_u64() >= o["bytes"].as_u64(),
+                    "{name} device {d}: blocks hold at least the requested bytes"
+                );
+                peak_states += 1;
+                let first_oom = oracle["trace"]["oom"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|x| x["device"].as_u64() == Some(d));
+                let oom = states.iter().find(|s| s["moment"] == "oom");
+                assert_eq!(oom.is_some(), first_oom.is_some(), "{name} device {d}");
+                if let (Some(s), Some(x)) = (oom, first_oom) {
+                    assert_eq!(s["entry"], x["index"], "{name} device {d}");
+                    assert_eq!(s["request"]["bytes"], x["size"], "{name} device {d}");
+                    assert_eq!(s["request"]["stream"], x["stream"], "{name} device {d}");
+                    assert!(
+                        s["request"]["largest_free_bytes"].as_u64() < x["size"].as_u64(),
+                        "{name} device {d}"
+                    );
+                    oom_states += 1;
+                }
                 // Entries covered: every one, in order, once.
                 assert_eq!(cols[0][0], 0);
                 for w in cols.windows(2) {
@@ -164,4 +193,6 @@ fn every_shared_capture_gets_a_self_contained_page_with_the_oracle_peaks() {
     // Device traces with allocations in the 39 snapshots (the others draw their segments), and
     // every JAX capture with an HLO plan.
     assert_eq!((timelines, heaps), (28, 15), "timelines, heaps");
+    // Every one of those timelines validates; one records an OOM (Constructor-Sun, device 1).
+    assert_eq!((peak_states, oom_states), (28, 1), "peak and OOM states");
 }

@@ -1,7 +1,7 @@
 //! `--format html`: the report as one self-contained page (inline CSS and JS, no network) with
-//! the pictures: memory over the trace stacked by site, the allocator's segments, growth between
-//! snapshots, ranks side by side (PyTorch); the heap over the program order and the buffers at
-//! its peak (JAX). The data is downsampled in the engines (`torch::series`,
+//! the pictures: memory over the trace stacked by site, the allocator's segments (at the
+//! snapshot, and replayed at the trace's peak and first OOM), growth between snapshots, ranks
+//! side by side (PyTorch); the heap over the program order and the buffers at its peak (JAX). The data is downsampled in the engines (`torch::series`,
 //! `xla::summary::downsample`); the page receives only what it draws. Every number keeps its
 //! label. Works from `file://` and inside a VS Code webview (a click on a band posts
 //! `{command: "reveal", file, line}` to the extension).
@@ -86,6 +86,10 @@ fn torch(r: &CaptureReport, t: &crate::torch::summary::Summary) -> Value {
                 "ooms": s.ooms,
                 "segments": segs,
                 "fragmentation": t.fragmentation.iter().filter(|f| f.device == s.device).collect::<Vec<_>>(),
+                // The allocator at the peak and at the first OOM, replayed where the replay of
+                // this device validates.
+                "validated": t.replay.devices.iter().any(|d| d.device == s.device && d.validated),
+                "states": t.state_bars.iter().filter(|p| p.device == s.device).collect::<Vec<_>>(),
             })
         })
         .collect();

@@ -110,6 +110,16 @@ pub fn output(snap: &Snapshot, a: &Analysis, opts: &AnalysisOptions) -> Output {
             .iter()
             .map(|d| (d.device, series::segments(snap, d.device, 400)))
             .collect();
+        // The allocator at each device's peak and first OOM: replayed, and only where the
+        // replay reproduces every recorded segment event.
+        let validated: Vec<i64> = summary
+            .replay
+            .devices
+            .iter()
+            .filter(|d| d.validated)
+            .map(|d| d.device)
+            .collect();
+        summary.state_bars = series::state_panels(snap, &summary.series, &validated, 400);
     }
     Output {
         summary,

@@ -10,7 +10,8 @@ use rustc_hash::FxHashMap;
 use serde::Serialize;
 
 use crate::findings::Location;
-use crate::torch::model::{Action, BlockState, Snapshot, TraceEntry};
+use crate::torch::model::{Action, BlockState, Segment, Snapshot, TraceEntry};
+use crate::torch::replay::{self, At};
 use crate::torch::stacks::{SiteKey, StackIndex, location, stack_locations};
 
 /// Columns a series is downsampled to.
@@ -98,11 +99,19 @@ fn state_name(s: &BlockState) -> &'static str {
 /// The allocator state at the snapshot: segments of `device`, at most `max_segments`, largest
 /// first, blocks below 1/500 of the largest segment merged into their neighbour of that state.
 pub fn segments(snap: &Snapshot, device: i64, max_segments: usize) -> Vec<SegmentBar> {
-    let mut segs: Vec<&crate::torch::model::Segment> = snap
-        .segments
-        .iter()
-        .filter(|s| s.device == device)
-        .collect();
+    segment_bars(
+        snap.segments
+            .iter()
+            .filter(|s| s.device == device)
+            .collect(),
+        max_segments,
+    )
+}
+
+/// Bars of the segments `segs` (one device's), as [`segments`] draws them. Where that would
+/// still leave more than [`MAX_BLOCK_ENTRIES`] blocks, blocks below 1/4000 of the segments'
+/// total are merged instead, so a picture stays small whatever the input.
+pub fn segment_bars(mut segs: Vec<&Segment>, max_segments: usize) -> Vec<SegmentBar> {
     segs.sort_by(|a, b| {
         b.total_size
             .cmp(&a.total_size)
@@ -110,9 +119,23 @@ pub fn segments(snap: &Snapshot, device: i64, max_segments: usize) -> Vec<Segmen
     });
     segs.truncate(max_segments);
     let largest = segs.first().map(|s| s.total_size).unwrap_or(0);
-    let small = largest / 500;
-    let mut out: Vec<SegmentBar> = segs
-        .iter()
+    let mut out = bars(&segs, largest / 500);
+    if out.iter().map(|s| s.blocks.len()).sum::<usize>() > MAX_BLOCK_ENTRIES {
+        let total = segs
+            .iter()
+            .fold(0u64, |a, s| a.saturating_add(s.total_size));
+        out = bars(&segs, (total / 4000).max(largest / 500));
+    }
+    out.sort_by_key(|s| s.address);
+    out
+}
+
+/// Block entries above which [`segment_bars`] merges more.
+pub const MAX_BLOCK_ENTRIES: usize = 8000;
+
+/// Each segment's blocks, those below `small` merged into their neighbour.
+fn bars(segs: &[&Segment], small: u64) -> Vec<SegmentBar> {
+    segs.iter()
         .map(|s| {
             let mut blocks: Vec<(u64, &'static str)> = Vec::new();
             for b in &s.blocks {
@@ -130,10 +153,130 @@ pub fn segments(snap: &Snapshot, device: i64, max_segments: usize) -> Vec<Segmen
                 blocks,
             }
         })
-        .collect();
-    out.sort_by_key(|s| s.address);
+        .collect()
+}
+
+/// Which moment of the trace a [`StatePanel`] shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Moment {
+    /// Just after the entry where active memory is highest (the series' peak).
+    Peak,
+    /// Just before the request of the first `oom` entry began (before its OOM path released
+    /// anything).
+    Oom,
+}
+
+/// The request that failed at an OOM, against what its pool had free.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FailedRequest {
+    /// The rounded request (the `oom` entry's size).
+    pub bytes: u64,
+    /// `small` (≤ 1 MiB) or `large`: the pool the allocator served it from.
+    pub pool: &'static str,
+    pub stream: u64,
+    /// The largest free (inactive) block of that pool and stream, 0 when none.
+    pub largest_free_bytes: u64,
+    /// Every free byte of that pool and stream.
+    pub pool_free_bytes: u64,
+    /// What the device had left, as recorded in the `oom` entry.
+    pub device_free: Option<u64>,
+}
+
+/// The allocator state at one moment of a device's trace, replayed from the trace (only where
+/// the unchanged replay reproduces every recorded segment event).
+#[derive(Clone, Debug, Serialize)]
+pub struct StatePanel {
+    pub device: i64,
+    pub moment: Moment,
+    /// The trace entry: the peak's, or the `oom` entry's.
+    pub entry: u64,
+    /// Segments in that state (at most `max_segments` of them are in `segments`).
+    pub segment_count: u64,
+    pub reserved_bytes: u64,
+    /// Allocated or freed but awaiting another stream.
+    pub active_bytes: u64,
+    pub segments: Vec<SegmentBar>,
+    /// At an OOM: the request that failed.
+    pub request: Option<FailedRequest>,
+}
+
+/// The allocator state at the peak and at the first OOM of each device in `series` whose
+/// replay validated (`validated`), one replay per device.
+pub fn state_panels(
+    snap: &Snapshot,
+    series: &[Series],
+    validated: &[i64],
+    max_segments: usize,
+) -> Vec<StatePanel> {
+    let mut out = Vec::new();
+    for s in series.iter().filter(|s| validated.contains(&s.device)) {
+        let trace = snap
+            .device_traces
+            .as_ref()
+            .and_then(|t| usize::try_from(s.device).ok().and_then(|d| t.get(d)))
+            .map_or(&[][..], Vec::as_slice);
+        let oom = trace.iter().position(|e| e.action == Action::Oom);
+        let mut want: Vec<(Moment, usize, At)> = Vec::new();
+        if let Some((i, _)) = s.peak {
+            want.push((Moment::Peak, i as usize, At::After(i as usize)));
+        }
+        if let Some(i) = oom {
+            want.push((Moment::Oom, i, At::BeforeRequest(i)));
+        }
+        if want.is_empty() {
+            continue;
+        }
+        let at: Vec<At> = want.iter().map(|w| w.2).collect();
+        let Some(states) = replay::recorded_states(snap, s.device, &at) else {
+            continue;
+        };
+        for ((moment, entry, _), segs) in want.into_iter().zip(states) {
+            let request = (moment == Moment::Oom)
+                .then(|| trace.get(entry))
+                .flatten()
+                .map(|e| failed_request(&segs, e));
+            let blocks = || segs.iter().flat_map(|g| g.blocks.iter());
+            out.push(StatePanel {
+                device: s.device,
+                moment,
+                entry: entry as u64,
+                segment_count: segs.len() as u64,
+                reserved_bytes: segs.iter().map(|g| g.total_size).sum(),
+                active_bytes: blocks()
+                    .filter(|b| b.state != BlockState::Inactive)
+                    .map(|b| b.size)
+                    .sum(),
+                segments: segment_bars(segs.iter().collect(), max_segments),
+                request,
+            });
+        }
+    }
     out
 }
+
+/// The failed request of `oom` against the free blocks of its pool and stream in `segs`.
+fn failed_request(segs: &[Segment], oom: &TraceEntry) -> FailedRequest {
+    let small = oom.size <= SMALL_REQUEST;
+    let free: Vec<u64> = segs
+        .iter()
+        .filter(|g| g.stream == oom.stream && (g.segment_type.as_deref() == Some("small")) == small)
+        .flat_map(|g| g.blocks.iter())
+        .filter(|b| b.state == BlockState::Inactive)
+        .map(|b| b.size)
+        .collect();
+    FailedRequest {
+        bytes: oom.size,
+        pool: if small { "small" } else { "large" },
+        stream: oom.stream,
+        largest_free_bytes: free.iter().copied().max().unwrap_or(0),
+        pool_free_bytes: free.iter().sum(),
+        device_free: oom.device_free(),
+    }
+}
+
+/// Requests up to this size go to the small pool (PyTorch's `kSmallSize`).
+const SMALL_REQUEST: u64 = 1 << 20;
 
 /// The series of every device with a trace.
 pub fn compute(snap: &Snapshot, stacks: &StackIndex, live_start: &[(i64, i64)]) -> Vec<Series> {
@@ -365,5 +508,130 @@ fn device_series(
         columns,
         peak: peak.map(|(i, b)| (i as u64, b)),
         ooms,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::torch::model::{Block, TraceEntry};
+
+    const MB: u64 = 1 << 20;
+
+    fn seg(addr: u64, blocks: &[(u64, BlockState)]) -> Segment {
+        let mut at = addr;
+        Segment {
+            device: 0,
+            address: addr,
+            total_size: blocks.iter().map(|b| b.0).sum(),
+            allocated_size: 0,
+            active_size: 0,
+            requested_size: 0,
+            stream: 0,
+            segment_type: Some("large".into()),
+            is_expandable: false,
+            pool_id: None,
+            stack: None,
+            blocks: blocks
+                .iter()
+                .map(|(size, state)| {
+                    let b = Block {
+                        address: at,
+                        size: *size,
+                        requested_size: *size,
+                        state: state.clone(),
+                        stack: None,
+                        history_len: 0,
+                    };
+                    at += size;
+                    b
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn state_panels_show_the_peak_and_the_oom_with_the_largest_free_block_of_the_pool() {
+        use BlockState::*;
+        const S: u64 = 0x7f00_0000_0000;
+        let e = |a: Action, addr: u64, size: u64| TraceEntry::new(a, addr, size, 0);
+        // A 20 MiB segment filled by four 5 MiB tensors, two of them freed, then a 10 MiB
+        // request fails with 4 MiB left on the device.
+        let mut t = vec![e(Action::SegmentAlloc, S, 20 * MB)];
+        for k in 0..4 {
+            t.push(e(Action::Alloc, S + k * 5 * MB, 5 * MB));
+        }
+        for k in [0, 2] {
+            t.push(e(Action::FreeRequested, S + k * 5 * MB, 5 * MB));
+            t.push(e(Action::FreeCompleted, S + k * 5 * MB, 5 * MB));
+        }
+        t.push(e(Action::Oom, 0, 10 * MB).with_device_free(Some(4 * MB)));
+        let half = [
+            (5 * MB, Inactive),
+            (5 * MB, ActiveAllocated),
+            (5 * MB, Inactive),
+            (5 * MB, ActiveAllocated),
+        ];
+        let snap = Snapshot {
+            segments: vec![seg(S, &half)],
+            device_traces: Some(vec![t]),
+            ..Snapshot::default()
+        };
+        let series = Series {
+            device: 0,
+            entries: 10,
+            bands: Vec::new(),
+            columns: Vec::new(),
+            peak: Some((4, 20 * MB)),
+            ooms: Vec::new(),
+        };
+        let p = state_panels(&snap, std::slice::from_ref(&series), &[0], 400);
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert_eq!((p[0].moment, p[0].entry), (Moment::Peak, 4));
+        assert_eq!((p[0].reserved_bytes, p[0].active_bytes), (20 * MB, 20 * MB));
+        assert_eq!(p[0].segments[0].blocks, vec![(20 * MB, "allocated")]);
+        assert_eq!((p[1].moment, p[1].entry), (Moment::Oom, 9));
+        assert_eq!(p[1].active_bytes, 10 * MB);
+        assert_eq!(
+            p[1].request,
+            Some(FailedRequest {
+                bytes: 10 * MB,
+                pool: "large",
+                stream: 0,
+                largest_free_bytes: 5 * MB,
+                pool_free_bytes: 10 * MB,
+                device_free: Some(4 * MB),
+            })
+        );
+        // Only devices whose replay validated get a state.
+        assert!(state_panels(&snap, &[series], &[], 400).is_empty());
+    }
+
+    #[test]
+    fn segment_bars_stay_small_whatever_the_blocks() {
+        // 400 segments of 1,000 alternating blocks: merged down to a few thousand entries, the
+        // bytes kept.
+        let blocks: Vec<(u64, BlockState)> = (0..1000)
+            .map(|i| {
+                let st = if i % 2 == 0 {
+                    BlockState::ActiveAllocated
+                } else {
+                    BlockState::Inactive
+                };
+                (MB, st)
+            })
+            .collect();
+        let segs: Vec<Segment> = (0..400u64).map(|i| seg(i << 40, &blocks)).collect();
+        let bars = segment_bars(segs.iter().collect(), 400);
+        let entries: usize = bars.iter().map(|b| b.blocks.len()).sum();
+        assert!(entries <= 2 * MAX_BLOCK_ENTRIES, "{entries} entries");
+        assert!(
+            bars.iter()
+                .all(|b| b.blocks.iter().map(|x| x.0).sum::<u64>() == 1000 * MB)
+        );
+        // Fewer blocks, each above 1/500 of the largest segment: each one drawn.
+        let segs: Vec<Segment> = (0..2u64).map(|i| seg(i << 40, &blocks[..400])).collect();
+        let few = segment_bars(segs.iter().collect(), 400);
+        assert_eq!(few.iter().map(|b| b.blocks.len()).sum::<usize>(), 2 * 400);
     }
 }

@@ -48,6 +48,10 @@ pub struct Summary {
     /// The allocator state at the snapshot per device, for pictures (computed on request).
     #[serde(skip)]
     pub segment_bars: Vec<(i64, Vec<crate::torch::series::SegmentBar>)>,
+    /// The allocator state at each traced device's peak and first OOM, replayed from the trace
+    /// where the replay validates, for pictures (computed on request).
+    #[serde(skip)]
+    pub state_bars: Vec<crate::torch::series::StatePanel>,
 }
 
 /// Allocator state at dump time (ORACLE.md §3), per device or overall.
@@ -631,6 +635,7 @@ pub fn summarize_with(snap: &Snapshot, a: &Analysis, top: usize, replay: Capture
         replay,
         series: Vec::new(),
         segment_bars: Vec::new(),
+        state_bars: Vec::new(),
     }
 }
 

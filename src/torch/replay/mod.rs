@@ -24,7 +24,7 @@ use serde::Serialize;
 
 pub use model::SegKind;
 pub use settings::Settings;
-pub use state::state_at_capacity;
+pub use state::{At, recorded_states, state_after, state_at_capacity};
 
 use crate::torch::model::{Action, Snapshot, TraceEntry};
 use initial::InitialState;
@@ -257,6 +257,12 @@ fn join_note(parts: Vec<String>) -> Option<String> {
 }
 
 fn validate(p: &Prepared) -> (DeviceReplay, run::Outcome) {
+    validate_with(p, &mut run::Quiet)
+}
+
+/// The validation replay (recorded order, recorded device answers, no change), with `obs`
+/// watching it: what `obs` sees is the state of the allocator the check is about.
+fn validate_with(p: &Prepared, obs: &mut dyn run::Observer) -> (DeviceReplay, run::Outcome) {
     let out = run::replay(
         p.trace,
         &p.plan,
@@ -265,6 +271,7 @@ fn validate(p: &Prepared) -> (DeviceReplay, run::Outcome) {
         true,
         None,
         &Edits::default(),
+        obs,
     );
     let (matched, first) = run::compare(&p.plan.recorded, &out.events);
     let recorded = p.plan.recorded.len() as u64;
@@ -462,7 +469,16 @@ fn what_if_prepared(p: &Prepared, changes: &[Change]) -> WhatIf {
         return w;
     }
     let capacity = capacity_of(p, &out0);
-    let after = run::replay(p.trace, &p.plan, &p.init, settings, false, capacity, &edits);
+    let after = run::replay(
+        p.trace,
+        &p.plan,
+        &p.init,
+        settings,
+        false,
+        capacity,
+        &edits,
+        &mut run::Quiet,
+    );
     w.simulated = true;
     w.capacity_bytes = capacity;
     w.peak_allocated_before = out0.peak_allocated;

@@ -358,6 +358,8 @@ pub(crate) struct Outcome {
     pub ooms: Vec<(usize, u64, u64, bool)>,
     /// Final allocated blocks (address, size).
     pub live_end: Vec<(u64, u64)>,
+    /// Allocations of the rebuilt initial state the model could not place.
+    pub init_failures: u64,
 }
 
 /// How a what-if changes the requests.
@@ -371,8 +373,47 @@ pub(crate) struct Edits {
     pub remat: Vec<(u32, usize, usize, usize)>,
 }
 
+/// What one request did, for an [`Observer`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Done {
+    /// A malloc ran (a probe's included): its segment events are `m.events[events..]`.
+    Malloc {
+        entry: usize,
+        oom: bool,
+        result: Malloc,
+        events: usize,
+    },
+    /// The program freed the block at `addr` (`free_requested` or `free_completed`).
+    Free { addr: u64 },
+    /// Cached segments were released (an `empty_cache()`, or a probe read as one): its segment
+    /// events are `m.events[events..]`.
+    EmptyCache { events: usize },
+}
+
+/// Watches a replay request by request. `addr_of` maps each allocation reference to the model's
+/// address of its block (`u64::MAX`: not live). Returning `false` stops the replay there.
+pub(crate) trait Observer {
+    /// Before the op runs (every op with a lower position has run).
+    fn before(&mut self, _op: &Op, _m: &Model, _addr_of: &[u64]) -> bool {
+        true
+    }
+    /// After the op did something.
+    fn after(&mut self, _op: &Op, _done: Done, _m: &Model, _addr_of: &[u64]) -> bool {
+        true
+    }
+    /// After the last op, unless the replay was stopped.
+    fn end(&mut self, _m: &Model, _addr_of: &[u64]) {}
+}
+
+/// An observer that watches nothing.
+pub(crate) struct Quiet;
+
+impl Observer for Quiet {}
+
 /// Replay the device's requests through the model. `as_recorded`: the recorded order and the
-/// recorded device answers (validation); otherwise the request order with `capacity`.
+/// recorded device answers (validation); otherwise the request order with `capacity`. `obs`
+/// sees every request as it runs and may stop the replay.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn replay(
     trace: &[TraceEntry],
     plan: &Plan,
@@ -381,8 +422,9 @@ pub(crate) fn replay(
     as_recorded: bool,
     capacity: Option<u64>,
     edits: &Edits,
+    obs: &mut dyn Observer,
 ) -> Outcome {
-    let (mut m, init_addrs, _) = build_model(settings, init);
+    let (mut m, init_addrs, init_failures) = build_model(settings, init);
     let mut addr_of = vec![u64::MAX; plan.arefs];
     addr_of[..init_addrs.len()].copy_from_slice(&init_addrs);
     let mut out = Outcome::default();
@@ -430,7 +472,12 @@ pub(crate) fn replay(
     // Mallocs a probe already ran.
     let mut ran_early: FxHashMap<usize, ()> = FxHashMap::default();
 
+    let mut stopped = false;
     for op in ops {
+        if !obs.before(op, &m, &addr_of) {
+            stopped = true;
+            break;
+        }
         while ei < early.len() && early[ei].0 <= op.pos {
             let a = early[ei].1 as usize;
             if let Some(&addr) = addr_of.get(a)
@@ -455,7 +502,8 @@ pub(crate) fn replay(
             ai += 1;
         }
         m.step = op.step;
-        match op.kind {
+        let events = m.events.len();
+        let done = match op.kind {
             OpKind::Probe { entry, releases } => {
                 let e = &trace[entry];
                 let oom = e.action == Action::Oom;
@@ -466,6 +514,7 @@ pub(crate) fn replay(
                 };
                 if m.would_find(size, e.stream) {
                     m.release_cached_blocks();
+                    Done::EmptyCache { events }
                 } else {
                     ran_early.insert(entry, ());
                     let (lo, hi) = growth_by_step.get(&op.step).copied().unwrap_or((1, 0));
@@ -488,6 +537,12 @@ pub(crate) fn replay(
                         oom,
                         result,
                     );
+                    Done::Malloc {
+                        entry,
+                        oom,
+                        result,
+                        events,
+                    }
                 }
             }
             OpKind::Malloc {
@@ -533,6 +588,12 @@ pub(crate) fn replay(
                     oom,
                     result,
                 );
+                Done::Malloc {
+                    entry,
+                    oom,
+                    result,
+                    events,
+                }
             }
             OpKind::FreeRequested | OpKind::FreeCompleted => {
                 if edits.free_at.contains_key(&op.aref) {
@@ -550,11 +611,19 @@ pub(crate) fn replay(
                     m.free_completed(addr);
                     addr_of[op.aref as usize] = u64::MAX;
                 }
+                Done::Free { addr }
             }
-            OpKind::EmptyCache => m.release_cached_blocks(),
+            OpKind::EmptyCache => {
+                m.release_cached_blocks();
+                Done::EmptyCache { events }
+            }
+        };
+        if !obs.after(op, done, &m, &addr_of) {
+            stopped = true;
+            break;
         }
     }
-    while ei < early.len() {
+    while !stopped && ei < early.len() {
         let a = early[ei].1 as usize;
         if let Some(&addr) = addr_of.get(a)
             && addr != u64::MAX
@@ -564,6 +633,10 @@ pub(crate) fn replay(
         }
         ei += 1;
     }
+    if !stopped {
+        obs.end(&m, &addr_of);
+    }
+    out.init_failures = init_failures;
     out.reserved_end = m.reserved;
     out.peak_allocated = m.peak_allocated;
     out.peak_reserved = m.peak_reserved;

@@ -1,16 +1,112 @@
-//! The snapshot a program would have dumped on a smaller device: its requests replayed through
-//! the allocator model with a capacity, up to the first one the device cannot serve.
+//! Allocator states out of a replay: the state after any trace entry of the recorded run (the
+//! validation replay, watched), and the snapshot a program would have dumped on a smaller device
+//! (its requests replayed through the model with a capacity, up to the first one the device
+//! cannot serve).
 //!
-//! The segments and blocks are the model's at that point (after its OOM path released what it
-//! could); the trace is the recorded one up to there with the model's addresses and segment
-//! events, closed by an `oom` entry whose `device_free` is what the capacity leaves.
+//! Both are the model's segments and blocks at one point of a replay, turned into the
+//! snapshot's own types (requested sizes and stacks from the trace) by one function.
 
 use rustc_hash::FxHashMap;
 
 use super::model::{Malloc, Model, SegEvent, SegKind, St};
-use super::run::{Capacity, NONE, OpKind, build_model};
-use super::{prepare, validate};
+use super::run::{Done, NONE, Observer, Op, OpKind};
+use super::{Prepared, prepare, validate, validate_with};
 use crate::torch::model::{Action, Block, BlockState, Segment, Snapshot, StackId, TraceEntry};
+
+/// A point of the recorded run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum At {
+    /// Just after trace entry N (entries `0..=N` replayed).
+    After(usize),
+    /// Just before the request recorded at trace entry N (an `alloc` or `oom`) began: before
+    /// the segment releases its OOM path recorded ahead of it, if any. For an entry that is not
+    /// such a request: just before the entry.
+    BeforeRequest(usize),
+}
+
+/// The allocator state of `device` at each point of `at`, as the recorded allocator had it:
+/// the validation replay (recorded order, recorded device answers, no change) watched at those
+/// points, so OOM paths and cache releases are the recorded ones. Each state is the device's
+/// segments with their blocks (state, size, requested size, stack), in address order; an
+/// expandable segment is one segment per mapped run, as a snapshot has it. `None` when the
+/// unchanged replay does not validate on this device: then the model is not the recorded
+/// allocator, and there is no state to show.
+pub fn recorded_states(snap: &Snapshot, device: i64, at: &[At]) -> Option<Vec<Vec<Segment>>> {
+    let p = prepare(snap, device);
+    // Positions k: the state after entries 0..k, before the ops at k and later.
+    let positions: Vec<usize> = at
+        .iter()
+        .map(|a| match *a {
+            At::After(n) => n.saturating_add(1),
+            At::BeforeRequest(n) => request_start(&p, n),
+        })
+        .collect();
+    let mut order: Vec<usize> = (0..positions.len()).collect();
+    order.sort_by_key(|&i| positions[i]);
+    let mut cap = Capture {
+        device,
+        info: alloc_info(snap, &p),
+        positions: &positions,
+        order,
+        next: 0,
+        states: vec![Vec::new(); positions.len()],
+    };
+    let (r, _) = validate_with(&p, &mut cap);
+    r.validated.then_some(cap.states)
+}
+
+/// The allocator state of `device` just after trace entry `entry` of the recorded run (see
+/// [`recorded_states`]); after the last entry it is the snapshot's own segments.
+pub fn state_after(snap: &Snapshot, device: i64, entry: usize) -> Option<Vec<Segment>> {
+    recorded_states(snap, device, &[At::After(entry)])?.pop()
+}
+
+/// Where the request recorded at `entry` begins in the recorded order: its probe (the first
+/// release of its OOM path) or its own entry.
+fn request_start(p: &Prepared, entry: usize) -> usize {
+    p.plan
+        .recorded_order
+        .iter()
+        .filter(|op| match op.kind {
+            OpKind::Malloc { entry: e, .. } | OpKind::Probe { entry: e, .. } => e == entry,
+            _ => false,
+        })
+        .map(|op| op.pos)
+        .min()
+        .unwrap_or(entry)
+}
+
+/// Takes the model's state at given positions of a replay.
+struct Capture<'a> {
+    device: i64,
+    info: Vec<(u64, Option<StackId>)>,
+    positions: &'a [usize],
+    /// Indices of `positions`, by position.
+    order: Vec<usize>,
+    next: usize,
+    states: Vec<Vec<Segment>>,
+}
+
+impl Capture<'_> {
+    fn take_until(&mut self, pos: usize, m: &Model, addr_of: &[u64]) {
+        while let Some(&i) = self.order.get(self.next)
+            && self.positions[i] <= pos
+        {
+            self.states[i] = model_segments(self.device, m, addr_of, &self.info);
+            self.next += 1;
+        }
+    }
+}
+
+impl Observer for Capture<'_> {
+    fn before(&mut self, op: &Op, m: &Model, addr_of: &[u64]) -> bool {
+        self.take_until(op.pos, m, addr_of);
+        true
+    }
+    fn end(&mut self, m: &Model, addr_of: &[u64]) {
+        self.take_until(usize::MAX, m, addr_of);
+    }
+}
 
 /// Replay `device`'s requests on a device of `capacity` bytes and return the snapshot at the
 /// first request that fails, ending in its `oom` entry. `None` when every request fits, when the
@@ -21,25 +117,137 @@ pub fn state_at_capacity(snap: &Snapshot, device: i64, capacity: u64) -> Option<
     if !validate(&p).0.validated {
         return None;
     }
-    let (mut m, init_addrs, failures) = build_model(p.settings.clone(), &p.init);
-    if failures > 0 || m.reserved > capacity {
+    let mut run = CapacityRun {
+        trace: p.trace,
+        capacity,
+        info: alloc_info(snap, &p),
+        device,
+        out: Vec::new(),
+        failed: None,
+        started: false,
+        over: false,
+    };
+    let outcome = super::run::replay(
+        p.trace,
+        &p.plan,
+        &p.init,
+        p.settings.clone(),
+        false,
+        Some(capacity),
+        &super::run::Edits::default(),
+        &mut run,
+    );
+    if outcome.init_failures > 0 || run.over {
         return None;
     }
+    let segments = run.failed?;
+    Some(snapshot(snap, device, segments, run.out))
+}
+
+/// Follows a capacity replay, writing the trace the model's run would have recorded, and stops
+/// it at the first request the device cannot serve.
+struct CapacityRun<'t> {
+    trace: &'t [TraceEntry],
+    capacity: u64,
+    info: Vec<(u64, Option<StackId>)>,
+    device: i64,
+    out: Vec<TraceEntry>,
+    /// The segments at the failed request.
+    failed: Option<Vec<Segment>>,
+    started: bool,
+    /// More than `capacity` was reserved before the first request.
+    over: bool,
+}
+
+impl Observer for CapacityRun<'_> {
+    fn before(&mut self, _op: &Op, m: &Model, _addr_of: &[u64]) -> bool {
+        if !self.started && m.reserved > self.capacity {
+            self.over = true;
+            return false;
+        }
+        self.started = true;
+        true
+    }
+
+    fn after(&mut self, op: &Op, done: Done, m: &Model, addr_of: &[u64]) -> bool {
+        let Some(at) = self.trace.get(op.pos) else {
+            return true;
+        };
+        match done {
+            Done::Malloc {
+                entry,
+                oom,
+                result,
+                events,
+            } => {
+                let Some(e) = self.trace.get(entry) else {
+                    return true;
+                };
+                segment_entries(&m.events[events..], e, &mut self.out);
+                match result {
+                    Malloc::Ok { addr, .. } if !oom && op.aref != NONE => {
+                        let mut n = e.clone();
+                        n.addr = addr;
+                        self.out.push(n);
+                    }
+                    // A recorded OOM that fits here: the program would have used the block; it
+                    // never appears in the trace (the replay handed it back at once).
+                    Malloc::Ok { .. } => {}
+                    Malloc::Oom => {
+                        let size = if oom {
+                            e.size
+                        } else {
+                            m.settings.round_size(e.size)
+                        };
+                        self.out.push(
+                            TraceEntry::new(Action::Oom, 0, size, e.stream)
+                                .with_time_us(e.time_us())
+                                .with_stack(e.stack())
+                                .with_device_free(Some(self.capacity.saturating_sub(m.reserved))),
+                        );
+                        self.failed = Some(model_segments(self.device, m, addr_of, &self.info));
+                        return false;
+                    }
+                }
+            }
+            Done::Free { addr, .. } => {
+                let mut n = at.clone();
+                n.addr = addr;
+                self.out.push(n);
+            }
+            Done::EmptyCache { events } => segment_entries(&m.events[events..], at, &mut self.out),
+        }
+        true
+    }
+}
+
+/// Requested size and stack of every allocation reference: an `alloc` of the trace has its
+/// own; a block live at the first entry has its stack at the end, or that of the entry that
+/// frees it.
+fn alloc_info(snap: &Snapshot, p: &Prepared) -> Vec<(u64, Option<StackId>)> {
     let trace = p.trace;
-    // Requested size and stack of every allocation reference.
     let mut info: Vec<(u64, Option<StackId>)> = vec![(0, None); p.plan.arefs];
     let end_stack: FxHashMap<u64, Option<StackId>> = snap
         .segments
         .iter()
-        .filter(|s| s.device == device)
+        .filter(|s| s.device == p.device)
         .flat_map(|s| s.blocks.iter())
         .map(|b| (b.address, b.stack))
         .collect();
+    // The first entry at each initial allocation's address, in one pass.
+    let mut first: FxHashMap<u64, Option<usize>> =
+        p.init.allocs.iter().map(|a| (a.addr, None)).collect();
+    for (i, e) in trace.iter().enumerate() {
+        if let Some(slot) = first.get_mut(&e.addr) {
+            slot.get_or_insert(i);
+        }
+    }
     for (i, a) in p.init.allocs.iter().enumerate() {
-        // A block live at the start: its stack at the end, or that of the entry that frees it.
-        let freed_by = trace
-            .iter()
-            .find(|e| e.addr == a.addr)
+        let freed_by = first
+            .get(&a.addr)
+            .copied()
+            .flatten()
+            .and_then(|k| trace.get(k))
             .filter(|e| matches!(e.action, Action::FreeRequested | Action::FreeCompleted));
         let stack = match freed_by {
             Some(e) => e.stack(),
@@ -52,92 +260,7 @@ pub fn state_at_capacity(snap: &Snapshot, device: i64, capacity: u64) -> Option<
             *slot = (e.size, e.stack());
         }
     }
-    let mut addr_of = vec![u64::MAX; p.plan.arefs];
-    addr_of[..init_addrs.len()].copy_from_slice(&init_addrs);
-    // Model address → allocation reference, for the blocks' stacks at the end.
-    let mut at: FxHashMap<u64, u32> = init_addrs
-        .iter()
-        .enumerate()
-        .filter(|(_, a)| **a != u64::MAX)
-        .map(|(i, &a)| (a, i as u32))
-        .collect();
-    let mut dev = Capacity(Some(capacity));
-    let mut out: Vec<TraceEntry> = Vec::new();
-    for op in &p.plan.request_order {
-        m.step = op.step;
-        let before = m.events.len();
-        let Some(e) = trace.get(op.pos) else {
-            continue;
-        };
-        match op.kind {
-            OpKind::Malloc { entry, oom, .. } => {
-                let Some(e) = trace.get(entry) else {
-                    continue;
-                };
-                let result = if oom {
-                    m.malloc_rounded(e.size, e.stream, &mut dev)
-                } else {
-                    m.malloc(e.size, e.stream, &mut dev)
-                };
-                segment_entries(&m.events[before..], e, &mut out);
-                match result {
-                    Malloc::Ok { addr, .. } if !oom && op.aref != NONE => {
-                        if let Some(slot) = addr_of.get_mut(op.aref as usize) {
-                            *slot = addr;
-                        }
-                        at.insert(addr, op.aref);
-                        let mut n = e.clone();
-                        n.addr = addr;
-                        out.push(n);
-                    }
-                    Malloc::Ok { addr, .. } => {
-                        // A recorded OOM that fits here: the program would have used the block;
-                        // it never appears in the trace, so it is handed back at once.
-                        m.free_requested(addr);
-                        m.free_completed(addr);
-                    }
-                    Malloc::Oom => {
-                        let size = if oom {
-                            e.size
-                        } else {
-                            m.settings.round_size(e.size)
-                        };
-                        out.push(
-                            TraceEntry::new(Action::Oom, 0, size, e.stream)
-                                .with_time_us(e.time_us())
-                                .with_stack(e.stack())
-                                .with_device_free(Some(capacity.saturating_sub(m.reserved))),
-                        );
-                        return Some(snapshot(snap, device, &m, &at, &info, out));
-                    }
-                }
-            }
-            OpKind::FreeRequested | OpKind::FreeCompleted => {
-                let Some(&addr) = addr_of.get(op.aref as usize) else {
-                    continue;
-                };
-                if addr == u64::MAX {
-                    continue;
-                }
-                if op.kind == OpKind::FreeRequested {
-                    m.free_requested(addr);
-                } else {
-                    m.free_completed(addr);
-                    addr_of[op.aref as usize] = u64::MAX;
-                }
-                let mut n = e.clone();
-                n.addr = addr;
-                out.push(n);
-            }
-            OpKind::EmptyCache => {
-                m.release_cached_blocks();
-                segment_entries(&m.events[before..], e, &mut out);
-            }
-            // Only in the recorded order.
-            OpKind::Probe { .. } => {}
-        }
-    }
-    None
+    info
 }
 
 /// The model's segment events of one request, as trace entries.
@@ -161,15 +284,37 @@ fn segment_entries(events: &[SegEvent], at: &TraceEntry, out: &mut Vec<TraceEntr
 fn snapshot(
     snap: &Snapshot,
     device: i64,
-    m: &Model,
-    at: &FxHashMap<u64, u32>,
-    info: &[(u64, Option<StackId>)],
+    segments: Vec<Segment>,
     trace: Vec<TraceEntry>,
 ) -> Snapshot {
     let mut out = snap.clone();
     out.segments.retain(|s| s.device != device);
-    // Blocks of each live segment in address order; an expandable segment is one snapshot
-    // segment per mapped run.
+    out.segments.extend(segments);
+    if let Some(traces) = out.device_traces.as_mut()
+        && let Some(t) = usize::try_from(device).ok().and_then(|d| traces.get_mut(d))
+    {
+        *t = trace;
+    }
+    out.dropped_trace_entries = 0;
+    out
+}
+
+/// The model's segments of `device` as a snapshot has them: blocks of each live segment in
+/// address order (an expandable segment is one segment per mapped run), requested sizes and
+/// stacks from `info` by the allocation reference that holds each block (`addr_of`).
+fn model_segments(
+    device: i64,
+    m: &Model,
+    addr_of: &[u64],
+    info: &[(u64, Option<StackId>)],
+) -> Vec<Segment> {
+    // Model address → allocation reference, for the live blocks.
+    let at: FxHashMap<u64, u32> = addr_of
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| **a != u64::MAX)
+        .map(|(i, &a)| (a, i as u32))
+        .collect();
     let mut current: Option<(u32, Segment)> = None;
     let mut segments: Vec<Segment> = Vec::new();
     for (&addr, b) in &m.blocks {
@@ -235,12 +380,5 @@ fn snapshot(
         });
     }
     segments.extend(current.map(|(_, s)| s));
-    out.segments.extend(segments);
-    if let Some(traces) = out.device_traces.as_mut()
-        && let Some(t) = usize::try_from(device).ok().and_then(|d| traces.get_mut(d))
-    {
-        *t = trace;
-    }
-    out.dropped_trace_entries = 0;
-    out
+    segments
 }

@@ -608,3 +608,95 @@ fn captures_without_trace_say_why() {
     assert!(!r.validated);
     assert!(r.devices.is_empty());
 }
+
+/// A segment as the tests compare them: address, size, blocks (address, size, state).
+type Shape = (u64, u64, Vec<(u64, u64, BlockState)>);
+
+fn shapes(segs: &[Segment]) -> Vec<Shape> {
+    let mut v: Vec<Shape> = segs
+        .iter()
+        .map(|s| {
+            (
+                s.address,
+                s.total_size,
+                s.blocks
+                    .iter()
+                    .map(|b| (b.address, b.size, b.state.clone()))
+                    .collect(),
+            )
+        })
+        .collect();
+    v.sort_by_key(|s| s.0);
+    v
+}
+
+#[test]
+fn recorded_states_are_the_recorded_allocator_after_any_entry() {
+    use BlockState::*;
+    // `fragmented()` with a 10 MiB segment cached on another stream, which the failing
+    // request's OOM path releases.
+    let mut snap = fragmented();
+    let s3 = S2 + 0x1000_0000;
+    let t = &mut snap.device_traces.as_mut().expect("a trace")[0];
+    let oom = t.len() - 1;
+    t.insert(oom, TraceEntry::new(SegmentFree, s3, 10 * MB, 1));
+    let oom = oom + 1;
+    let r = replay_device(&snap, 0);
+    assert!(r.validated, "{r:?}");
+
+    let states = recorded_states(
+        &snap,
+        0,
+        &[
+            At::After(oom),
+            At::After(4),
+            At::BeforeRequest(oom),
+            At::After(oom - 1),
+            At::BeforeRequest(4),
+        ],
+    )
+    .expect("the replay validates");
+    // After the last entry: the snapshot's own segments.
+    assert_eq!(shapes(&states[0]), shapes(&snap.segments));
+    let five = |a: u64, st: BlockState| (a, 5 * MB, st);
+    let cached = (s3, 10 * MB, vec![(s3, 10 * MB, Inactive)]);
+    // After entry 4: S1 holds four tensors; S3 was cached from before the trace.
+    assert_eq!(
+        shapes(&states[1]),
+        vec![
+            (
+                S1,
+                20 * MB,
+                (0..4)
+                    .map(|k| five(S1 + k * 5 * MB, ActiveAllocated))
+                    .collect()
+            ),
+            cached.clone()
+        ]
+    );
+    // Just before the failing request, S3 is still cached (its OOM path releases it); after
+    // entry oom − 1 (the release) it is gone.
+    let mut before = shapes(&snap.segments);
+    before.push(cached);
+    assert_eq!(shapes(&states[2]), before);
+    assert_eq!(shapes(&states[3]), shapes(&snap.segments));
+    // Before the fourth alloc: three tensors and the free rest of S1.
+    assert_eq!(shapes(&states[4])[0].2.len(), 4);
+    assert_eq!(shapes(&states[4])[0].2[3], five(S1 + 15 * MB, Inactive));
+    // Requested sizes come from the trace.
+    assert!(
+        states[1][0]
+            .blocks
+            .iter()
+            .all(|b| b.requested_size == 5 * MB)
+    );
+    assert_eq!(
+        state_after(&snap, 0, oom).map(|s| shapes(&s)),
+        Some(shapes(&snap.segments))
+    );
+
+    // No state where the replay does not validate.
+    let mut odd = snap.clone();
+    odd.segments[0].pool_id = Some((1, 7));
+    assert_eq!(recorded_states(&odd, 0, &[At::After(4)]), None);
+}

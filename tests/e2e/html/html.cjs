@@ -6,7 +6,10 @@
 //   - PyTorch: every timeline canvas has its bands drawn (pixels of the band colours); hovering a
 //     band shows a tooltip naming the band's site and its bytes at that moment; clicking it
 //     targets the band's file and line (#opened, what a VS Code webview posts);
-//     snapshots without a trace say so and still draw their segments;
+//     snapshots without a trace say so and still draw their segments; every device whose replay
+//     validates draws the allocator state at its peak (and at its first OOM, naming the failed
+//     request against the largest free block of its pool), blocks coloured by state, labelled
+//     simulated with the reason beside it;
 //   - JAX: the heap curve is drawn, its tooltip reads the heap at that point, a click on a
 //     buffer targets that buffer's file and line;
 //   - every finding of the data is listed.
@@ -74,6 +77,59 @@ async function opened(page) {
   });
 }
 
+// The page's byte format.
+function bytes(b) {
+  if (b == null) return "–";
+  const u = ["B", "KiB", "MiB", "GiB", "TiB"]; let v = b, i = 0;
+  while (v >= 1024 && i < u.length - 1) { v /= 1024; i++; }
+  return i === 0 ? b + " B" : v.toFixed(2) + " " + u[i];
+}
+
+let statePanels = 0;
+
+// The allocator state at the peak and at the first OOM of each device: one panel per state of
+// the data, a peak panel for every device whose replay validates, blocks drawn in the state colours.
+async function checkStates(page, name, t) {
+  const drawn = await page.$$eval(".panel.segs.state", (x) => x.length);
+  const want = t.devices.reduce((n, d) => n + (d.states || []).filter((s) => s.segments.length).length, 0);
+  check(`${name}: one allocator-state panel per replayed state`, drawn === want, { drawn, want });
+  for (const dev of t.devices) {
+    const states = dev.states || [];
+    if (dev.validated && dev.peak) check(`${name} device ${dev.device}: validated, so its state at the peak is drawn`,
+      states.some((s) => s.moment === "peak" && s.entry === dev.peak[0]), states.map((s) => [s.moment, s.entry]));
+    if (!dev.validated) check(`${name} device ${dev.device}: no replayed state without validation`, states.length === 0);
+    for (const st of states) {
+      const sel = `.panel.segs.state[data-device="${dev.device}"][data-moment="${st.moment}"]`;
+      const p = await page.$eval(sel, (b) => {
+        b.scrollIntoView({ block: "center" });
+        const colour = (c) => { const e = b.querySelector(".b-" + c); return e && getComputedStyle(e).backgroundColor; };
+        return { title: b.querySelector("h3").innerText, text: b.innerText, rows: b.querySelectorAll(".seg").length,
+          allocated: colour("allocated"), free: colour("free"), label: !!b.querySelector("h3 .label.l-simulated") };
+      }).catch(() => null);
+      const title = st.moment === "peak" ? `Allocator state at the peak (entry #${st.entry}, replayed)` : `Allocator state at the OOM (entry #${st.entry}, replayed)`;
+      if (!check(`${name} device ${dev.device}: "${title}" panel`, p && p.title.includes(title), p)) continue;
+      statePanels++;
+      check(`${name} device ${dev.device} ${st.moment}: one bar per segment`, p.rows === st.segments.length, { rows: p.rows, want: st.segments.length });
+      const has = (s) => st.segments.some((g) => g.blocks.some((b) => b[1] === s));
+      check(`${name} device ${dev.device} ${st.moment}: blocks coloured by state`,
+        (!has("allocated") || p.allocated === "rgb(9, 105, 218)") && (!has("free") || p.free === "rgb(208, 215, 222)"), p);
+      check(`${name} device ${dev.device} ${st.moment}: labelled simulated, with why`,
+        p.label && p.text.includes("the model reproduces every recorded segment event"), p.text);
+      if (st.moment === "oom") {
+        const r = st.request;
+        const line = `request ${bytes(r.bytes)} (${r.pool} pool, stream ${r.stream})`;
+        check(`${name} device ${dev.device}: the OOM panel names the request against the largest free block`,
+          p.text.includes(line) && p.text.includes(`vs largest free block ${bytes(r.largest_free_bytes)} of that pool`), { line, text: p.text });
+      }
+    }
+  }
+  // The one real snapshot with a recorded OOM: its panel must be there whatever the data says.
+  if (name.startsWith("Constructor-Sun__memory_snapshot.pickle")) {
+    const text = await page.$eval('.panel.segs.state[data-device="1"][data-moment="oom"]', (b) => b.innerText).catch(() => "");
+    check(`${name}: the OOM panel of device 1 names the 4.94 GiB request`, text.includes("request 4.94 GiB (large pool, stream 0)"), text);
+  }
+}
+
 const PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"];
 
 async function checkTorch(page, name, cap) {
@@ -86,6 +142,7 @@ async function checkTorch(page, name, cap) {
     check(`${name}: draws the segments of every device without a trace`, drawn === segs, { drawn, segs });
     return;
   }
+  await checkStates(page, name, t);
   for (const dev of t.devices) {
     const sel = `.panel.timeline[data-device="${dev.device}"] canvas`;
     if (!dev.peak) continue; // nothing allocated or freed in this trace
@@ -217,7 +274,8 @@ async function checkXla(page, name, cap) {
   }
   await browser.close();
   const worst = times.reduce((a, b) => (b.loadMs > a.loadMs ? b : a), times[0] || {});
-  console.log(`${files.length} pages; slowest load ${worst.loadMs} ms (${worst.f})`);
+  console.log(`${files.length} pages; slowest load ${worst.loadMs} ms (${worst.f}); ${statePanels} replayed allocator-state panels`);
+  check("some pages draw replayed allocator states", statePanels > 0 || !files.some((f) => f.endsWith(".pickle.html")), statePanels);
   console.log(`${passed} passed, ${failed} failed`);
   process.exit(failed === 0 && files.length > 0 ? 0 : 1);
 })();
