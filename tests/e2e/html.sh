@@ -27,7 +27,7 @@ page() { # capture, page name
   "$MEMLSP" report "$1" --format html -o "$TMP/pages/$2.html"
   n=$((n + 1))
 }
-for f in "$SHARED"/torch_snapshots/real/*.pickle; do page "$f" "$(basename "$f")"; done
+for f in "$SHARED"/torch_snapshots/real/*.pickle "$SHARED"/torch_snapshots/real/*.pkl; do page "$f" "$(basename "$f")"; done
 for f in "$SHARED"/jax_cpu_captures/*/*.xplane.pb "$SHARED"/jax-real-captures/*/*.xplane.pb; do
   page "$f" "$(basename "$(dirname "$f")")__$(basename "$f")"
 done
