@@ -6,7 +6,6 @@
 
 mod check;
 mod github;
-mod json;
 #[cfg(test)]
 mod presenter_tests;
 mod report;
@@ -21,9 +20,10 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::findings::Severity;
 use crate::frames::FrameFilter;
 use crate::options::Options;
+use crate::present::json;
 
 /// The version written into JSON and SARIF output.
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+pub use crate::present::json::VERSION;
 
 #[derive(Parser, Debug)]
 #[command(
