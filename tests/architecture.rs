@@ -156,12 +156,23 @@ fn ident_before(b: &[char], i: usize) -> bool {
     i > 0 && (b[i - 1].is_alphanumeric() || b[i - 1] == '_')
 }
 
-/// The part of a file outside its test module (`#[cfg(test)]` at the start of a line).
+/// The part of a file outside its test module: up to the first `#[cfg(test)]` at the start of a
+/// line that opens an inline module (`mod tests {`). A test module declared in its own file
+/// (`#[cfg(test)]\nmod presenter_tests;`) does not hide the rest of the file.
 fn non_test(code: &str) -> &str {
-    match code.find("\n#[cfg(test)]") {
-        Some(i) => &code[..i],
-        None => code,
+    let mut from = 0;
+    while let Some(off) = code[from..].find("\n#[cfg(test)]") {
+        let at = from + off;
+        let rest = code[at + "\n#[cfg(test)]".len()..].trim_start();
+        let item = rest.split(['{', ';']).next().unwrap_or("");
+        let declared_elsewhere =
+            item.trim_start().starts_with("mod ") && rest[item.len()..].starts_with(';');
+        if !declared_elsewhere {
+            return &code[..at];
+        }
+        from = at + 1;
     }
+    code
 }
 
 /// Module path of a file under `src/` (`src/xla/mod.rs` → `xla`, `src/lib.rs` → ``).
@@ -456,6 +467,14 @@ fn the_checker_catches_each_kind_of_violation() {
     assert!(
         v.iter().any(|m| m.contains("`tokio` is used outside")),
         "{v:?}"
+    );
+    let v = violations(
+        Path::new("cli/mod.rs"),
+        "mod check;\n#[cfg(test)]\nmod presenter_tests;\nfn f() { crate::lsp::run_stdio(); }\n",
+    );
+    assert!(
+        v.iter().any(|m| m.contains("presenters")),
+        "a test module in its own file hides nothing after it: {v:?}"
     );
     let v = violations(Path::new("torch/patterns.rs"), "let c = \"PT002\";\n");
     assert!(v.iter().any(|m| m.contains("finding code")), "{v:?}");

@@ -1,8 +1,9 @@
-//! Command-line front ends: `report`, `--check` and `baseline`.
+//! Command-line front ends: `report`, `--check` and `baseline`; `lsp` starts the language server.
 //!
-//! [`main`] parses the command line and returns the exit code instead of exiting, so every path
-//! is testable: 0 = nothing at or above `--fail-on`, 1 = findings, 2 = a capture could not be
-//! read or a usage error. Only the result goes to stdout; errors are one line each on stderr.
+//! [`run`] parses the command line and returns the exit code instead of exiting (or the server to
+//! start: `src/main.rs` starts it), so every path is testable: 0 = nothing at or above
+//! `--fail-on`, 1 = findings, 2 = a capture could not be read or a usage error. Only the result
+//! goes to stdout; errors are one line each on stderr.
 
 mod check;
 mod github;
@@ -236,24 +237,34 @@ pub fn render_json(reports: &[crate::report::CaptureReport]) -> String {
     json::render(&json::document(reports, &[]))
 }
 
-/// Parse the command line, run, and return the process exit code.
-pub fn main() -> i32 {
+/// What the command line asks for, once the command-line work is done.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Run {
+    /// Done: exit with this status.
+    Exit(i32),
+    /// Run the language server on stdio (`memlsp`, `memlsp lsp`).
+    Lsp,
+}
+
+/// Parse the command line and run it. The server is started by the caller (`src/main.rs`):
+/// the presenters do not depend on each other.
+pub fn run() -> Run {
     // Captures are memory-mapped; survive one being truncated under the reader.
     crate::sigbus::install();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) => return clap_error(e),
+        Err(e) => return Run::Exit(clap_error(e)),
     };
     match cli.command {
-        Some(_) if cli.check => usage("--check cannot be combined with a subcommand"),
-        Some(Command::Report(args)) => report::run_report(args),
-        Some(Command::Baseline(args)) => check::record_baseline(args),
-        Some(Command::Lsp { .. }) => lsp(),
+        Some(_) if cli.check => Run::Exit(usage("--check cannot be combined with a subcommand")),
+        Some(Command::Report(args)) => Run::Exit(report::run_report(args)),
+        Some(Command::Baseline(args)) => Run::Exit(check::record_baseline(args)),
+        Some(Command::Lsp { .. }) => Run::Lsp,
         None if cli.check => {
             if cli.baseline.is_none() && (cli.max_growth.is_some() || cli.timing) {
-                return usage("--max-growth and --timing need --baseline FILE");
+                return Run::Exit(usage("--max-growth and --timing need --baseline FILE"));
             }
-            check::run(check::CheckArgs {
+            Run::Exit(check::run(check::CheckArgs {
                 paths: cli.paths,
                 format: cli.format.unwrap_or(CheckFormat::Text),
                 fail_on: cli.fail_on.unwrap_or(Severity::Warning),
@@ -266,7 +277,7 @@ pub fn main() -> i32 {
                     },
                 }),
                 common: cli.common,
-            })
+            }))
         }
         None => {
             if !cli.paths.is_empty()
@@ -278,22 +289,12 @@ pub fn main() -> i32 {
                 || cli.timing
                 || !cli.common.is_empty()
             {
-                return usage(
+                return Run::Exit(usage(
                     "paths and --format/--fail-on/--workspace/--baseline/--path-map/--max-file-bytes/\
                      --exclude-frames need --check (or use `memlsp report FILE`)",
-                );
+                ));
             }
-            lsp()
-        }
-    }
-}
-
-fn lsp() -> i32 {
-    match crate::lsp::run_stdio() {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("memlsp: {e:#}");
-            2
+            Run::Lsp
         }
     }
 }
