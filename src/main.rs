@@ -4,11 +4,12 @@ fn main() {
     let code = match memlsp::cli::run() {
         Run::Exit(code) => code,
         Run::Lsp => served(memlsp::lsp::run_stdio()),
+        Run::Mcp => served(memlsp::mcp::run_stdio()),
     };
     std::process::exit(code);
 }
 
-/// The server's exit status: 0 when the client closed it, else 2 with the error on one line.
+/// A server's exit status: 0 when the client closed it, else 2 with the error on one line.
 fn served(result: anyhow::Result<()>) -> i32 {
     match result {
         Ok(()) => 0,

@@ -1,4 +1,4 @@
-//! Command-line front ends: `report`, `--check` and `baseline`; `lsp` starts the language server.
+//! Command-line front ends: `report`, `--check` and `baseline`; `lsp` and `mcp` start the servers.
 //!
 //! [`run`] parses the command line and returns the exit code instead of exiting (or the server to
 //! start: `src/main.rs` starts it), so every path is testable: 0 = nothing at or above
@@ -79,6 +79,8 @@ enum Command {
     Report(ReportArgs),
     /// Record the deterministic numbers of captures as a baseline for `--check --baseline`
     Baseline(BaselineArgs),
+    /// Run the Model Context Protocol server on stdio (tools for coding agents)
+    Mcp,
 }
 
 #[derive(Args, Debug)]
@@ -244,9 +246,11 @@ pub enum Run {
     Exit(i32),
     /// Run the language server on stdio (`memlsp`, `memlsp lsp`).
     Lsp,
+    /// Run the MCP server on stdio (`memlsp mcp`).
+    Mcp,
 }
 
-/// Parse the command line and run it. The server is started by the caller (`src/main.rs`):
+/// Parse the command line and run it. The servers are started by the caller (`src/main.rs`):
 /// the presenters do not depend on each other.
 pub fn run() -> Run {
     // Captures are memory-mapped; survive one being truncated under the reader.
@@ -260,6 +264,7 @@ pub fn run() -> Run {
         Some(Command::Report(args)) => Run::Exit(report::run_report(args)),
         Some(Command::Baseline(args)) => Run::Exit(check::record_baseline(args)),
         Some(Command::Lsp { .. }) => Run::Lsp,
+        Some(Command::Mcp) => Run::Mcp,
         None if cli.check => {
             if cli.baseline.is_none() && (cli.max_growth.is_some() || cli.timing) {
                 return Run::Exit(usage("--max-growth and --timing need --baseline FILE"));
