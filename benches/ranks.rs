@@ -32,7 +32,10 @@ fn main() {
     let big_dir = fill(&root.join("ranks/big"), 64, &big, true);
     let small_dir = fill(&root.join("ranks/small"), 1024, &shared, false);
 
-    for (name, dir, one) in [("64 × big", &big_dir, &big), ("1,024 × small", &small_dir, &shared)] {
+    for (name, dir, one) in [
+        ("64 × big", &big_dir, &big),
+        ("1,024 × small", &small_dir, &shared),
+    ] {
         let size = std::fs::metadata(one).map(|m| m.len()).unwrap_or(0);
         let (t1, single) = run(&["report", &one.to_string_lossy(), "--format", "json"]);
         println!(
@@ -79,6 +82,7 @@ fn fill(dir: &Path, n: usize, src: &Path, link: bool) -> PathBuf {
 }
 
 /// Run memlsp to completion: seconds and peak RSS.
+#[allow(clippy::zombie_processes)] // reaped by wait4, which also gives its rusage
 fn run(args: &[&str]) -> (f64, u64) {
     let t0 = Instant::now();
     let child = Command::new(env!("CARGO_BIN_EXE_memlsp"))

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::{CaptureError, ErrorKind};
-use crate::findings;
+use crate::findings::{self, Severity};
 use crate::options::Options;
 use crate::report::{CaptureKind, CaptureReport, Engine};
 use crate::source::locate::Locator;
@@ -438,6 +438,121 @@ fn sniff(path: &Path, opts: &Options) -> Result<CaptureReport, CaptureError> {
             "not a PyTorch snapshot or an .xplane.pb capture",
             "memlsp reads *.pickle/*.pkl/*snapshot*.json and *.xplane.pb",
         )),
+    }
+}
+
+/// The capture files named by `paths`, as `--check` takes them: a file as given, a directory
+/// scanned like a workspace (capture globs, `.gitignore`, no `.venv`/`node_modules`). A path that
+/// does not exist, or a directory without captures, is an error in the second list.
+pub fn collect_captures(paths: &[PathBuf]) -> (Vec<PathBuf>, Vec<CaptureError>) {
+    let mut files = Vec::new();
+    let mut errors = Vec::new();
+    let globs = match capture_globset(&DEFAULT_CAPTURE_GLOBS) {
+        Ok(g) => g,
+        // The globs are constants; this only fails if they are edited into nonsense.
+        Err(e) => {
+            for path in paths {
+                errors.push(CaptureError::new(
+                    path,
+                    ErrorKind::Unsupported,
+                    None,
+                    format!("capture globs: {e}"),
+                    "report this as a bug",
+                ));
+            }
+            return (files, errors);
+        }
+    };
+    for path in paths {
+        let err = match std::fs::metadata(path) {
+            Err(e) => CaptureError::io(path, &e),
+            Ok(meta) if meta.is_dir() => {
+                let found = find_captures(path, &globs);
+                if !found.is_empty() {
+                    files.extend(found);
+                    continue;
+                }
+                CaptureError::new(
+                    path,
+                    ErrorKind::Empty,
+                    None,
+                    "no capture found (*.pickle, *.pkl, *snapshot*.json, *.xplane.pb; \
+                     .gitignored files and .venv/node_modules are skipped)",
+                    "pass the capture files or their directory explicitly",
+                )
+            }
+            Ok(_) => {
+                files.push(path.clone());
+                continue;
+            }
+        };
+        errors.push(err);
+    }
+    (files, errors)
+}
+
+/// What [`analyze_files`] is doing, for a caller that shows progress.
+pub enum Step<'a> {
+    /// About to analyse file `index` (from 0) of `total`.
+    Analysing {
+        index: usize,
+        total: usize,
+        path: &'a Path,
+    },
+    /// That file could not be read; the others are still analysed.
+    Failed(&'a CaptureError),
+}
+
+/// `--check`'s analysis: every file on its own (not located yet: a baseline compares recorded
+/// paths), the unreadable ones kept as errors.
+pub fn analyze_files(
+    files: &[PathBuf],
+    opts: &Options,
+    mut progress: impl FnMut(Step<'_>),
+) -> (Vec<CaptureReport>, Vec<CaptureError>) {
+    let mut reports = Vec::new();
+    let mut errors = Vec::new();
+    for (index, path) in files.iter().enumerate() {
+        progress(Step::Analysing {
+            index,
+            total: files.len(),
+            path,
+        });
+        match analyze_file(path, opts) {
+            Ok(report) => reports.push(report),
+            Err(e) => {
+                progress(Step::Failed(&e));
+                errors.push(e);
+            }
+        }
+    }
+    (reports, errors)
+}
+
+/// The verdict of a check, the rule of `--check`'s exit status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// No finding at or above the threshold (exit 0).
+    Clean,
+    /// A finding at or above the threshold (exit 1).
+    Findings,
+    /// A capture could not be read (exit 2), whatever the findings.
+    Unreadable,
+}
+
+/// Unreadable when a capture could not be read, else findings when one is at or above
+/// `fail_on`, else clean.
+pub fn verdict(reports: &[CaptureReport], had_errors: bool, fail_on: Severity) -> Verdict {
+    if had_errors {
+        Verdict::Unreadable
+    } else if reports
+        .iter()
+        .flat_map(|r| &r.findings)
+        .any(|f| f.severity >= fail_on)
+    {
+        Verdict::Findings
+    } else {
+        Verdict::Clean
     }
 }
 

@@ -11,6 +11,7 @@ pub mod findings;
 pub mod frames;
 pub(crate) mod hugepages;
 pub mod lsp;
+pub mod mcp;
 pub mod options;
 pub mod pickle;
 pub mod present;

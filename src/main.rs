@@ -1,3 +1,21 @@
+use memlsp::cli::Run;
+
 fn main() {
-    std::process::exit(memlsp::cli::main());
+    let code = match memlsp::cli::run() {
+        Run::Exit(code) => code,
+        Run::Lsp => served(memlsp::lsp::run_stdio()),
+        Run::Mcp => served(memlsp::mcp::run_stdio()),
+    };
+    std::process::exit(code);
+}
+
+/// A server's exit status: 0 when the client closed it, else 2 with the error on one line.
+fn served(result: anyhow::Result<()>) -> i32 {
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("memlsp: {e:#}");
+            2
+        }
+    }
 }

@@ -1,5 +1,5 @@
 //! The architecture, as a test (rust-analyzer's `tidy.rs` style): reads `src/` and fails on an
-//! import that goes up a layer, on LSP, clap or tokio outside their presenter, and on a finding
+//! import that goes up a layer, on LSP, MCP, clap or tokio outside their presenters, and on a finding
 //! code written as a string outside `src/findings.rs`. The layers and the allowed directions are
 //! the table below and the one in `docs/ARCHITECTURE.md`; keep both in step.
 
@@ -38,7 +38,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("compare", &["baseline"]),
     ("locate", &["source"]),
     ("pipeline", &["analyze"]),
-    ("present", &["present", "cli", "lsp"]),
+    ("present", &["present", "cli", "lsp", "mcp"]),
 ];
 
 /// Modules of one layer that must not import each other: the engines, the presenters.
@@ -47,14 +47,19 @@ const SIBLINGS: &[(&str, &str)] = &[
     ("xla", "torch"),
     ("cli", "lsp"),
     ("lsp", "cli"),
+    ("cli", "mcp"),
+    ("mcp", "cli"),
+    ("lsp", "mcp"),
+    ("mcp", "lsp"),
 ];
 
-/// Crates only one presenter may use.
-const CONFINED: &[(&str, &str)] = &[
-    ("tower_lsp_server", "lsp"),
-    ("ls_types", "lsp"),
-    ("tokio", "lsp"),
-    ("clap", "cli"),
+/// Crates only some presenters may use.
+const CONFINED: &[(&str, &[&str])] = &[
+    ("tower_lsp_server", &["lsp"]),
+    ("ls_types", &["lsp"]),
+    ("tokio", &["lsp", "mcp"]),
+    ("rmcp", &["mcp"]),
+    ("clap", &["cli"]),
 ];
 
 /// The layer of a module path (`xla::plan`), by longest listed prefix.
@@ -156,12 +161,23 @@ fn ident_before(b: &[char], i: usize) -> bool {
     i > 0 && (b[i - 1].is_alphanumeric() || b[i - 1] == '_')
 }
 
-/// The part of a file outside its test module (`#[cfg(test)]` at the start of a line).
+/// The part of a file outside its test module: up to the first `#[cfg(test)]` at the start of a
+/// line that opens an inline module (`mod tests {`). A test module declared in its own file
+/// (`#[cfg(test)]\nmod presenter_tests;`) does not hide the rest of the file.
 fn non_test(code: &str) -> &str {
-    match code.find("\n#[cfg(test)]") {
-        Some(i) => &code[..i],
-        None => code,
+    let mut from = 0;
+    while let Some(off) = code[from..].find("\n#[cfg(test)]") {
+        let at = from + off;
+        let rest = code[at + "\n#[cfg(test)]".len()..].trim_start();
+        let item = rest.split(['{', ';']).next().unwrap_or("");
+        let declared_elsewhere =
+            item.trim_start().starts_with("mod ") && rest[item.len()..].starts_with(';');
+        if !declared_elsewhere {
+            return &code[..at];
+        }
+        from = at + 1;
     }
+    code
 }
 
 /// Module path of a file under `src/` (`src/xla/mod.rs` → `xla`, `src/lib.rs` → ``).
@@ -349,14 +365,14 @@ fn violations(rel: &Path, text: &str) -> Vec<String> {
             {
                 out.push(format!(
                     "{shown}:{line}: `{a}` imports `crate::{target}`: the {} must not depend on each other",
-                    if *a == "cli" || *a == "lsp" { "presenters" } else { "engines" }
+                    if matches!(*a, "cli" | "lsp" | "mcp") { "presenters" } else { "engines" }
                 ));
             }
         }
     }
     let top = module.split("::").next().unwrap_or("");
-    for (krate, home) in CONFINED {
-        if top != *home {
+    for (krate, homes) in CONFINED {
+        if !homes.contains(&top) {
             for (n, l) in code.lines().enumerate() {
                 let hit = l.match_indices(krate).any(|(i, _)| {
                     let before = l[..i].chars().next_back();
@@ -366,8 +382,18 @@ fn violations(rel: &Path, text: &str) -> Vec<String> {
                 });
                 if hit {
                     out.push(format!(
-                        "{shown}:{}: `{krate}` is used outside `src/{home}`: only that presenter may know it",
-                        n + 1
+                        "{shown}:{}: `{krate}` is used outside {}: only {} may know it",
+                        n + 1,
+                        homes
+                            .iter()
+                            .map(|h| format!("`src/{h}`"))
+                            .collect::<Vec<_>>()
+                            .join(" and "),
+                        if homes.len() == 1 {
+                            "that presenter"
+                        } else {
+                            "those presenters"
+                        }
                     ));
                 }
             }
@@ -456,6 +482,29 @@ fn the_checker_catches_each_kind_of_violation() {
     assert!(
         v.iter().any(|m| m.contains("`tokio` is used outside")),
         "{v:?}"
+    );
+    let v = violations(
+        Path::new("cli/report.rs"),
+        "fn f() { rmcp::serve_server(); crate::mcp::run_stdio(); }\n",
+    );
+    assert!(
+        v.iter()
+            .any(|m| m.contains("`rmcp` is used outside `src/mcp`")),
+        "{v:?}"
+    );
+    assert!(v.iter().any(|m| m.contains("presenters")), "{v:?}");
+    let v = violations(
+        Path::new("mcp/tools.rs"),
+        "fn f() -> tokio::task::JoinHandle<()> { crate::lsp::run_stdio() }\n",
+    );
+    assert_eq!(v.len(), 1, "tokio is allowed in mcp, lsp is not: {v:?}");
+    let v = violations(
+        Path::new("cli/mod.rs"),
+        "mod check;\n#[cfg(test)]\nmod presenter_tests;\nfn f() { crate::lsp::run_stdio(); }\n",
+    );
+    assert!(
+        v.iter().any(|m| m.contains("presenters")),
+        "a test module in its own file hides nothing after it: {v:?}"
     );
     let v = violations(Path::new("torch/patterns.rs"), "let c = \"PT002\";\n");
     assert!(v.iter().any(|m| m.contains("finding code")), "{v:?}");

@@ -7,14 +7,14 @@
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
-use crate::analyze::analyze_file;
-use crate::error::{CaptureError, ErrorKind};
+use crate::analyze::{Step, Verdict, analyze_files, collect_captures, verdict};
+use crate::error::CaptureError;
 use crate::findings::Severity;
 use crate::report::CaptureReport;
 use crate::source::locate::Locator;
-use crate::source::workspace::{DEFAULT_CAPTURE_GLOBS, capture_globset, find_captures};
 
-use super::{CheckFormat, CommonArgs, emit, github, json, sarif, text};
+use super::{CheckFormat, CommonArgs, emit, github, sarif, text};
+use crate::present::json;
 
 pub(super) struct CheckArgs {
     pub paths: Vec<PathBuf>,
@@ -103,19 +103,15 @@ fn analyse_all(
     errors: &mut Vec<CaptureError>,
 ) -> Vec<CaptureReport> {
     let progress = Progress::new(files.len());
-    let mut reports: Vec<CaptureReport> = Vec::new();
-    for (i, file) in files.iter().enumerate() {
-        progress.show(i, file);
-        match analyze_file(file, opts) {
-            Ok(report) => reports.push(report),
-            Err(e) => {
-                progress.clear();
-                eprintln!("memlsp: {e}");
-                errors.push(e);
-            }
+    let (reports, failed) = analyze_files(files, opts, |step| match step {
+        Step::Analysing { index, path, .. } => progress.show(index, path),
+        Step::Failed(e) => {
+            progress.clear();
+            eprintln!("memlsp: {e}");
         }
-    }
+    });
     progress.clear();
+    errors.extend(failed);
     reports
 }
 
@@ -163,57 +159,21 @@ pub(super) fn record_baseline(args: super::BaselineArgs) -> i32 {
 
 /// 2 when a capture could not be read, else 1 when a finding is at or above `fail_on`, else 0.
 pub(super) fn exit_code(reports: &[CaptureReport], had_errors: bool, fail_on: Severity) -> i32 {
-    if had_errors {
-        2
-    } else if reports
-        .iter()
-        .flat_map(|r| &r.findings)
-        .any(|f| f.severity >= fail_on)
-    {
-        1
-    } else {
-        0
+    match verdict(reports, had_errors, fail_on) {
+        Verdict::Clean => 0,
+        Verdict::Findings => 1,
+        Verdict::Unreadable => 2,
     }
 }
 
-/// The capture files named by `paths`: files as given, directories scanned. Paths that do not
-/// exist and directories without captures are reported (stderr) and recorded in `errors`.
+/// The capture files named by `paths` ([`collect_captures`]); each path that names none is one
+/// line on stderr and recorded in `errors`.
 fn collect(paths: &[PathBuf], errors: &mut Vec<CaptureError>) -> Vec<PathBuf> {
-    let globs = match capture_globset(&DEFAULT_CAPTURE_GLOBS) {
-        Ok(g) => g,
-        Err(e) => {
-            // The globs are constants; this only fails if they are edited into nonsense.
-            eprintln!("memlsp: capture globs: {e}");
-            return Vec::new();
-        }
-    };
-    let mut files = Vec::new();
-    for path in paths {
-        let err = match std::fs::metadata(path) {
-            Err(e) => CaptureError::io(path, &e),
-            Ok(meta) if meta.is_dir() => {
-                let found = find_captures(path, &globs);
-                if !found.is_empty() {
-                    files.extend(found);
-                    continue;
-                }
-                CaptureError::new(
-                    path,
-                    ErrorKind::Empty,
-                    None,
-                    "no capture found (*.pickle, *.pkl, *snapshot*.json, *.xplane.pb; \
-                     .gitignored files and .venv/node_modules are skipped)",
-                    "pass the capture files or their directory explicitly",
-                )
-            }
-            Ok(_) => {
-                files.push(path.clone());
-                continue;
-            }
-        };
-        eprintln!("memlsp: {err}");
-        errors.push(err);
+    let (files, failed) = collect_captures(paths);
+    for e in &failed {
+        eprintln!("memlsp: {e}");
     }
+    errors.extend(failed);
     files
 }
 

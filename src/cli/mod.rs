@@ -1,13 +1,13 @@
-//! Command-line front ends: `report`, `--check` and `baseline`.
+//! Command-line front ends: `report`, `--check` and `baseline`; `lsp` and `mcp` start the servers.
 //!
-//! [`main`] parses the command line and returns the exit code instead of exiting, so every path
-//! is testable: 0 = nothing at or above `--fail-on`, 1 = findings, 2 = a capture could not be
-//! read or a usage error. Only the result goes to stdout; errors are one line each on stderr.
+//! [`run`] parses the command line and returns the exit code instead of exiting (or the server to
+//! start: `src/main.rs` starts it), so every path is testable: 0 = nothing at or above
+//! `--fail-on`, 1 = findings, 2 = a capture could not be read or a usage error. Only the result
+//! goes to stdout; errors are one line each on stderr.
 
 mod check;
 mod compare;
 mod github;
-mod json;
 #[cfg(test)]
 mod presenter_tests;
 mod report;
@@ -22,9 +22,10 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::findings::Severity;
 use crate::frames::FrameFilter;
 use crate::options::Options;
+use crate::present::json;
 
 /// The version written into JSON and SARIF output.
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+pub use crate::present::json::VERSION;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -81,6 +82,8 @@ enum Command {
     Baseline(BaselineArgs),
     /// Compare ranks from their `report --format json` summaries (files or a directory of them)
     Compare(CompareCliArgs),
+    /// Run the Model Context Protocol server on stdio (tools for coding agents)
+    Mcp,
 }
 
 #[derive(Args, Debug)]
@@ -255,29 +258,42 @@ pub fn render_json(reports: &[crate::report::CaptureReport]) -> String {
     json::render(&json::document(reports, &[]))
 }
 
-/// Parse the command line, run, and return the process exit code.
-pub fn main() -> i32 {
+/// What the command line asks for, once the command-line work is done.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Run {
+    /// Done: exit with this status.
+    Exit(i32),
+    /// Run the language server on stdio (`memlsp`, `memlsp lsp`).
+    Lsp,
+    /// Run the MCP server on stdio (`memlsp mcp`).
+    Mcp,
+}
+
+/// Parse the command line and run it. The servers are started by the caller (`src/main.rs`):
+/// the presenters do not depend on each other.
+pub fn run() -> Run {
     // Captures are memory-mapped; survive one being truncated under the reader.
     crate::sigbus::install();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) => return clap_error(e),
+        Err(e) => return Run::Exit(clap_error(e)),
     };
     match cli.command {
-        Some(_) if cli.check => usage("--check cannot be combined with a subcommand"),
-        Some(Command::Report(args)) => report::run_report(args),
-        Some(Command::Baseline(args)) => check::record_baseline(args),
-        Some(Command::Compare(args)) => compare::run(compare::CompareArgs {
+        Some(_) if cli.check => Run::Exit(usage("--check cannot be combined with a subcommand")),
+        Some(Command::Report(args)) => Run::Exit(report::run_report(args)),
+        Some(Command::Baseline(args)) => Run::Exit(check::record_baseline(args)),
+        Some(Command::Compare(args)) => Run::Exit(compare::run(compare::CompareArgs {
             paths: args.paths,
             format: args.format,
             common: args.common,
-        }),
-        Some(Command::Lsp { .. }) => lsp(),
+        })),
+        Some(Command::Lsp { .. }) => Run::Lsp,
+        Some(Command::Mcp) => Run::Mcp,
         None if cli.check => {
             if cli.baseline.is_none() && (cli.max_growth.is_some() || cli.timing) {
-                return usage("--max-growth and --timing need --baseline FILE");
+                return Run::Exit(usage("--max-growth and --timing need --baseline FILE"));
             }
-            check::run(check::CheckArgs {
+            Run::Exit(check::run(check::CheckArgs {
                 paths: cli.paths,
                 format: cli.format.unwrap_or(CheckFormat::Text),
                 fail_on: cli.fail_on.unwrap_or(Severity::Warning),
@@ -290,7 +306,7 @@ pub fn main() -> i32 {
                     },
                 }),
                 common: cli.common,
-            })
+            }))
         }
         None => {
             if !cli.paths.is_empty()
@@ -302,22 +318,12 @@ pub fn main() -> i32 {
                 || cli.timing
                 || !cli.common.is_empty()
             {
-                return usage(
+                return Run::Exit(usage(
                     "paths and --format/--fail-on/--workspace/--baseline/--path-map/--max-file-bytes/\
                      --exclude-frames need --check (or use `memlsp report FILE`)",
-                );
+                ));
             }
-            lsp()
-        }
-    }
-}
-
-fn lsp() -> i32 {
-    match crate::lsp::run_stdio() {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("memlsp: {e:#}");
-            2
+            Run::Lsp
         }
     }
 }

@@ -10,7 +10,8 @@ use crate::options::LocateOptions;
 use crate::report::{CaptureReport, Engine, PercentOf, Site, SiteFrame, SiteRole};
 use crate::source::locate::Locator;
 
-use super::{check::exit_code, github, json, sarif, text};
+use super::{check::exit_code, github, sarif, text};
+use crate::present::json;
 
 const TRAIN: &str =
     "import torch\n\ntotal = 0\nfor x in data:\n    loss = model(x).sum()\n    total += loss\n";

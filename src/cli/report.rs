@@ -2,7 +2,8 @@
 
 use crate::analyze::{run, run_diff};
 
-use super::{ReportArgs, ReportFormat, emit, json, text};
+use super::{ReportArgs, ReportFormat, emit, text};
+use crate::present::json;
 
 pub(super) fn run_report(args: ReportArgs) -> i32 {
     // The workspace of `report` is the current directory.

@@ -1,0 +1,584 @@
+//! The tools: their arguments (whose JSON Schema is the tool's `inputSchema`), and what each does,
+//! synchronously, on a blocking thread. Each answer is the JSON the other front ends write
+//! (`present::json`) or a part of it, plus a few lines of text for the agent to read first.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use rmcp::model::{JsonObject, Tool, ToolAnnotations};
+use rmcp::schemars::JsonSchema;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use crate::analyze::{self, Verdict};
+use crate::baseline::{self, CompareOptions};
+use crate::error::{CaptureError, ErrorKind};
+use crate::findings::{Code, Finding, Location, Severity};
+use crate::options::{Cancel, Options};
+use crate::present::json as doc;
+use crate::report::{CaptureReport, Engine};
+use crate::source::locate::Locator;
+
+/// The tools, in the order `tools/list` gives them.
+pub(super) const NAMES: &[&str] = &[
+    "analyze",
+    "explain_line",
+    "diff",
+    "compare_ranks",
+    "check_baseline",
+];
+
+/// What a call may use besides its arguments.
+pub(super) struct Ctx {
+    /// The server's directory: the workspace when a call names none.
+    pub cwd: PathBuf,
+    /// Raised when the client cancels the request.
+    pub cancel: Cancel,
+    pub cache: Arc<Cache>,
+}
+
+/// A tool's answer.
+pub(super) struct Output {
+    /// The structured content.
+    pub structured: Value,
+    /// A few lines of text: the headline first.
+    pub summary: String,
+}
+
+/// Engine reports of the workspace's captures by path, valid while the file's modification time
+/// and size are unchanged (`explain_line` looks at every capture on every call).
+#[derive(Default)]
+pub(super) struct Cache(Mutex<HashMap<PathBuf, Cached>>);
+
+/// A capture's modification time and size when it was analysed, and its engine report.
+type Cached = (Option<SystemTime>, u64, CaptureReport);
+
+impl Cache {
+    /// The engine report of `path` (not located), analysed with default options unless cached.
+    fn report(&self, path: &Path, opts: &Options) -> Result<CaptureReport, CaptureError> {
+        let meta = std::fs::metadata(path).map_err(|e| CaptureError::io(path, &e))?;
+        let stamp = (meta.modified().ok(), meta.len());
+        if let Ok(map) = self.0.lock()
+            && let Some((m, l, r)) = map.get(path)
+            && (*m, *l) == stamp
+            && m.is_some()
+        {
+            return Ok(r.clone());
+        }
+        let report = analyze::analyze_file(path, opts)?;
+        if let Ok(mut map) = self.0.lock() {
+            map.insert(path.to_path_buf(), (stamp.0, stamp.1, report.clone()));
+        }
+        Ok(report)
+    }
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+#[serde(deny_unknown_fields)]
+struct AnalyzeArgs {
+    /// Capture file (.pickle, .pkl, *snapshot*.json, .xplane.pb) or capture directory (per-rank
+    /// snapshots, plugins/profile/<run>/)
+    path: PathBuf,
+    /// JAX: the module to analyse, as xprof writes it (`jit_train_step(34)`) or the bare name
+    module: Option<String>,
+    /// Number of top sites to list (default 10)
+    top: Option<usize>,
+    /// Directory source paths are resolved against and relative paths are taken from (default:
+    /// the server's current directory)
+    workspace: Option<PathBuf>,
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+#[serde(deny_unknown_fields)]
+struct ExplainLineArgs {
+    /// The Python file (absolute, or relative to the workspace)
+    file: PathBuf,
+    /// 1-based line number
+    line: u32,
+    /// Workspace scanned for captures like `memlsp --check` does (default: the server's current
+    /// directory)
+    workspace: Option<PathBuf>,
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+#[serde(deny_unknown_fields)]
+struct DiffArgs {
+    /// The earlier PyTorch snapshot of the run
+    earlier: PathBuf,
+    /// The later PyTorch snapshot of the same run: the report is about it
+    later: PathBuf,
+    /// Directory source paths are resolved against (default: the server's current directory)
+    workspace: Option<PathBuf>,
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+#[serde(deny_unknown_fields)]
+struct CompareRanksArgs {
+    /// Directory holding one PyTorch snapshot per rank
+    dir: PathBuf,
+    /// Directory source paths are resolved against (default: the server's current directory)
+    workspace: Option<PathBuf>,
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+#[serde(deny_unknown_fields)]
+struct CheckBaselineArgs {
+    /// Capture files or directories (scanned like `memlsp --check`); empty: the workspace
+    #[serde(default)]
+    paths: Vec<PathBuf>,
+    /// The baseline file written by `memlsp baseline PATH… -o FILE`
+    baseline: PathBuf,
+    /// Growth allowed before BL001: "5%" (the default), "0.5%", or a number (≥ 1 a percentage,
+    /// below 1 a fraction)
+    max_growth: Option<Growth>,
+    /// Also compare timing-dependent numbers (runtime peaks, reserved bytes)
+    #[serde(default)]
+    timing: bool,
+    /// Lowest severity that fails the check: error (the default: BL001 and OOM causes), warning,
+    /// information, hint
+    fail_on: Option<String>,
+    /// Directory source paths are resolved against (default: the server's current directory)
+    workspace: Option<PathBuf>,
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+#[serde(untagged)]
+enum Growth {
+    Text(String),
+    Number(f64),
+}
+
+/// The tool list.
+pub(super) fn list() -> Vec<Tool> {
+    vec![
+        tool::<AnalyzeArgs>(
+            "analyze",
+            "Analyse one GPU memory capture (PyTorch snapshot, JAX .xplane.pb) or a capture directory: \
+             the document of `memlsp report PATH --format json` (headline, totals, top sites with \
+             their Python lines, findings with labelled evidence and fixes), located against the \
+             workspace.",
+        ),
+        tool::<ExplainLineArgs>(
+            "explain_line",
+            "What the captures of the workspace (found like `memlsp --check` finds them) say about \
+             one line of a Python file: the findings and top sites located there, each with its \
+             capture and labelled evidence.",
+        ),
+        tool::<DiffArgs>(
+            "diff",
+            "Compare two PyTorch snapshots of one run (`memlsp report EARLIER --diff LATER`): the \
+             sites whose live bytes and block counts grew (PT011), in the later snapshot's report.",
+        ),
+        tool::<CompareRanksArgs>(
+            "compare_ranks",
+            "Compare per-rank PyTorch snapshots in a directory (`memlsp report DIR`): one row per \
+             rank (allocated, reserved, peak, OOMs, top site), the imbalance, and each rank's \
+             headline.",
+        ),
+        tool::<CheckBaselineArgs>(
+            "check_baseline",
+            "Check captures against a baseline recorded by `memlsp baseline` (`memlsp --check \
+             PATHS --baseline FILE`): whether the check passes (the exit-status rule, failing on \
+             errors by default), the BL001 findings on the lines where memory grew, and what was \
+             compared.",
+        ),
+    ]
+}
+
+fn tool<T: JsonSchema + 'static>(name: &'static str, description: &'static str) -> Tool {
+    Tool::new(name, description, JsonObject::new())
+        .with_input_schema::<T>()
+        .annotate(
+            ToolAnnotations::new()
+                .read_only(true)
+                .destructive(false)
+                .idempotent(true)
+                .open_world(false),
+        )
+}
+
+/// Run tool `name`; `Err` is the one-line message of a tool error.
+pub(super) fn call(name: &str, args: JsonObject, ctx: &Ctx) -> Result<Output, String> {
+    let out = match name {
+        "analyze" => analyze(parse(name, args)?, ctx),
+        "explain_line" => explain_line(parse(name, args)?, ctx),
+        "diff" => diff(parse(name, args)?, ctx),
+        "compare_ranks" => compare_ranks(parse(name, args)?, ctx),
+        "check_baseline" => check_baseline(parse(name, args)?, ctx),
+        _ => Err(format!("unknown tool `{name}`")),
+    };
+    if ctx.cancel.is_cancelled() {
+        return Err("the request was cancelled".into());
+    }
+    out
+}
+
+fn parse<T: DeserializeOwned>(tool: &str, args: JsonObject) -> Result<T, String> {
+    serde_json::from_value(Value::Object(args)).map_err(|e| format!("{tool}: bad arguments: {e}"))
+}
+
+impl Ctx {
+    /// The workspace a call names (relative to the server's directory), else the server's.
+    fn workspace(&self, given: Option<&Path>) -> Result<PathBuf, String> {
+        let ws = match given {
+            Some(w) => std::path::absolute(self.cwd.join(w)).unwrap_or_else(|_| self.cwd.join(w)),
+            None => self.cwd.clone(),
+        };
+        if ws.is_dir() {
+            Ok(ws)
+        } else {
+            Err(format!(
+                "{}: the workspace is not a directory",
+                ws.display()
+            ))
+        }
+    }
+
+    /// The options of one run over workspace `ws`, with this call's cancel flag.
+    fn options(&self, ws: &Path) -> Options {
+        let mut opts = Options::default();
+        opts.locate.workspace = vec![ws.to_path_buf()];
+        opts.decode.cancel = self.cancel.clone();
+        opts
+    }
+}
+
+/// `p` taken from the workspace when relative.
+fn input(ws: &Path, p: &Path) -> PathBuf {
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        ws.join(p)
+    }
+}
+
+fn analyze(a: AnalyzeArgs, ctx: &Ctx) -> Result<Output, String> {
+    let ws = ctx.workspace(a.workspace.as_deref())?;
+    let mut opts = ctx.options(&ws);
+    if let Some(top) = a.top {
+        opts.analysis.top = top;
+    }
+    opts.analysis.module = a.module;
+    let reports = analyze::run(&input(&ws, &a.path), &opts).map_err(|e| e.to_string())?;
+    Ok(Output {
+        structured: doc::document(&reports, &[]),
+        summary: summary(&reports),
+    })
+}
+
+fn diff(a: DiffArgs, ctx: &Ctx) -> Result<Output, String> {
+    let ws = ctx.workspace(a.workspace.as_deref())?;
+    let opts = ctx.options(&ws);
+    let report = analyze::run_diff(&input(&ws, &a.earlier), &input(&ws, &a.later), &opts)
+        .map_err(|e| e.to_string())?;
+    let reports = [report];
+    Ok(Output {
+        structured: doc::document(&reports, &[]),
+        summary: summary(&reports),
+    })
+}
+
+fn compare_ranks(a: CompareRanksArgs, ctx: &Ctx) -> Result<Output, String> {
+    let ws = ctx.workspace(a.workspace.as_deref())?;
+    let dir = input(&ws, &a.dir);
+    if !dir.is_dir() {
+        return Err(format!(
+            "{}: not a directory (compare_ranks takes a directory with one PyTorch snapshot per rank)",
+            dir.display()
+        ));
+    }
+    let reports = analyze::run(&dir, &ctx.options(&ws)).map_err(|e| e.to_string())?;
+    let ranks: Vec<(&CaptureReport, usize, &crate::torch::ranks::RankComparison)> = reports
+        .iter()
+        .filter_map(|r| match &r.engine {
+            Engine::Torch(t) => Some((r, t.rank?, t.rank_comparison.as_ref()?)),
+            Engine::Xla(_) => None,
+        })
+        .collect();
+    let Some((_, _, comparison)) = ranks.first() else {
+        return Err(format!(
+            "{}: fewer than two PyTorch snapshots in this directory; compare_ranks needs one per rank \
+             (use analyze for a single capture)",
+            dir.display()
+        ));
+    };
+    let mut text = match comparison.imbalance {
+        Some(x) => format!(
+            "{} ranks; {x:.2}× live memory between the fullest and the emptiest",
+            ranks.len()
+        ),
+        None => format!("{} ranks", ranks.len()),
+    };
+    for (r, rank, _) in &ranks {
+        text.push_str(&format!(
+            "\nrank {rank} ({}): {}",
+            r.display_path(),
+            r.headline()
+        ));
+    }
+    Ok(Output {
+        structured: json!({
+            "memlsp": doc::VERSION,
+            "dir": dir.display().to_string(),
+            "comparison": comparison,
+            "ranks": ranks.iter().map(|(r, rank, _)| json!({
+                "rank": rank,
+                "path": r.display_path(),
+                "headline": r.headline(),
+                "findings": r.findings.iter().map(|f| f.code).collect::<Vec<Code>>(),
+            })).collect::<Vec<_>>(),
+        }),
+        summary: text,
+    })
+}
+
+fn explain_line(a: ExplainLineArgs, ctx: &Ctx) -> Result<Output, String> {
+    let ws = ctx.workspace(a.workspace.as_deref())?;
+    let file = input(&ws, &a.file);
+    if !file.is_file() {
+        return Err(format!("{}: no such file", file.display()));
+    }
+    let want = canonical(&file);
+    let shown = file
+        .strip_prefix(&ws)
+        .map_or_else(|_| file.display().to_string(), |p| p.display().to_string());
+    let (files, mut errors) = analyze::collect_captures(std::slice::from_ref(&ws));
+    if files.is_empty()
+        && let Some(e) = errors.first()
+    {
+        return Err(e.to_string());
+    }
+    let opts = ctx.options(&ws);
+    let locator = Locator::new(&opts.locate, opts.analysis.frames.clone());
+    let here = |l: Option<&Location>| {
+        l.is_some_and(|l| l.line == a.line && l.local().is_some_and(|p| canonical(p) == want))
+    };
+    let mut hits = Vec::new();
+    let mut text = Vec::new();
+    for path in &files {
+        let mut report = match ctx.cache.report(path, &opts) {
+            Ok(r) => r,
+            Err(e) if e.kind == ErrorKind::Cancelled => return Err(e.to_string()),
+            Err(e) => {
+                errors.push(e);
+                continue;
+            }
+        };
+        locator.locate(&mut report);
+        let findings: Vec<&Finding> = report
+            .findings
+            .iter()
+            .filter(|f| here(f.location.as_ref()))
+            .collect();
+        let sites: Vec<_> = report
+            .sites
+            .iter()
+            .filter(|s| here(s.location.as_ref()))
+            .collect();
+        if findings.is_empty() && sites.is_empty() {
+            continue;
+        }
+        let capture = report.display_path();
+        for f in &findings {
+            text.push(format!(
+                "{capture}: {} ({}): {}",
+                f.code,
+                f.severity.as_str(),
+                f.message
+            ));
+        }
+        for s in &sites {
+            text.push(format!(
+                "{capture}: site {} ({:.1}% of {}) [{}]",
+                crate::findings::fmt_bytes(s.bytes),
+                s.percent,
+                s.percent_of.as_str(),
+                s.label.as_str()
+            ));
+        }
+        hits.push(json!({
+            "path": capture,
+            "kind": report.kind().as_str(),
+            "headline": report.headline(),
+            "findings": findings,
+            "sites": sites,
+        }));
+    }
+    let head = format!(
+        "{shown}:{}: {} capture(s) of {} scanned say something about this line",
+        a.line,
+        hits.len(),
+        files.len()
+    );
+    let mut structured = json!({
+        "memlsp": doc::VERSION,
+        "file": shown,
+        "line": a.line,
+        "workspace": ws.display().to_string(),
+        "captures_scanned": files.len(),
+        "captures": hits,
+    });
+    if !errors.is_empty() {
+        structured["errors"] = errors.iter().map(doc::error).collect();
+    }
+    Ok(Output {
+        structured,
+        summary: std::iter::once(head)
+            .chain(text)
+            .collect::<Vec<_>>()
+            .join("\n"),
+    })
+}
+
+fn check_baseline(a: CheckBaselineArgs, ctx: &Ctx) -> Result<Output, String> {
+    let ws = ctx.workspace(a.workspace.as_deref())?;
+    let file = input(&ws, &a.baseline);
+    let base = std::fs::read_to_string(&file)
+        .map_err(|e| format!("{}: cannot read the baseline ({e})", file.display()))
+        .and_then(|t| baseline::parse(&file, &t))?;
+    let max_growth = match &a.max_growth {
+        None => 0.05,
+        Some(Growth::Text(s)) => baseline::parse_growth(s)?,
+        Some(Growth::Number(n)) => baseline::parse_growth(&n.to_string())?,
+    };
+    let fail_on = match &a.fail_on {
+        None => Severity::Error,
+        Some(s) => Severity::parse(s).ok_or_else(|| {
+            format!("fail_on `{s}` is not a severity (error, warning, information, hint)")
+        })?,
+    };
+    let paths: Vec<PathBuf> = if a.paths.is_empty() {
+        vec![ws.clone()]
+    } else {
+        a.paths.iter().map(|p| input(&ws, p)).collect()
+    };
+    let opts = ctx.options(&ws);
+    let (files, mut errors) = analyze::collect_captures(&paths);
+    let (mut reports, failed) = analyze::analyze_files(&files, &opts, |_| {});
+    errors.extend(failed);
+    let compare = CompareOptions {
+        max_growth,
+        timing: a.timing,
+    };
+    let outcome = baseline::compare(&mut reports, &base, &compare);
+    analyze::locate(&mut reports, &opts);
+    let verdict = analyze::verdict(&reports, !errors.is_empty(), fail_on);
+    let mut bl001 = Vec::new();
+    for r in &reports {
+        for f in r.findings.iter().filter(|f| f.code == Code::BL001) {
+            let mut v = serde_json::to_value(f).unwrap_or(Value::Null);
+            v["capture"] = json!(r.display_path());
+            bl001.push(v);
+        }
+    }
+    let verdict_str = match verdict {
+        Verdict::Clean => "clean",
+        Verdict::Findings => "findings",
+        Verdict::Unreadable => "unreadable",
+    };
+    let passed = verdict == Verdict::Clean;
+    let mut text = vec![format!(
+        "{}: {} capture(s) against {} ({} number(s) compared, allowed growth {:.1}%, failing on {}); {} BL001{}",
+        if passed { "passed" } else { "failed" },
+        reports.len(),
+        file.display(),
+        outcome.compared,
+        max_growth * 100.0,
+        fail_on.as_str(),
+        bl001.len(),
+        match errors.len() {
+            0 => String::new(),
+            n => format!("; {n} capture(s) unreadable"),
+        }
+    )];
+    for r in &reports {
+        for f in r.findings.iter().filter(|f| f.code == Code::BL001) {
+            let at = f
+                .location
+                .as_ref()
+                .map(|l| format!(" at {}:{}", l.shown(), l.line))
+                .unwrap_or_default();
+            text.push(format!("BL001{at}: {}", f.message));
+        }
+        for f in r
+            .findings
+            .iter()
+            .filter(|f| f.code != Code::BL001 && f.severity >= fail_on)
+        {
+            text.push(format!(
+                "{} ({}) in {}: {}",
+                f.code,
+                f.severity.as_str(),
+                r.display_path(),
+                f.message
+            ));
+        }
+    }
+    for e in &errors {
+        text.push(e.to_string());
+    }
+    let mut structured = json!({
+        "memlsp": doc::VERSION,
+        "passed": passed,
+        "verdict": verdict_str,
+        "fail_on": fail_on.as_str(),
+        "baseline": file.display().to_string(),
+        "max_growth": max_growth,
+        "timing": a.timing,
+        "compared": outcome.compared,
+        "timing_skipped": outcome.timing_skipped,
+        "new_keys": outcome.new_keys,
+        "missing_keys": outcome.missing_keys,
+        "findings": bl001,
+        "captures": reports.iter().map(|r| json!({
+            "path": r.display_path(),
+            "kind": r.kind().as_str(),
+            "headline": r.headline(),
+        })).collect::<Vec<_>>(),
+    });
+    if !errors.is_empty() {
+        structured["errors"] = errors.iter().map(doc::error).collect();
+    }
+    Ok(Output {
+        structured,
+        summary: text.join("\n"),
+    })
+}
+
+/// Each capture's headline, then its findings (at most five), one line each.
+fn summary(reports: &[CaptureReport]) -> String {
+    let mut out = Vec::new();
+    for r in reports {
+        out.push(format!("{}: {}", r.display_path(), r.headline()));
+        for f in r.findings.iter().take(5) {
+            let at = f
+                .location
+                .as_ref()
+                .map(|l| format!(" at {}:{}", l.shown(), l.line))
+                .unwrap_or_default();
+            out.push(format!(
+                "  {} ({}){at}: {}",
+                f.code,
+                f.severity.as_str(),
+                f.message
+            ));
+        }
+        if r.findings.len() > 5 {
+            out.push(format!("  … and {} more finding(s)", r.findings.len() - 5));
+        }
+    }
+    out.join("\n")
+}
+
+fn canonical(p: &Path) -> PathBuf {
+    p.canonicalize().unwrap_or_else(|_| p.to_path_buf())
+}

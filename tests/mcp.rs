@@ -1,0 +1,352 @@
+//! `memlsp mcp` spoken to by hand: the real binary, newline-delimited JSON-RPC on stdio, the MCP
+//! lifecycle (initialize, notifications/initialized), then the tools and resources on real JAX
+//! captures (`b_mlp_nodonate`, and `c_mlp_donate` as its baseline) and the bundled fixtures. `tests/mcp/sdk_client.py` drives the same server with the official Python SDK.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, channel};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+struct Mcp {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+    next_id: u64,
+}
+
+impl Mcp {
+    fn start(cwd: &Path) -> Mcp {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_memlsp"))
+            .arg("mcp")
+            .current_dir(cwd)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn memlsp mcp");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Mcp {
+            child,
+            stdin: Some(stdin),
+            lines,
+            next_id: 1,
+        }
+    }
+
+    fn send(&mut self, msg: &Value) {
+        let mut s = serde_json::to_string(msg).unwrap();
+        s.push('\n');
+        let stdin = self.stdin.as_mut().expect("stdin is open");
+        stdin.write_all(s.as_bytes()).unwrap();
+        stdin.flush().unwrap();
+    }
+
+    fn notify(&mut self, method: &str, params: Value) {
+        self.send(&json!({"jsonrpc": "2.0", "method": method, "params": params}));
+    }
+
+    /// Send a request and wait for its response (the whole message: `result` or `error`).
+    fn request(&mut self, method: &str, params: Value) -> Value {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        loop {
+            let line = self
+                .lines
+                .recv_timeout(Duration::from_secs(120))
+                .unwrap_or_else(|e| panic!("no answer to {method} ({e})"));
+            let msg: Value = serde_json::from_str(&line)
+                .unwrap_or_else(|e| panic!("stdout line is not JSON ({e}): {line}"));
+            if msg["id"] == json!(id) {
+                return msg;
+            }
+        }
+    }
+
+    /// Close stdin (the client is gone) and wait for the server to exit.
+    fn close(&mut self) -> Option<i32> {
+        self.stdin = None;
+        for _ in 0..100 {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        None
+    }
+
+    fn call(&mut self, tool: &str, args: Value) -> Value {
+        let msg = self.request("tools/call", json!({"name": tool, "arguments": args}));
+        assert!(msg.get("error").is_none(), "{tool}: protocol error {msg}");
+        msg["result"].clone()
+    }
+}
+
+impl Drop for Mcp {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn findings(doc: &Value) -> Vec<Value> {
+    doc["captures"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|c| c["findings"].as_array().cloned().unwrap_or_default())
+        .collect()
+}
+
+#[test]
+fn an_agent_analyses_a_capture_asks_about_a_line_and_reads_a_finding_page() {
+    let Some(dir) = common::shared("jax_cpu_captures/b_mlp_nodonate") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path();
+    for f in ["b_mlp_nodonate.py", "b_mlp_nodonate.xplane.pb"] {
+        std::fs::copy(dir.join(f), ws.join(f)).unwrap();
+    }
+    let capture = dir.join("b_mlp_nodonate.xplane.pb");
+    let mut mcp = Mcp::start(ws);
+
+    let init = mcp.request(
+        "initialize",
+        json!({
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "memlsp-test", "version": "0"}
+        }),
+    );
+    let info = &init["result"];
+    assert_eq!(info["protocolVersion"], "2025-06-18", "{init}");
+    assert_eq!(info["serverInfo"]["name"], "memlsp");
+    assert!(info["capabilities"]["tools"].is_object(), "{init}");
+    assert!(info["capabilities"]["resources"].is_object(), "{init}");
+    mcp.notify("notifications/initialized", json!({}));
+
+    let list = mcp.request("tools/list", json!({}));
+    let names: Vec<&str> = list["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "analyze",
+            "explain_line",
+            "diff",
+            "compare_ranks",
+            "check_baseline"
+        ]
+    );
+    let analyze_schema = &list["result"]["tools"][0]["inputSchema"];
+    assert_eq!(analyze_schema["type"], "object");
+    assert_eq!(
+        analyze_schema["required"],
+        json!(["path"]),
+        "{analyze_schema}"
+    );
+
+    // analyze: the capture by its absolute path, located against the workspace (the server's
+    // directory), so JX005 lands on the jax.jit line of the program.
+    let r = mcp.call("analyze", json!({"path": capture}));
+    assert_eq!(r["isError"], false, "{r}");
+    let doc = &r["structuredContent"];
+    assert_eq!(doc["memlsp"], env!("CARGO_PKG_VERSION"));
+    let jx005: Vec<Value> = findings(doc)
+        .into_iter()
+        .filter(|f| f["code"] == "JX005")
+        .collect();
+    assert_eq!(jx005.len(), 1, "{doc}");
+    let f = &jx005[0];
+    assert_eq!(
+        (&f["file"], &f["line"]),
+        (&json!("b_mlp_nodonate.py"), &json!(57))
+    );
+    let labels: Vec<&str> = f["evidence"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["label"].as_str().unwrap())
+        .collect();
+    assert!(
+        labels.contains(&"read") && labels.contains(&"inferred"),
+        "{labels:?}"
+    );
+    assert!(
+        f["fixes"].to_string().contains("donate_argnums=(0, 1)"),
+        "{f}"
+    );
+    let summary = r["content"][0]["text"].as_str().unwrap();
+    assert!(
+        summary.lines().next().unwrap().contains("[JX005]"),
+        "{summary}"
+    );
+    // The same document as the CLI's.
+    let cli = common::memlsp(&["report", common::arg(&capture), "--format", "json"], ws);
+    assert_eq!(cli.json(), *doc);
+
+    // explain_line: the workspace holds the program and its capture.
+    let r = mcp.call(
+        "explain_line",
+        json!({"file": "b_mlp_nodonate.py", "line": 57}),
+    );
+    assert_eq!(r["isError"], false, "{r}");
+    let ex = &r["structuredContent"];
+    assert_eq!(ex["captures_scanned"], 1, "{ex}");
+    let hit = &ex["captures"][0];
+    assert_eq!(hit["path"], "b_mlp_nodonate.xplane.pb", "{ex}");
+    let codes: Vec<&str> = hit["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["code"].as_str().unwrap())
+        .collect();
+    assert!(codes.contains(&"JX005"), "{ex}");
+    assert!(
+        hit["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|f| f["line"] == 57 && f["file"] == "b_mlp_nodonate.py"),
+        "{ex}"
+    );
+
+    // check_baseline: against the baseline of the donating version, the jax.jit line grew.
+    let (Some(c), Some(base_dir)) = (
+        common::shared("jax_cpu_captures/c_mlp_donate/c_mlp_donate.xplane.pb"),
+        tempfile::tempdir().ok(),
+    ) else {
+        return;
+    };
+    let base = base_dir.path().join("memlsp-baseline.json");
+    let rec = common::memlsp(&["baseline", common::arg(&c), "-o", common::arg(&base)], ws);
+    assert_eq!(rec.code, 0, "{}", rec.stderr);
+    let r = mcp.call(
+        "check_baseline",
+        json!({"paths": ["b_mlp_nodonate.xplane.pb"], "baseline": base}),
+    );
+    let cb = &r["structuredContent"];
+    assert_eq!(cb["passed"], false, "{r}");
+    assert_eq!(cb["verdict"], "findings", "{cb}");
+    assert!(
+        cb["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["code"] == "BL001" && f["line"] == 57 && f["file"] == "b_mlp_nodonate.py"),
+        "{cb}"
+    );
+    let r = mcp.call("check_baseline", json!({"paths": [c], "baseline": base}));
+    assert_eq!(r["structuredContent"]["passed"], true, "{r}");
+
+    // A bad path is a tool error with the one-line message, and the server keeps serving.
+    let r = mcp.call("analyze", json!({"path": "missing.pickle"}));
+    assert_eq!(r["isError"], true, "{r}");
+    let msg = r["content"][0]["text"].as_str().unwrap();
+    assert!(
+        msg.contains("missing.pickle") && msg.contains("cannot read") && !msg.contains('\n'),
+        "{msg}"
+    );
+    let r = mcp.call("analyze", json!({"path": "b_mlp_nodonate.py"}));
+    assert_eq!(r["isError"], true, "a Python file is not a capture: {r}");
+    let r = mcp.call("analyze", json!({"paht": "x"}));
+    assert_eq!(r["isError"], true, "{r}");
+    assert!(r["content"][0]["text"].as_str().unwrap().contains("paht"));
+    let unknown = mcp.request("tools/call", json!({"name": "nope", "arguments": {}}));
+    assert!(unknown["error"].is_object(), "{unknown}");
+    let r = mcp.call("analyze", json!({"path": "b_mlp_nodonate.xplane.pb"}));
+    assert_eq!(r["isError"], false, "still serving: {r}");
+
+    // Resources: every finding page, JX005 readable.
+    let res = mcp.request("resources/list", json!({}));
+    let uris: Vec<&str> = res["result"]["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["uri"].as_str().unwrap())
+        .collect();
+    assert_eq!(uris.len(), memlsp::findings::Code::ALL.len(), "{uris:?}");
+    assert!(uris.contains(&"memlsp://findings/JX005"), "{uris:?}");
+    let page = mcp.request("resources/read", json!({"uri": "memlsp://findings/JX005"}));
+    let c = &page["result"]["contents"][0];
+    assert_eq!(c["mimeType"], "text/markdown");
+    assert_eq!(
+        c["text"].as_str().unwrap(),
+        std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/findings/JX005.md")
+        )
+        .unwrap()
+    );
+    let missing = mcp.request("resources/read", json!({"uri": "memlsp://findings/XX001"}));
+    assert!(missing["error"].is_object(), "{missing}");
+
+    // Closing stdin ends the server.
+    assert_eq!(mcp.close(), Some(0));
+}
+
+/// The server needs nothing of `../shared` to start and to list: the lifecycle on the bundled
+/// fixtures, with `diff` on the PT011 pair and `check_baseline` with an unreadable baseline.
+#[test]
+fn diff_and_a_bad_baseline_on_the_fixtures() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/torch");
+    let tmp = tempfile::tempdir().unwrap();
+    let mut mcp = Mcp::start(tmp.path());
+    let init = mcp.request(
+        "initialize",
+        json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}),
+    );
+    assert_eq!(init["result"]["protocolVersion"], "2025-11-25", "{init}");
+    mcp.notify("notifications/initialized", json!({}));
+    let r = mcp.call(
+        "diff",
+        json!({
+            "earlier": fixtures.join("pt011_step10.pickle"),
+            "later": fixtures.join("pt011_step20.pickle"),
+        }),
+    );
+    assert_eq!(r["isError"], false, "{r}");
+    let doc = &r["structuredContent"];
+    assert!(findings(doc).iter().any(|f| f["code"] == "PT011"), "{doc}");
+    assert!(doc["captures"][0]["torch"]["diff"].is_object(), "{doc}");
+    let r = mcp.call(
+        "check_baseline",
+        json!({"paths": [fixtures.join("pt011_step20.pickle")], "baseline": "nope.json"}),
+    );
+    assert_eq!(r["isError"], true, "{r}");
+    assert!(
+        r["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("cannot read the baseline"),
+        "{r}"
+    );
+    let r = mcp.call("compare_ranks", json!({"dir": fixtures.join("ranks")}));
+    assert_eq!(r["isError"], false, "{r}");
+    assert_eq!(
+        r["structuredContent"]["comparison"]["ranks"]
+            .as_array()
+            .map(Vec::len),
+        Some(2),
+        "{r}"
+    );
+}
