@@ -26,7 +26,7 @@ pub use model::SegKind;
 pub use settings::Settings;
 pub use state::{At, recorded_states, state_after, state_at_capacity};
 
-use crate::torch::model::{Action, Snapshot, TraceEntry};
+use crate::torch::model::{Action, Segment, Snapshot, TraceEntry};
 use initial::InitialState;
 use run::{Edits, Plan};
 
@@ -146,10 +146,9 @@ pub struct OomSettingsAdvice {
 /// The `max_split_size_mb` values [`advise_settings_for_oom`] tries.
 pub const MAX_SPLIT_TRIALS_MB: [u64; 5] = [32, 64, 128, 256, 512];
 
-/// Everything a device's replays share.
-struct Prepared<'s> {
+/// Everything a device's replays share (the trace itself is the snapshot's: [`trace_of`]).
+struct Prepared {
     device: i64,
-    trace: &'s [TraceEntry],
     settings: Settings,
     init: InitialState,
     plan: Plan,
@@ -161,12 +160,16 @@ struct Prepared<'s> {
     live_recorded: Vec<(u64, u64)>,
 }
 
-fn prepare(snap: &Snapshot, device: i64) -> Prepared<'_> {
-    let trace: &[TraceEntry] = snap
-        .device_traces
+/// The trace of `device` (empty when it has none).
+fn trace_of(snap: &Snapshot, device: i64) -> &[TraceEntry] {
+    snap.device_traces
         .as_ref()
         .and_then(|t| usize::try_from(device).ok().and_then(|d| t.get(d)))
-        .map_or(&[], Vec::as_slice);
+        .map_or(&[], Vec::as_slice)
+}
+
+fn prepare(snap: &Snapshot, device: i64) -> Prepared {
+    let trace = trace_of(snap, device);
     let segments: Vec<_> = snap
         .segments
         .iter()
@@ -241,7 +244,6 @@ fn prepare(snap: &Snapshot, device: i64) -> Prepared<'_> {
     live_recorded.sort_unstable();
     Prepared {
         device,
-        trace,
         settings,
         init,
         plan,
@@ -256,15 +258,15 @@ fn join_note(parts: Vec<String>) -> Option<String> {
     (!parts.is_empty()).then(|| parts.join("; "))
 }
 
-fn validate(p: &Prepared) -> (DeviceReplay, run::Outcome) {
-    validate_with(p, &mut run::Quiet)
-}
-
 /// The validation replay (recorded order, recorded device answers, no change), with `obs`
 /// watching it: what `obs` sees is the state of the allocator the check is about.
-fn validate_with(p: &Prepared, obs: &mut dyn run::Observer) -> (DeviceReplay, run::Outcome) {
+fn validate_with(
+    trace: &[TraceEntry],
+    p: &Prepared,
+    obs: &mut dyn run::Observer,
+) -> (DeviceReplay, run::Outcome) {
     let out = run::replay(
-        p.trace,
+        trace,
         &p.plan,
         &p.init,
         p.settings.clone(),
@@ -282,7 +284,7 @@ fn validate_with(p: &Prepared, obs: &mut dyn run::Observer) -> (DeviceReplay, ru
     let mut notes = Vec::new();
     let mut validated =
         matched == recorded && replayed == recorded && out.reserved_end == p.reserved_recorded;
-    if p.trace.is_empty() {
+    if trace.is_empty() {
         validated = false;
         notes.push("no trace entries on this device".to_string());
     }
@@ -313,7 +315,7 @@ fn validate_with(p: &Prepared, obs: &mut dyn run::Observer) -> (DeviceReplay, ru
     if !live_ok && validated {
         notes.push("allocated blocks at the end differ from the snapshot's".into());
     }
-    if p.trace.len() == 1 {
+    if trace.len() == 1 {
         notes.push(
             "trace of 1 entry (recorded with max_entries=1): the check covers that entry only"
                 .into(),
@@ -321,7 +323,7 @@ fn validate_with(p: &Prepared, obs: &mut dyn run::Observer) -> (DeviceReplay, ru
     }
     let r = DeviceReplay {
         device: p.device,
-        trace_entries: p.trace.len() as u64,
+        trace_entries: trace.len() as u64,
         validated,
         segment_events_recorded: recorded,
         segment_events_matched: matched,
@@ -339,20 +341,212 @@ fn validate_with(p: &Prepared, obs: &mut dyn run::Observer) -> (DeviceReplay, ru
     (r, out)
 }
 
+/// One device's prepared state and its validation replay, computed once.
+struct Base {
+    p: Prepared,
+    replay: DeviceReplay,
+    out: run::Outcome,
+}
+
+/// The replays of one snapshot, shared by every analysis that needs them: each device's
+/// prepared state (the rebuilt initial state and the plan) and its validation replay are
+/// computed once, on first use, and reused by the summary's check, every what-if and the
+/// pictures. Each method takes the snapshot the cache is about (always the same one).
+/// `Sync`: threads asking for the same device wait for the one computing it. A clone is a
+/// handle on the same cache (to warm it on another thread).
+#[derive(Clone, Default)]
+pub struct Replays {
+    inner: Arc<ReplayCache>,
+}
+
+#[derive(Default)]
+struct ReplayCache {
+    bases: std::sync::Mutex<rustc_hash::FxHashMap<i64, Arc<OnceLock<Arc<Base>>>>>,
+    /// What-ifs that only change allocator settings (PT008 tries each setting, then its fixes
+    /// ask for the same ones again), by device and change list.
+    settings_only: std::sync::Mutex<rustc_hash::FxHashMap<(i64, String), WhatIf>>,
+}
+
+use std::sync::{Arc, OnceLock};
+
+impl std::fmt::Debug for Replays {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Replays").finish_non_exhaustive()
+    }
+}
+
+/// Devices with trace entries.
+fn traced_devices(snap: &Snapshot) -> Vec<i64> {
+    match &snap.device_traces {
+        Some(t) => (0..t.len() as i64)
+            .filter(|&d| t.get(d as usize).is_some_and(|v| !v.is_empty()))
+            .collect(),
+        None => Vec::new(),
+    }
+}
+
+impl Replays {
+    pub fn new() -> Replays {
+        Replays::default()
+    }
+
+    fn base(&self, snap: &Snapshot, device: i64) -> Arc<Base> {
+        let cell = match self.inner.bases.lock() {
+            Ok(mut c) => c.entry(device).or_default().clone(),
+            Err(_) => Arc::new(OnceLock::new()),
+        };
+        cell.get_or_init(|| {
+            let p = crate::timings::time("replay: prepare", || prepare(snap, device));
+            let (replay, out) = crate::timings::time("replay: validation", || {
+                validate_with(trace_of(snap, device), &p, &mut run::Quiet)
+            });
+            Arc::new(Base { p, replay, out })
+        })
+        .clone()
+    }
+
+    /// Compute every traced device's validation replay now (to run it on another thread).
+    pub fn warm(&self, snap: &Snapshot) {
+        for d in traced_devices(snap) {
+            self.base(snap, d);
+        }
+    }
+
+    /// [`replay_device`], from the cache.
+    pub fn device(&self, snap: &Snapshot, device: i64) -> DeviceReplay {
+        self.base(snap, device).replay.clone()
+    }
+
+    /// [`replay_snapshot`], from the cache.
+    pub fn capture(&self, snap: &Snapshot) -> CaptureReplay {
+        let devices: Vec<DeviceReplay> = traced_devices(snap)
+            .into_iter()
+            .map(|d| self.device(snap, d))
+            .collect();
+        capture_of(snap, devices)
+    }
+
+    /// [`what_if`], from the cache.
+    pub fn what_if(&self, snap: &Snapshot, device: i64, changes: &[Change]) -> WhatIf {
+        let settings_only = changes.iter().all(|c| {
+            matches!(
+                c,
+                Change::ExpandableSegments(_)
+                    | Change::MaxSplitSizeMb(_)
+                    | Change::RoundupPower2Divisions(_)
+            )
+        });
+        if !settings_only {
+            return what_if_prepared(trace_of(snap, device), &self.base(snap, device), changes);
+        }
+        let key = (device, format!("{changes:?}"));
+        if let Some(w) = self
+            .inner
+            .settings_only
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&key).cloned())
+        {
+            return w;
+        }
+        let w = what_if_prepared(trace_of(snap, device), &self.base(snap, device), changes);
+        if let Ok(mut m) = self.inner.settings_only.lock() {
+            m.insert(key, w.clone());
+        }
+        w
+    }
+
+    /// [`advise_settings_for_oom`], from the cache.
+    pub fn advise_settings_for_oom(&self, snap: &Snapshot, device: i64) -> OomSettingsAdvice {
+        let trace = trace_of(snap, device);
+        let mut a = OomSettingsAdvice {
+            device,
+            simulated: false,
+            trials: Vec::new(),
+            expandable_segments_avoids: None,
+            smallest_max_split_size_mb: None,
+            note: None,
+        };
+        if !trace.iter().any(|e| e.action == Action::Oom) {
+            a.note = Some("no oom entry in this device's trace".into());
+            return a;
+        }
+        let mut trial = |setting: String, changes: &[Change]| -> Option<bool> {
+            let w = self.what_if(snap, device, changes);
+            if !w.simulated {
+                a.note = w.note;
+                return None;
+            }
+            let avoids = w.new_ooms == 0 && w.ooms.iter().all(|o| o.fits_after);
+            a.trials.push(SettingTrial {
+                setting,
+                avoids_oom: avoids,
+                peak_reserved_after: w.peak_reserved_after,
+            });
+            Some(avoids)
+        };
+        let Some(exp) = trial(
+            "expandable_segments:True".into(),
+            &[Change::ExpandableSegments(true)],
+        ) else {
+            return a;
+        };
+        a.expandable_segments_avoids = Some(exp);
+        for mb in MAX_SPLIT_TRIALS_MB {
+            if trial(
+                format!("max_split_size_mb:{mb}"),
+                &[Change::MaxSplitSizeMb(mb)],
+            ) == Some(true)
+                && a.smallest_max_split_size_mb.is_none()
+            {
+                a.smallest_max_split_size_mb = Some(mb);
+            }
+        }
+        a.simulated = true;
+        a
+    }
+
+    /// [`recorded_states`], from the cache: the prepared state is shared; the validation replay
+    /// runs again (watched) only on a device whose cached one validated.
+    pub fn recorded_states(
+        &self,
+        snap: &Snapshot,
+        device: i64,
+        at: &[At],
+    ) -> Option<Vec<Vec<Segment>>> {
+        let base = self.base(snap, device);
+        if !base.replay.validated {
+            return None;
+        }
+        state::recorded_states_prepared(snap, &base.p, at)
+    }
+
+    /// [`state_at_capacity`], from the cache.
+    pub fn state_at_capacity(
+        &self,
+        snap: &Snapshot,
+        device: i64,
+        capacity: u64,
+    ) -> Option<Snapshot> {
+        let base = self.base(snap, device);
+        if !base.replay.validated {
+            return None;
+        }
+        state::state_at_capacity_prepared(snap, &base.p, capacity)
+    }
+}
+
 /// Replay one device and compare with what was recorded.
 pub fn replay_device(snap: &Snapshot, device: i64) -> DeviceReplay {
-    validate(&prepare(snap, device)).0
+    Replays::new().device(snap, device)
 }
 
 /// Replay every device that has trace entries.
 pub fn replay_snapshot(snap: &Snapshot) -> CaptureReplay {
-    let devices: Vec<DeviceReplay> = match &snap.device_traces {
-        Some(t) => (0..t.len() as i64)
-            .filter(|&d| t.get(d as usize).is_some_and(|v| !v.is_empty()))
-            .map(|d| replay_device(snap, d))
-            .collect(),
-        None => Vec::new(),
-    };
+    Replays::new().capture(snap)
+}
+
+fn capture_of(snap: &Snapshot, devices: Vec<DeviceReplay>) -> CaptureReplay {
     let sum =
         |f: fn(&DeviceReplay) -> u64| devices.iter().fold(0u64, |a, d| a.saturating_add(f(d)));
     let note = if snap.device_traces.is_none() {
@@ -379,11 +573,11 @@ pub fn replay_snapshot(snap: &Snapshot) -> CaptureReplay {
 
 /// Device memory the allocator could have reserved: the smallest reserved + `device_free` over
 /// the recorded OOMs of the unchanged replay.
-fn capacity_of(p: &Prepared, out: &run::Outcome) -> Option<u64> {
+fn capacity_of(trace: &[TraceEntry], out: &run::Outcome) -> Option<u64> {
     out.ooms
         .iter()
         .filter_map(|&(i, _, reserved, _)| {
-            p.trace
+            trace
                 .get(i)
                 .and_then(TraceEntry::device_free)
                 .map(|f| reserved.saturating_add(f))
@@ -393,12 +587,11 @@ fn capacity_of(p: &Prepared, out: &run::Outcome) -> Option<u64> {
 
 /// Replay a device's requests with `changes` and report peaks and the fate of each recorded OOM.
 pub fn what_if(snap: &Snapshot, device: i64, changes: &[Change]) -> WhatIf {
-    let p = prepare(snap, device);
-    what_if_prepared(&p, changes)
+    Replays::new().what_if(snap, device, changes)
 }
 
-fn what_if_prepared(p: &Prepared, changes: &[Change]) -> WhatIf {
-    let (base, out0) = validate(p);
+fn what_if_prepared(trace: &[TraceEntry], b: &Base, changes: &[Change]) -> WhatIf {
+    let (p, base, out0) = (&b.p, &b.replay, &b.out);
     let mut settings = p.settings.clone();
     let mut edits = Edits::default();
     let mut notes = Vec::new();
@@ -468,9 +661,9 @@ fn what_if_prepared(p: &Prepared, changes: &[Change]) -> WhatIf {
         w.note = join_note(notes);
         return w;
     }
-    let capacity = capacity_of(p, &out0);
+    let capacity = capacity_of(trace, out0);
     let after = run::replay(
-        p.trace,
+        trace,
         &p.plan,
         &p.init,
         settings,
@@ -493,7 +686,7 @@ fn what_if_prepared(p: &Prepared, changes: &[Change]) -> WhatIf {
             trace_index: i as u64,
             request_bytes: size,
             capacity_bytes: out0.ooms.iter().find(|o| o.0 == i).and_then(|o| {
-                p.trace
+                trace
                     .get(i)
                     .and_then(TraceEntry::device_free)
                     .map(|f| o.2.saturating_add(f))
@@ -512,50 +705,5 @@ fn what_if_prepared(p: &Prepared, changes: &[Change]) -> WhatIf {
 /// and `max_split_size_mb` for each of [`MAX_SPLIT_TRIALS_MB`]; name the smallest that avoids
 /// every recorded OOM without a new one.
 pub fn advise_settings_for_oom(snap: &Snapshot, device: i64) -> OomSettingsAdvice {
-    let p = prepare(snap, device);
-    let mut a = OomSettingsAdvice {
-        device,
-        simulated: false,
-        trials: Vec::new(),
-        expandable_segments_avoids: None,
-        smallest_max_split_size_mb: None,
-        note: None,
-    };
-    if !p.trace.iter().any(|e| e.action == Action::Oom) {
-        a.note = Some("no oom entry in this device's trace".into());
-        return a;
-    }
-    let mut trial = |setting: String, changes: &[Change]| -> Option<bool> {
-        let w = what_if_prepared(&p, changes);
-        if !w.simulated {
-            a.note = w.note;
-            return None;
-        }
-        let avoids = w.new_ooms == 0 && w.ooms.iter().all(|o| o.fits_after);
-        a.trials.push(SettingTrial {
-            setting,
-            avoids_oom: avoids,
-            peak_reserved_after: w.peak_reserved_after,
-        });
-        Some(avoids)
-    };
-    let Some(exp) = trial(
-        "expandable_segments:True".into(),
-        &[Change::ExpandableSegments(true)],
-    ) else {
-        return a;
-    };
-    a.expandable_segments_avoids = Some(exp);
-    for mb in MAX_SPLIT_TRIALS_MB {
-        if trial(
-            format!("max_split_size_mb:{mb}"),
-            &[Change::MaxSplitSizeMb(mb)],
-        ) == Some(true)
-            && a.smallest_max_split_size_mb.is_none()
-        {
-            a.smallest_max_split_size_mb = Some(mb);
-        }
-    }
-    a.simulated = true;
-    a
+    Replays::new().advise_settings_for_oom(snap, device)
 }

@@ -10,7 +10,7 @@ use rustc_hash::FxHashMap;
 
 use super::model::{Malloc, Model, SegEvent, SegKind, St};
 use super::run::{Done, NONE, Observer, Op, OpKind};
-use super::{Prepared, prepare, validate, validate_with};
+use super::{Prepared, Replays, trace_of, validate_with};
 use crate::torch::model::{Action, Block, BlockState, Segment, Snapshot, StackId, TraceEntry};
 
 /// A point of the recorded run.
@@ -32,26 +32,35 @@ pub enum At {
 /// unchanged replay does not validate on this device: then the model is not the recorded
 /// allocator, and there is no state to show.
 pub fn recorded_states(snap: &Snapshot, device: i64, at: &[At]) -> Option<Vec<Vec<Segment>>> {
-    let p = prepare(snap, device);
+    Replays::new().recorded_states(snap, device, at)
+}
+
+/// [`recorded_states`] on a prepared device.
+pub(super) fn recorded_states_prepared(
+    snap: &Snapshot,
+    p: &Prepared,
+    at: &[At],
+) -> Option<Vec<Vec<Segment>>> {
+    let device = p.device;
     // Positions k: the state after entries 0..k, before the ops at k and later.
     let positions: Vec<usize> = at
         .iter()
         .map(|a| match *a {
             At::After(n) => n.saturating_add(1),
-            At::BeforeRequest(n) => request_start(&p, n),
+            At::BeforeRequest(n) => request_start(p, n),
         })
         .collect();
     let mut order: Vec<usize> = (0..positions.len()).collect();
     order.sort_by_key(|&i| positions[i]);
     let mut cap = Capture {
         device,
-        info: alloc_info(snap, &p),
+        info: alloc_info(snap, p),
         positions: &positions,
         order,
         next: 0,
         states: vec![Vec::new(); positions.len()],
     };
-    let (r, _) = validate_with(&p, &mut cap);
+    let (r, _) = validate_with(trace_of(snap, device), p, &mut cap);
     r.validated.then_some(cap.states)
 }
 
@@ -113,14 +122,21 @@ impl Observer for Capture<'_> {
 /// unchanged replay does not validate on this device (the model is not the recorded allocator
 /// there), or when the memory reserved at the first trace entry is already above `capacity`.
 pub fn state_at_capacity(snap: &Snapshot, device: i64, capacity: u64) -> Option<Snapshot> {
-    let p = prepare(snap, device);
-    if !validate(&p).0.validated {
-        return None;
-    }
+    Replays::new().state_at_capacity(snap, device, capacity)
+}
+
+/// [`state_at_capacity`] on a prepared device whose unchanged replay validates.
+pub(super) fn state_at_capacity_prepared(
+    snap: &Snapshot,
+    p: &Prepared,
+    capacity: u64,
+) -> Option<Snapshot> {
+    let device = p.device;
+    let trace = trace_of(snap, device);
     let mut run = CapacityRun {
-        trace: p.trace,
+        trace,
         capacity,
-        info: alloc_info(snap, &p),
+        info: alloc_info(snap, p),
         device,
         out: Vec::new(),
         failed: None,
@@ -128,7 +144,7 @@ pub fn state_at_capacity(snap: &Snapshot, device: i64, capacity: u64) -> Option<
         over: false,
     };
     let outcome = super::run::replay(
-        p.trace,
+        trace,
         &p.plan,
         &p.init,
         p.settings.clone(),
@@ -225,7 +241,7 @@ impl Observer for CapacityRun<'_> {
 /// own; a block live at the first entry has its stack at the end, or that of the entry that
 /// frees it.
 fn alloc_info(snap: &Snapshot, p: &Prepared) -> Vec<(u64, Option<StackId>)> {
-    let trace = p.trace;
+    let trace = trace_of(snap, p.device);
     let mut info: Vec<(u64, Option<StackId>)> = vec![(0, None); p.plan.arefs];
     let end_stack: FxHashMap<u64, Option<StackId>> = snap
         .segments
