@@ -644,8 +644,9 @@ pub(crate) fn replay(
         .blocks
         .iter()
         .filter(|(_, b)| b.state == super::model::St::Alloc)
-        .map(|(&a, b)| (a, b.size))
+        .map(|(a, b)| (a, b.size))
         .collect();
+    out.live_end.sort_unstable();
     out.events = std::mem::take(&mut m.events);
     out
 }

@@ -333,7 +333,7 @@ fn model_segments(
         .collect();
     let mut current: Option<(u32, Segment)> = None;
     let mut segments: Vec<Segment> = Vec::new();
-    for (&addr, b) in &m.blocks {
+    for (addr, b) in m.blocks.sorted() {
         let Some(seg) = m.segs.get(b.seg as usize) else {
             continue;
         };
