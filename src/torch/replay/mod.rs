@@ -217,7 +217,9 @@ fn prepare(snap: &Snapshot, device: i64) -> Prepared {
     {
         remarks.push("trace has actions the model ignores".into());
     }
-    let init = initial::rebuild(&segments, trace, &settings);
+    let init = crate::timings::time("replay: rebuild", || {
+        initial::rebuild(&segments, trace, &settings)
+    });
     if init.problems > 0 {
         remarks.push(format!(
             "{} trace entries contradict the rebuilt state (first: {})",
@@ -225,7 +227,10 @@ fn prepare(snap: &Snapshot, device: i64) -> Prepared {
             init.first_problem.clone().unwrap_or_default()
         ));
     }
-    let plan = run::plan(trace, &init);
+    let plan = crate::timings::time("replay: plan", || run::plan(trace, &init));
+    if plan.too_long {
+        blocker = Some("trace of more than 4,294,967,294 entries: too long to replay".to_string());
+    }
     if plan.unmatched_frees > 0 {
         remarks.push(format!(
             "{} frees of allocations unknown to the rebuilt state",
@@ -599,8 +604,8 @@ fn what_if_prepared(trace: &[TraceEntry], b: &Base, changes: &[Change]) -> WhatI
         match c {
             Change::FreeEarly { allocs, at } => {
                 for a in allocs {
-                    match p.plan.alloc_aref.get(a) {
-                        Some(&r) => {
+                    match p.plan.alloc_aref(*a) {
+                        Some(r) => {
                             edits.free_at.insert(r, *at);
                         }
                         None => notes.push(format!("trace entry {a} is not an alloc")),
@@ -609,8 +614,8 @@ fn what_if_prepared(trace: &[TraceEntry], b: &Base, changes: &[Change]) -> WhatI
             }
             Change::Rematerialize { allocs } => {
                 for &(a, drop_at, again_at) in allocs {
-                    match p.plan.alloc_aref.get(&a) {
-                        Some(&r) if drop_at < again_at => {
+                    match p.plan.alloc_aref(a) {
+                        Some(r) if drop_at < again_at => {
                             edits.remat.push((r, drop_at, again_at, a))
                         }
                         Some(_) => notes.push(format!(

@@ -47,21 +47,128 @@ pub(crate) struct Op {
     pub aref: u32,
 }
 
+/// An [`Op`] as the plan stores it (16 bytes: a trace has millions). A malloc's and a probe's
+/// entry is their step, a malloc's `refused` is its `oom` and its `releases` 0 (what `plan`
+/// makes), so only the tag and a probe's releases are kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct PackedOp {
+    pos: u32,
+    step: u32,
+    aref: u32,
+    /// `Probe` releases (`TAG_PROBE`), else the tag.
+    word: u32,
+}
+
+const TAG_MALLOC: u32 = 0;
+const TAG_MALLOC_OOM: u32 = 1;
+const TAG_FREE_REQUESTED: u32 = 2;
+const TAG_FREE_COMPLETED: u32 = 3;
+const TAG_EMPTY_CACHE: u32 = 4;
+/// Probes: `word` = `TAG_PROBE | releases` (releases < 2^31).
+const TAG_PROBE: u32 = 1 << 31;
+
+impl PackedOp {
+    fn pack(op: &Op) -> PackedOp {
+        let word = match op.kind {
+            OpKind::Malloc { oom: false, .. } => TAG_MALLOC,
+            OpKind::Malloc { oom: true, .. } => TAG_MALLOC_OOM,
+            OpKind::Probe { releases, .. } => TAG_PROBE | releases.min(TAG_PROBE - 1),
+            OpKind::FreeRequested => TAG_FREE_REQUESTED,
+            OpKind::FreeCompleted => TAG_FREE_COMPLETED,
+            OpKind::EmptyCache => TAG_EMPTY_CACHE,
+        };
+        PackedOp {
+            pos: op.pos as u32,
+            step: op.step as u32,
+            aref: op.aref,
+            word,
+        }
+    }
+
+    fn is_probe(&self) -> bool {
+        self.word & TAG_PROBE != 0
+    }
+
+    fn unpack(&self) -> Op {
+        let entry = self.step as usize;
+        let kind = if self.is_probe() {
+            OpKind::Probe {
+                entry,
+                releases: self.word & !TAG_PROBE,
+            }
+        } else {
+            match self.word {
+                TAG_MALLOC | TAG_MALLOC_OOM => {
+                    let oom = self.word == TAG_MALLOC_OOM;
+                    OpKind::Malloc {
+                        entry,
+                        oom,
+                        refused: oom,
+                        releases: 0,
+                    }
+                }
+                TAG_FREE_REQUESTED => OpKind::FreeRequested,
+                TAG_FREE_COMPLETED => OpKind::FreeCompleted,
+                _ => OpKind::EmptyCache,
+            }
+        };
+        Op {
+            pos: self.pos as usize,
+            step: self.step as usize,
+            kind,
+            aref: self.aref,
+        }
+    }
+}
+
 /// The requests of one device trace, in two orders: as recorded (malloc of a window that went
 /// through the OOM path runs where its first release was recorded) and as requested (every
-/// malloc at its own entry, the model decides releases itself).
+/// malloc at its own entry, the model decides releases itself). The request order is the
+/// recorded one without its probes, so only the recorded one is stored.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Plan {
-    pub recorded_order: Vec<Op>,
-    pub request_order: Vec<Op>,
+    ops: Vec<PackedOp>,
+    /// Some op is a probe (the two orders differ).
+    probes: bool,
     pub recorded: Vec<SegEvent>,
     /// Allocation references: initial allocations first (index = position in
     /// `InitialState::allocs`), then one per `alloc` entry.
     pub arefs: usize,
-    /// `alloc` entry index → aref.
-    pub alloc_aref: FxHashMap<usize, u32>,
+    /// The `alloc` entries in trace order: the k-th has aref `first_alloc_aref + k`.
+    alloc_entries: Vec<u32>,
+    first_alloc_aref: u32,
     /// Frees whose allocation is unknown.
     pub unmatched_frees: u64,
+    /// The trace was too long to plan (more than `u32::MAX - 1` entries): no ops.
+    pub too_long: bool,
+}
+
+impl Plan {
+    /// The ops in the recorded order (`as_recorded`) or the request order.
+    pub fn ops(&self, as_recorded: bool) -> impl Iterator<Item = Op> + '_ {
+        let skip_probes = !as_recorded && self.probes;
+        self.ops
+            .iter()
+            .filter(move |o| !(skip_probes && o.is_probe()))
+            .map(PackedOp::unpack)
+    }
+
+    /// The aref of the `alloc` at trace entry `entry`.
+    pub fn alloc_aref(&self, entry: usize) -> Option<u32> {
+        let e = u32::try_from(entry).ok()?;
+        self.alloc_entries
+            .binary_search(&e)
+            .ok()
+            .map(|k| self.first_alloc_aref + k as u32)
+    }
+
+    /// Every `alloc` entry with its aref.
+    pub fn alloc_arefs(&self) -> impl Iterator<Item = (usize, u32)> + '_ {
+        self.alloc_entries
+            .iter()
+            .enumerate()
+            .map(|(k, &e)| (e as usize, self.first_alloc_aref + k as u32))
+    }
 }
 
 fn seg_kind(a: Action) -> Option<SegKind> {
@@ -84,12 +191,18 @@ fn is_growth(a: Action) -> bool {
 
 pub(crate) fn plan(trace: &[TraceEntry], init: &InitialState) -> Plan {
     let mut p = Plan::default();
+    if trace.len() >= u32::MAX as usize || init.allocs.len() >= (u32::MAX / 2) as usize {
+        p.too_long = true;
+        return p;
+    }
     let mut live: FxHashMap<u64, u32> = FxHashMap::default();
     for (i, a) in init.allocs.iter().enumerate() {
         live.insert(a.addr, i as u32);
     }
     let mut next_aref = init.allocs.len() as u32;
-    let mut step_of: Vec<usize> = vec![usize::MAX; trace.len()];
+    p.first_alloc_aref = next_aref;
+    // The step of each segment event that is not its own entry.
+    let mut step_of: FxHashMap<usize, usize> = FxHashMap::default();
     let mut ws = 0usize;
 
     // Releases in a closed window that no malloc follows: empty_cache() runs.
@@ -97,41 +210,37 @@ pub(crate) fn plan(trace: &[TraceEntry], init: &InitialState) -> Plan {
         trace: &[TraceEntry],
         from: usize,
         to: usize,
-        step_of: &mut [usize],
-        ops: &mut Vec<Op>,
-        ops2: &mut Vec<Op>,
+        step_of: &mut FxHashMap<usize, usize>,
+        ops: &mut Vec<PackedOp>,
     ) {
         let mut k = from;
         while k < to {
             if is_release(trace[k].action) {
                 let start = k;
                 while k < to && is_release(trace[k].action) {
-                    step_of[k] = start;
+                    step_of.insert(k, start);
                     k += 1;
                 }
-                let op = Op {
+                ops.push(PackedOp::pack(&Op {
                     pos: start,
                     step: start,
                     kind: OpKind::EmptyCache,
                     aref: NONE,
-                };
-                ops.push(op);
-                ops2.push(op);
+                }));
             } else {
                 k += 1;
             }
         }
     }
 
-    let mut ops = Vec::new();
-    let mut ops2 = Vec::new();
+    let mut ops: Vec<PackedOp> = Vec::with_capacity(trace.len());
     for (i, e) in trace.iter().enumerate() {
         match e.action {
             Action::Alloc | Action::Oom => {
                 let oom = e.action == Action::Oom;
-                let rel: Vec<usize> = (ws..i).filter(|&k| is_release(trace[k].action)).collect();
-                let oom_path = match rel.first() {
-                    Some(&f) => oom || (f..i).any(|k| is_growth(trace[k].action)),
+                let first_release = (ws..i).find(|&k| is_release(trace[k].action));
+                let oom_path = match first_release {
+                    Some(f) => oom || (f..i).any(|k| is_growth(trace[k].action)),
                     None => false,
                 };
                 let aref = if oom {
@@ -140,7 +249,7 @@ pub(crate) fn plan(trace: &[TraceEntry], init: &InitialState) -> Plan {
                     let a = next_aref;
                     next_aref = next_aref.saturating_add(1);
                     live.insert(e.addr, a);
-                    p.alloc_aref.insert(i, a);
+                    p.alloc_entries.push(i as u32);
                     a
                 };
                 let kind = OpKind::Malloc {
@@ -149,47 +258,37 @@ pub(crate) fn plan(trace: &[TraceEntry], init: &InitialState) -> Plan {
                     refused: oom,
                     releases: 0,
                 };
-                if oom_path {
+                if let (true, Some(first)) = (oom_path, first_release) {
+                    let releases = (first..i).filter(|&k| is_release(trace[k].action)).count();
                     for k in ws..i {
                         if seg_kind(trace[k].action).is_some() {
-                            step_of[k] = i;
+                            step_of.insert(k, i);
                         }
                     }
-                    ops.push(Op {
-                        pos: rel[0],
+                    ops.push(PackedOp::pack(&Op {
+                        pos: first,
                         step: i,
                         kind: OpKind::Probe {
                             entry: i,
-                            releases: rel.len() as u32,
+                            releases: releases as u32,
                         },
                         aref,
-                    });
-                    ops.push(Op {
-                        pos: i,
-                        step: i,
-                        kind,
-                        aref,
-                    });
+                    }));
+                    p.probes = true;
                 } else {
-                    empty_cache_runs(trace, ws, i, &mut step_of, &mut ops, &mut ops2);
+                    empty_cache_runs(trace, ws, i, &mut step_of, &mut ops);
                     for k in ws..i {
                         if is_growth(trace[k].action) {
-                            step_of[k] = i;
+                            step_of.insert(k, i);
                         }
                     }
-                    ops.push(Op {
-                        pos: i,
-                        step: i,
-                        kind,
-                        aref,
-                    });
                 }
-                ops2.push(Op {
+                ops.push(PackedOp::pack(&Op {
                     pos: i,
                     step: i,
                     kind,
                     aref,
-                });
+                }));
                 ws = i + 1;
             }
             Action::FreeRequested | Action::FreeCompleted => {
@@ -201,7 +300,7 @@ pub(crate) fn plan(trace: &[TraceEntry], init: &InitialState) -> Plan {
                 };
                 match aref {
                     Some(a) => {
-                        let op = Op {
+                        ops.push(PackedOp::pack(&Op {
                             pos: i,
                             step: i,
                             kind: if done {
@@ -210,9 +309,7 @@ pub(crate) fn plan(trace: &[TraceEntry], init: &InitialState) -> Plan {
                                 OpKind::FreeRequested
                             },
                             aref: a,
-                        };
-                        ops.push(op);
-                        ops2.push(op);
+                        }));
                     }
                     None => p.unmatched_frees += 1,
                 }
@@ -222,7 +319,7 @@ pub(crate) fn plan(trace: &[TraceEntry], init: &InitialState) -> Plan {
                         && trace[i - 1].action == Action::FreeRequested
                         && trace[i - 1].addr == e.addr);
                 if closes {
-                    empty_cache_runs(trace, ws, i, &mut step_of, &mut ops, &mut ops2);
+                    empty_cache_runs(trace, ws, i, &mut step_of, &mut ops);
                     ws = i + 1;
                 }
             }
@@ -231,31 +328,27 @@ pub(crate) fn plan(trace: &[TraceEntry], init: &InitialState) -> Plan {
             | Action::SegmentMap
             | Action::SegmentUnmap => {}
             _ => {
-                empty_cache_runs(trace, ws, i, &mut step_of, &mut ops, &mut ops2);
+                empty_cache_runs(trace, ws, i, &mut step_of, &mut ops);
                 ws = i + 1;
             }
         }
     }
-    empty_cache_runs(trace, ws, trace.len(), &mut step_of, &mut ops, &mut ops2);
+    empty_cache_runs(trace, ws, trace.len(), &mut step_of, &mut ops);
     for (k, e) in trace.iter().enumerate() {
         if let Some(kind) = seg_kind(e.action) {
-            let step = if step_of[k] == usize::MAX {
-                k
-            } else {
-                step_of[k]
-            };
             p.recorded.push(SegEvent {
                 kind,
                 addr: e.addr,
                 size: e.size,
-                step,
+                step: step_of.get(&k).copied().unwrap_or(k),
             });
         }
     }
+    // Probes and empty_cache() runs were pushed when their window closed: put them in place
+    // (a stable sort, so ops at one position keep the order they were pushed in).
     ops.sort_by_key(|o| o.pos);
-    ops2.sort_by_key(|o| o.pos);
-    p.recorded_order = ops;
-    p.request_order = ops2;
+    ops.shrink_to_fit();
+    p.ops = ops;
     p.arefs = next_aref as usize;
     p
 }
@@ -428,11 +521,7 @@ pub(crate) fn replay(
     let mut addr_of = vec![u64::MAX; plan.arefs];
     addr_of[..init_addrs.len()].copy_from_slice(&init_addrs);
     let mut out = Outcome::default();
-    let ops = if as_recorded {
-        &plan.recorded_order
-    } else {
-        &plan.request_order
-    };
+    let ops = plan.ops(as_recorded);
     // Recorded growth events by step, for recorded addresses.
     let mut growth_by_step: FxHashMap<usize, (usize, usize)> = FxHashMap::default();
     let growth: Vec<SegEvent> = plan
@@ -474,6 +563,7 @@ pub(crate) fn replay(
 
     let mut stopped = false;
     for op in ops {
+        let op = &op;
         if !obs.before(op, &m, &addr_of) {
             stopped = true;
             break;

@@ -74,8 +74,7 @@ pub fn state_after(snap: &Snapshot, device: i64, entry: usize) -> Option<Vec<Seg
 /// release of its OOM path) or its own entry.
 fn request_start(p: &Prepared, entry: usize) -> usize {
     p.plan
-        .recorded_order
-        .iter()
+        .ops(true)
         .filter(|op| match op.kind {
             OpKind::Malloc { entry: e, .. } | OpKind::Probe { entry: e, .. } => e == entry,
             _ => false,
@@ -271,7 +270,7 @@ fn alloc_info(snap: &Snapshot, p: &Prepared) -> Vec<(u64, Option<StackId>)> {
         };
         info[i] = (a.requested, stack);
     }
-    for (&entry, &aref) in &p.plan.alloc_aref {
+    for (entry, aref) in p.plan.alloc_arefs() {
         if let (Some(slot), Some(e)) = (info.get_mut(aref as usize), trace.get(entry)) {
             *slot = (e.size, e.stack());
         }
