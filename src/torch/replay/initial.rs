@@ -352,10 +352,17 @@ pub(crate) fn rebuild(
     // of a free block, so the live block just below it ends where it begins: when that is one of
     // these blocks, its size is known.
     let mut ends: BTreeMap<u64, u64> = BTreeMap::new();
-    {
+    // Only the blocks of unknown size need the walk, and only until each has its end or is
+    // freed (a block inserted by the walk is always known): most traces have none, or free
+    // them early.
+    let mut open = live.values().filter(|l| l.size.is_none()).count();
+    if open > 0 {
         let mut cur: BTreeMap<u64, bool> =
             live.iter().map(|(&a, l)| (a, l.size.is_none())).collect();
         for e in trace {
+            if open == 0 {
+                break;
+            }
             match e.action {
                 Action::Alloc => {
                     if let Some((&p, &unknown)) = cur.range(..e.addr).next_back()
@@ -367,11 +374,18 @@ pub(crate) fn rebuild(
                             .is_some_and(|(_, &(rend, _, _))| e.addr < rend)
                     {
                         ends.insert(p, e.addr);
+                        open -= 1;
                     }
-                    cur.insert(e.addr, false);
+                    if cur.insert(e.addr, false) == Some(true) && !ends.contains_key(&e.addr) {
+                        // An unknown block's address allocated again without a free: the
+                        // block is no longer the one that may get an end.
+                        open -= 1;
+                    }
                 }
                 Action::FreeCompleted => {
-                    cur.remove(&e.addr);
+                    if cur.remove(&e.addr) == Some(true) && !ends.contains_key(&e.addr) {
+                        open -= 1;
+                    }
                 }
                 _ => {}
             }
