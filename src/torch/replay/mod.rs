@@ -158,6 +158,8 @@ struct Prepared {
     remarks: Vec<String>,
     reserved_recorded: u64,
     live_recorded: Vec<(u64, u64)>,
+    /// The trace records an `oom` (what-ifs then run on the capacity the OOMs show).
+    has_oom: bool,
 }
 
 /// The trace of `device` (empty when it has none).
@@ -249,6 +251,7 @@ fn prepare(snap: &Snapshot, device: i64) -> Prepared {
     live_recorded.sort_unstable();
     Prepared {
         device,
+        has_oom: trace.iter().any(|e| e.action == Action::Oom),
         settings,
         init,
         plan,
@@ -347,10 +350,17 @@ fn validate_with(
 }
 
 /// One device's prepared state and its validation replay, computed once.
-struct Base {
-    p: Prepared,
+/// One device's validation replay.
+struct Validation {
     replay: DeviceReplay,
     out: run::Outcome,
+}
+
+/// One device's prepared state and validation replay, each computed once.
+#[derive(Default)]
+struct DeviceCache {
+    prepared: OnceLock<Arc<Prepared>>,
+    validation: OnceLock<Arc<Validation>>,
 }
 
 /// The replays of one snapshot, shared by every analysis that needs them: each device's
@@ -366,7 +376,7 @@ pub struct Replays {
 
 #[derive(Default)]
 struct ReplayCache {
-    bases: std::sync::Mutex<rustc_hash::FxHashMap<i64, Arc<OnceLock<Arc<Base>>>>>,
+    devices: std::sync::Mutex<rustc_hash::FxHashMap<i64, Arc<DeviceCache>>>,
     /// What-ifs that only change allocator settings (PT008 tries each setting, then its fixes
     /// ask for the same ones again), by device and change list.
     settings_only: std::sync::Mutex<rustc_hash::FxHashMap<(i64, String), WhatIf>>,
@@ -395,31 +405,47 @@ impl Replays {
         Replays::default()
     }
 
-    fn base(&self, snap: &Snapshot, device: i64) -> Arc<Base> {
-        let cell = match self.inner.bases.lock() {
+    fn cache(&self, device: i64) -> Arc<DeviceCache> {
+        match self.inner.devices.lock() {
             Ok(mut c) => c.entry(device).or_default().clone(),
-            Err(_) => Arc::new(OnceLock::new()),
-        };
-        cell.get_or_init(|| {
-            let p = crate::timings::time("replay: prepare", || prepare(snap, device));
-            let (replay, out) = crate::timings::time("replay: validation", || {
-                validate_with(trace_of(snap, device), &p, &mut run::Quiet)
-            });
-            Arc::new(Base { p, replay, out })
-        })
-        .clone()
+            Err(_) => Arc::default(),
+        }
+    }
+
+    fn prepared(&self, snap: &Snapshot, device: i64) -> Arc<Prepared> {
+        self.cache(device)
+            .prepared
+            .get_or_init(|| {
+                Arc::new(crate::timings::time("replay: prepare", || {
+                    prepare(snap, device)
+                }))
+            })
+            .clone()
+    }
+
+    fn validation(&self, snap: &Snapshot, device: i64) -> Arc<Validation> {
+        let p = self.prepared(snap, device);
+        self.cache(device)
+            .validation
+            .get_or_init(|| {
+                let (replay, out) = crate::timings::time("replay: validation", || {
+                    validate_with(trace_of(snap, device), &p, &mut run::Quiet)
+                });
+                Arc::new(Validation { replay, out })
+            })
+            .clone()
     }
 
     /// Compute every traced device's validation replay now (to run it on another thread).
     pub fn warm(&self, snap: &Snapshot) {
         for d in traced_devices(snap) {
-            self.base(snap, d);
+            self.validation(snap, d);
         }
     }
 
     /// [`replay_device`], from the cache.
     pub fn device(&self, snap: &Snapshot, device: i64) -> DeviceReplay {
-        self.base(snap, device).replay.clone()
+        self.validation(snap, device).replay.clone()
     }
 
     /// [`replay_snapshot`], from the cache.
@@ -442,7 +468,7 @@ impl Replays {
             )
         });
         if !settings_only {
-            return what_if_prepared(trace_of(snap, device), &self.base(snap, device), changes);
+            return self.what_if_uncached(snap, device, changes);
         }
         let key = (device, format!("{changes:?}"));
         if let Some(w) = self
@@ -454,11 +480,21 @@ impl Replays {
         {
             return w;
         }
-        let w = what_if_prepared(trace_of(snap, device), &self.base(snap, device), changes);
+        let w = self.what_if_uncached(snap, device, changes);
         if let Ok(mut m) = self.inner.settings_only.lock() {
             m.insert(key, w.clone());
         }
         w
+    }
+
+    fn what_if_uncached(&self, snap: &Snapshot, device: i64, changes: &[Change]) -> WhatIf {
+        let p = self.prepared(snap, device);
+        what_if_prepared(
+            trace_of(snap, device),
+            &p,
+            || self.validation(snap, device),
+            changes,
+        )
     }
 
     /// [`advise_settings_for_oom`], from the cache.
@@ -519,11 +555,10 @@ impl Replays {
         device: i64,
         at: &[At],
     ) -> Option<Vec<Vec<Segment>>> {
-        let base = self.base(snap, device);
-        if !base.replay.validated {
+        if !self.validation(snap, device).replay.validated {
             return None;
         }
-        state::recorded_states_prepared(snap, &base.p, at)
+        state::recorded_states_prepared(snap, &self.prepared(snap, device), at)
     }
 
     /// [`state_at_capacity`], from the cache.
@@ -533,11 +568,10 @@ impl Replays {
         device: i64,
         capacity: u64,
     ) -> Option<Snapshot> {
-        let base = self.base(snap, device);
-        if !base.replay.validated {
+        if !self.validation(snap, device).replay.validated {
             return None;
         }
-        state::state_at_capacity_prepared(snap, &base.p, capacity)
+        state::state_at_capacity_prepared(snap, &self.prepared(snap, device), capacity)
     }
 }
 
@@ -595,8 +629,15 @@ pub fn what_if(snap: &Snapshot, device: i64, changes: &[Change]) -> WhatIf {
     Replays::new().what_if(snap, device, changes)
 }
 
-fn what_if_prepared(trace: &[TraceEntry], b: &Base, changes: &[Change]) -> WhatIf {
-    let (p, base, out0) = (&b.p, &b.replay, &b.out);
+/// A what-if on a prepared device; `validation` gives its validation replay (which may still be
+/// running on another thread: a trace without `oom` entries has no device capacity to read from
+/// it, so the changed replay runs meanwhile and is dropped if the device does not validate).
+fn what_if_prepared(
+    trace: &[TraceEntry],
+    p: &Prepared,
+    validation: impl FnOnce() -> Arc<Validation>,
+    changes: &[Change],
+) -> WhatIf {
     let mut settings = p.settings.clone();
     let mut edits = Edits::default();
     let mut notes = Vec::new();
@@ -655,6 +696,22 @@ fn what_if_prepared(trace: &[TraceEntry], b: &Base, changes: &[Change]) -> WhatI
         new_ooms: 0,
         note: None,
     };
+    let run_after = |capacity: Option<u64>| {
+        run::replay(
+            trace,
+            &p.plan,
+            &p.init,
+            settings.clone(),
+            false,
+            capacity,
+            &edits,
+            &mut run::Quiet,
+        )
+    };
+    // Without a recorded OOM the capacity is unknown whatever the validation says.
+    let early = (!p.has_oom).then(|| run_after(None));
+    let v = validation();
+    let (base, out0) = (&v.replay, &v.out);
     if !base.validated {
         notes.insert(
             0,
@@ -667,16 +724,10 @@ fn what_if_prepared(trace: &[TraceEntry], b: &Base, changes: &[Change]) -> WhatI
         return w;
     }
     let capacity = capacity_of(trace, out0);
-    let after = run::replay(
-        trace,
-        &p.plan,
-        &p.init,
-        settings,
-        false,
-        capacity,
-        &edits,
-        &mut run::Quiet,
-    );
+    let after = match early {
+        Some(after) => after,
+        None => run_after(capacity),
+    };
     w.simulated = true;
     w.capacity_bytes = capacity;
     w.peak_allocated_before = out0.peak_allocated;
