@@ -318,12 +318,12 @@ fn report_in_child(memlsp: &Path, file: &Path) -> Run {
         let f: Vec<&str> = line.split(' ').collect();
         match f.first() {
             Some(&"peak_rss") => run.rss = f.get(1).and_then(|s| s.parse().ok()).unwrap_or(0),
-            Some(&"phase") if f.len() >= 6 => {
-                // `phase NAME… SECONDS START END THREAD` (names may hold spaces).
+            Some(&"phase") if f.len() >= 7 => {
+                // `phase NAME… SECONDS START END THREAD RSS` (names may hold spaces).
                 let n = f.len();
-                let name = f[1..n - 4].join(" ");
-                let secs = f[n - 4].parse().unwrap_or(0.0);
-                run.phases.push((name, secs, f[n - 1].to_string()));
+                let name = f[1..n - 5].join(" ");
+                let secs = f[n - 5].parse().unwrap_or(0.0);
+                run.phases.push((name, secs, f[n - 2].to_string()));
             }
             Some(&"count") if line.starts_with("count trace entries ") => {
                 let e = f.last().and_then(|s| s.parse().ok()).unwrap_or(0.0);

@@ -23,6 +23,8 @@ pub struct Phase {
     pub end: f64,
     /// Thread name (or "main").
     pub thread: String,
+    /// Resident memory of the process when the phase ended (bytes; 0 where unknown).
+    pub rss_after: u64,
 }
 
 impl Phase {
@@ -70,6 +72,7 @@ pub fn time<T>(name: &'static str, f: impl FnOnce() -> T) -> T {
         start: since_start(t0),
         end: since_start(t1),
         thread: std::thread::current().name().unwrap_or("main").to_string(),
+        rss_after: rss(),
     };
     if let Ok(mut l) = LOG.lock() {
         l.push(phase);
@@ -94,6 +97,14 @@ pub fn take() -> Vec<Phase> {
         .unwrap_or_default()
 }
 
+/// Resident memory of this process now (bytes; 0 where unknown).
+pub fn rss() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4096)
+}
+
 /// Peak resident memory of this process (VmHWM), bytes; 0 where unknown.
 pub fn peak_rss() -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -105,18 +116,19 @@ pub fn peak_rss() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-/// One line per phase, `phase NAME SECONDS START END THREAD`, one per count, `count NAME N`,
-/// then `total SECONDS` (since [`enable`]) and `peak_rss BYTES`: what the benchmarks parse.
+/// One line per phase, `phase NAME SECONDS START END THREAD RSS_AFTER`, one per count,
+/// `count NAME N`, then `total SECONDS` (since [`enable`]) and `peak_rss BYTES`: what the benchmarks parse.
 pub fn render(phases: &[Phase]) -> String {
     let mut out = String::new();
     for p in phases {
         out.push_str(&format!(
-            "phase {} {:.6} {:.6} {:.6} {}\n",
+            "phase {} {:.6} {:.6} {:.6} {} {}\n",
             p.name,
             p.secs(),
             p.start,
             p.end,
-            p.thread
+            p.thread,
+            p.rss_after
         ));
     }
     for (name, n) in COUNTS.lock().map(|c| c.clone()).unwrap_or_default() {
