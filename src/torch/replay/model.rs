@@ -96,6 +96,58 @@ impl Seg {
 /// within one pool.
 type FreeKey = (bool, u64, u64, u64);
 
+/// The free lists: per pool (small or large, and stream) the cached blocks in (size, address)
+/// order, PyTorch's `BlockComparatorSize`; a [`FreeKey`] names pool, size and address.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct FreeLists {
+    pools: FxHashMap<(bool, u64), BTreeSet<(u64, u64)>>,
+}
+
+impl FreeLists {
+    fn insert(&mut self, k: FreeKey) {
+        self.pools.entry((k.0, k.1)).or_default().insert((k.2, k.3));
+    }
+
+    fn remove(&mut self, k: &FreeKey) {
+        if let Some(p) = self.pools.get_mut(&(k.0, k.1)) {
+            p.remove(&(k.2, k.3));
+        }
+    }
+
+    /// The blocks of a pool from `size` up, in order.
+    fn from(&self, small: bool, stream: u64, size: u64) -> impl Iterator<Item = FreeKey> + '_ {
+        self.pools
+            .get(&(small, stream))
+            .into_iter()
+            .flat_map(move |p| p.range((size, 0)..))
+            .map(move |&(sz, a)| (small, stream, sz, a))
+    }
+
+    /// The blocks of a pool below `size`, largest first.
+    fn below(&self, small: bool, stream: u64, size: u64) -> impl Iterator<Item = FreeKey> + '_ {
+        self.pools
+            .get(&(small, stream))
+            .into_iter()
+            .flat_map(move |p| p.range(..(size, 0)).rev())
+            .map(move |&(sz, a)| (small, stream, sz, a))
+    }
+
+    /// Every block of the small or the large pools, in (stream, size, address) order.
+    fn all(&self, small: bool) -> Vec<FreeKey> {
+        let mut streams: Vec<u64> = self
+            .pools
+            .iter()
+            .filter(|(k, p)| k.0 == small && !p.is_empty())
+            .map(|(k, _)| k.1)
+            .collect();
+        streams.sort_unstable();
+        streams
+            .into_iter()
+            .flat_map(|st| self.from(small, st, 0).collect::<Vec<_>>())
+            .collect()
+    }
+}
+
 /// The blocks of the live segments by start address, and by end address for the neighbour
 /// below. PyTorch links a segment's blocks in a list; here the blocks of a segment tile it, so
 /// the block before `a` is the one ending at `a` and the one after is the one starting at its
@@ -229,7 +281,7 @@ pub(crate) struct Model {
     seg_at: BTreeMap<u64, u32>,
     /// The initial state is irregular (see [`Blocks`]): keep the blocks ordered.
     irregular: bool,
-    free: BTreeSet<FreeKey>,
+    free: FreeLists,
     /// Unmapped expandable blocks: (small, stream, address).
     unmapped: BTreeSet<(bool, u64, u64)>,
     pub segs: Vec<Seg>,
@@ -255,7 +307,7 @@ impl Model {
             },
             seg_at: BTreeMap::new(),
             irregular: false,
-            free: BTreeSet::new(),
+            free: FreeLists::default(),
             unmapped: BTreeSet::new(),
             segs: Vec::new(),
             reserved: 0,
@@ -679,11 +731,8 @@ impl Model {
 
     fn pick_free_block(&self, small: bool, stream: u64, size: u64) -> Option<FreeKey> {
         let key = {
-            let mut it = self
-                .free
-                .range((small, stream, size, 0)..)
-                .take_while(|k| k.0 == small && k.1 == stream);
-            let mut cur = *it.next()?;
+            let mut it = self.free.from(small, stream, size);
+            let mut cur = it.next()?;
             if self.is_expandable(cur.3) {
                 if self.settings.expandable_segments {
                     // Best fit counts an expandable block with the unmapped space after it.
@@ -693,10 +742,10 @@ impl Model {
                         {
                             break;
                         }
-                        cur = *next;
+                        cur = next;
                     }
                 } else {
-                    cur = *it.find(|k| !self.is_expandable(k.3))?;
+                    cur = it.find(|k| !self.is_expandable(k.3))?;
                 }
             }
             cur
@@ -994,12 +1043,7 @@ impl Model {
     /// expandable segments give back their completely free pages.
     pub fn release_cached_blocks(&mut self) {
         for small in [false, true] {
-            let keys: Vec<FreeKey> = self
-                .free
-                .range((small, 0, 0, 0)..)
-                .take_while(|k| k.0 == small)
-                .copied()
-                .collect();
+            let keys: Vec<FreeKey> = self.free.all(small);
             let mut to_unmap = Vec::new();
             for k in keys {
                 if self.is_expandable(k.3) {
@@ -1024,12 +1068,7 @@ impl Model {
             return false;
         }
         let key_size = size.max(max_split);
-        let first = self
-            .free
-            .range((small, stream, key_size, 0)..)
-            .next()
-            .copied()
-            .filter(|k| k.0 == small && k.1 == stream);
+        let first = self.free.from(small, stream, key_size).next();
         match first {
             Some(k) => {
                 if self.is_expandable(k.3) || !self.is_whole_segment(k.3) {
@@ -1043,10 +1082,8 @@ impl Model {
             None => {
                 let below: Vec<FreeKey> = self
                     .free
-                    .range(..(small, stream, key_size, 0))
-                    .rev()
-                    .take_while(|k| k.0 == small && k.1 == stream && k.2 >= max_split)
-                    .copied()
+                    .below(small, stream, key_size)
+                    .take_while(|k| k.2 >= max_split)
                     .collect();
                 let mut total = 0u64;
                 for k in below {
