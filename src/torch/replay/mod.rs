@@ -645,7 +645,7 @@ fn what_if_prepared(
         match c {
             Change::FreeEarly { allocs, at } => {
                 for a in allocs {
-                    match p.plan.alloc_aref(*a) {
+                    match p.plan.alloc_aref(trace, *a) {
                         Some(r) => {
                             edits.free_at.insert(r, *at);
                         }
@@ -655,7 +655,7 @@ fn what_if_prepared(
             }
             Change::Rematerialize { allocs } => {
                 for &(a, drop_at, again_at) in allocs {
-                    match p.plan.alloc_aref(a) {
+                    match p.plan.alloc_aref(trace, a) {
                         Some(r) if drop_at < again_at => {
                             edits.remat.push((r, drop_at, again_at, a))
                         }

@@ -47,96 +47,35 @@ pub(crate) struct Op {
     pub aref: u32,
 }
 
-/// An [`Op`] as the plan stores it (16 bytes: a trace has millions). A malloc's and a probe's
-/// entry is their step, a malloc's `refused` is its `oom` and its `releases` 0 (what `plan`
-/// makes), so only the tag and a probe's releases are kept.
+/// An op the trace does not show by itself (a probe, an `empty_cache()` run), as the plan
+/// stores it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct PackedOp {
+struct SideOp {
     pos: u32,
     step: u32,
     aref: u32,
-    /// `Probe` releases (`TAG_PROBE`), else the tag.
-    word: u32,
-}
-
-const TAG_MALLOC: u32 = 0;
-const TAG_MALLOC_OOM: u32 = 1;
-const TAG_FREE_REQUESTED: u32 = 2;
-const TAG_FREE_COMPLETED: u32 = 3;
-const TAG_EMPTY_CACHE: u32 = 4;
-/// Probes: `word` = `TAG_PROBE | releases` (releases < 2^31).
-const TAG_PROBE: u32 = 1 << 31;
-
-impl PackedOp {
-    fn pack(op: &Op) -> PackedOp {
-        let word = match op.kind {
-            OpKind::Malloc { oom: false, .. } => TAG_MALLOC,
-            OpKind::Malloc { oom: true, .. } => TAG_MALLOC_OOM,
-            OpKind::Probe { releases, .. } => TAG_PROBE | releases.min(TAG_PROBE - 1),
-            OpKind::FreeRequested => TAG_FREE_REQUESTED,
-            OpKind::FreeCompleted => TAG_FREE_COMPLETED,
-            OpKind::EmptyCache => TAG_EMPTY_CACHE,
-        };
-        PackedOp {
-            pos: op.pos as u32,
-            step: op.step as u32,
-            aref: op.aref,
-            word,
-        }
-    }
-
-    fn is_probe(&self) -> bool {
-        self.word & TAG_PROBE != 0
-    }
-
-    fn unpack(&self) -> Op {
-        let entry = self.step as usize;
-        let kind = if self.is_probe() {
-            OpKind::Probe {
-                entry,
-                releases: self.word & !TAG_PROBE,
-            }
-        } else {
-            match self.word {
-                TAG_MALLOC | TAG_MALLOC_OOM => {
-                    let oom = self.word == TAG_MALLOC_OOM;
-                    OpKind::Malloc {
-                        entry,
-                        oom,
-                        refused: oom,
-                        releases: 0,
-                    }
-                }
-                TAG_FREE_REQUESTED => OpKind::FreeRequested,
-                TAG_FREE_COMPLETED => OpKind::FreeCompleted,
-                _ => OpKind::EmptyCache,
-            }
-        };
-        Op {
-            pos: self.pos as usize,
-            step: self.step as usize,
-            kind,
-            aref: self.aref,
-        }
-    }
+    /// `Some(releases)`: a probe; `None`: an `empty_cache()` run.
+    probe: Option<u32>,
 }
 
 /// The requests of one device trace, in two orders: as recorded (malloc of a window that went
 /// through the OOM path runs where its first release was recorded) and as requested (every
-/// malloc at its own entry, the model decides releases itself). The request order is the
-/// recorded one without its probes, so only the recorded one is stored.
+/// malloc at its own entry, the model decides releases itself).
+///
+/// Stored in 4 bytes a trace entry (a trace has millions): the allocation reference of each
+/// `alloc` and matched free (`NONE` elsewhere), from which, with the entry's action, every
+/// malloc and free op follows (at its own entry: its step, and a malloc's entry, are its
+/// position; its `refused` is its `oom`, its `releases` 0: all `plan` ever makes), and the few
+/// ops that sit on a segment release (probes, `empty_cache()` runs) in a list by position. The
+/// request order is the recorded one without its probes.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Plan {
-    ops: Vec<PackedOp>,
-    /// Some op is a probe (the two orders differ).
-    probes: bool,
+    aref_at: Vec<u32>,
+    side: Vec<SideOp>,
     pub recorded: Vec<SegEvent>,
     /// Allocation references: initial allocations first (index = position in
     /// `InitialState::allocs`), then one per `alloc` entry.
     pub arefs: usize,
-    /// The `alloc` entries in trace order: the k-th has aref `first_alloc_aref + k`.
-    alloc_entries: Vec<u32>,
-    first_alloc_aref: u32,
     /// Frees whose allocation is unknown.
     pub unmatched_frees: u64,
     /// The trace was too long to plan (more than `u32::MAX - 1` entries): no ops.
@@ -144,30 +83,93 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    /// The ops in the recorded order (`as_recorded`) or the request order.
-    pub fn ops(&self, as_recorded: bool) -> impl Iterator<Item = Op> + '_ {
-        let skip_probes = !as_recorded && self.probes;
-        self.ops
-            .iter()
-            .filter(move |o| !(skip_probes && o.is_probe()))
-            .map(PackedOp::unpack)
+    /// The ops in the recorded order (`as_recorded`) or the request order, for the trace the
+    /// plan was made from.
+    pub fn ops<'a>(
+        &'a self,
+        trace: &'a [TraceEntry],
+        as_recorded: bool,
+    ) -> impl Iterator<Item = Op> + 'a {
+        let mut side = self.side.iter().peekable();
+        let mut i = 0usize;
+        let n = self.aref_at.len().min(trace.len());
+        std::iter::from_fn(move || {
+            loop {
+                // Side ops sit on release entries, where the trace makes no op of its own.
+                if let Some(sop) = side.next_if(|o| o.pos as usize <= i) {
+                    match sop.probe {
+                        Some(releases) => {
+                            if !as_recorded {
+                                continue;
+                            }
+                            return Some(Op {
+                                pos: sop.pos as usize,
+                                step: sop.step as usize,
+                                kind: OpKind::Probe {
+                                    entry: sop.step as usize,
+                                    releases,
+                                },
+                                aref: sop.aref,
+                            });
+                        }
+                        None => {
+                            return Some(Op {
+                                pos: sop.pos as usize,
+                                step: sop.step as usize,
+                                kind: OpKind::EmptyCache,
+                                aref: NONE,
+                            });
+                        }
+                    }
+                }
+                if i >= n {
+                    return None;
+                }
+                let at = i;
+                i += 1;
+                let aref = self.aref_at[at];
+                let kind = match trace[at].action {
+                    Action::Alloc | Action::Oom => {
+                        let oom = trace[at].action == Action::Oom;
+                        OpKind::Malloc {
+                            entry: at,
+                            oom,
+                            refused: oom,
+                            releases: 0,
+                        }
+                    }
+                    Action::FreeRequested if aref != NONE => OpKind::FreeRequested,
+                    Action::FreeCompleted if aref != NONE => OpKind::FreeCompleted,
+                    _ => continue,
+                };
+                return Some(Op {
+                    pos: at,
+                    step: at,
+                    kind,
+                    aref,
+                });
+            }
+        })
     }
 
     /// The aref of the `alloc` at trace entry `entry`.
-    pub fn alloc_aref(&self, entry: usize) -> Option<u32> {
-        let e = u32::try_from(entry).ok()?;
-        self.alloc_entries
-            .binary_search(&e)
-            .ok()
-            .map(|k| self.first_alloc_aref + k as u32)
+    pub fn alloc_aref(&self, trace: &[TraceEntry], entry: usize) -> Option<u32> {
+        let e = trace.get(entry)?;
+        let a = *self.aref_at.get(entry)?;
+        (e.action == Action::Alloc && a != NONE).then_some(a)
     }
 
     /// Every `alloc` entry with its aref.
-    pub fn alloc_arefs(&self) -> impl Iterator<Item = (usize, u32)> + '_ {
-        self.alloc_entries
+    pub fn alloc_arefs<'a>(
+        &'a self,
+        trace: &'a [TraceEntry],
+    ) -> impl Iterator<Item = (usize, u32)> + 'a {
+        self.aref_at
             .iter()
+            .zip(trace)
             .enumerate()
-            .map(|(k, &e)| (e as usize, self.first_alloc_aref + k as u32))
+            .filter(|(_, (a, e))| e.action == Action::Alloc && **a != NONE)
+            .map(|(i, (a, _))| (i, *a))
     }
 }
 
@@ -200,7 +202,6 @@ pub(crate) fn plan(trace: &[TraceEntry], init: &InitialState) -> Plan {
         live.insert(a.addr, i as u32);
     }
     let mut next_aref = init.allocs.len() as u32;
-    p.first_alloc_aref = next_aref;
     // The step of each segment event that is not its own entry.
     let mut step_of: FxHashMap<usize, usize> = FxHashMap::default();
     let mut ws = 0usize;
@@ -211,7 +212,7 @@ pub(crate) fn plan(trace: &[TraceEntry], init: &InitialState) -> Plan {
         from: usize,
         to: usize,
         step_of: &mut FxHashMap<usize, usize>,
-        ops: &mut Vec<PackedOp>,
+        side: &mut Vec<SideOp>,
     ) {
         let mut k = from;
         while k < to {
@@ -221,19 +222,20 @@ pub(crate) fn plan(trace: &[TraceEntry], init: &InitialState) -> Plan {
                     step_of.insert(k, start);
                     k += 1;
                 }
-                ops.push(PackedOp::pack(&Op {
-                    pos: start,
-                    step: start,
-                    kind: OpKind::EmptyCache,
+                side.push(SideOp {
+                    pos: start as u32,
+                    step: start as u32,
                     aref: NONE,
-                }));
+                    probe: None,
+                });
             } else {
                 k += 1;
             }
         }
     }
 
-    let mut ops: Vec<PackedOp> = Vec::with_capacity(trace.len());
+    let mut aref_at: Vec<u32> = vec![NONE; trace.len()];
+    let mut side: Vec<SideOp> = Vec::new();
     for (i, e) in trace.iter().enumerate() {
         match e.action {
             Action::Alloc | Action::Oom => {
@@ -249,15 +251,9 @@ pub(crate) fn plan(trace: &[TraceEntry], init: &InitialState) -> Plan {
                     let a = next_aref;
                     next_aref = next_aref.saturating_add(1);
                     live.insert(e.addr, a);
-                    p.alloc_entries.push(i as u32);
                     a
                 };
-                let kind = OpKind::Malloc {
-                    entry: i,
-                    oom,
-                    refused: oom,
-                    releases: 0,
-                };
+                aref_at[i] = aref;
                 if let (true, Some(first)) = (oom_path, first_release) {
                     let releases = (first..i).filter(|&k| is_release(trace[k].action)).count();
                     for k in ws..i {
@@ -265,30 +261,20 @@ pub(crate) fn plan(trace: &[TraceEntry], init: &InitialState) -> Plan {
                             step_of.insert(k, i);
                         }
                     }
-                    ops.push(PackedOp::pack(&Op {
-                        pos: first,
-                        step: i,
-                        kind: OpKind::Probe {
-                            entry: i,
-                            releases: releases as u32,
-                        },
+                    side.push(SideOp {
+                        pos: first as u32,
+                        step: i as u32,
                         aref,
-                    }));
-                    p.probes = true;
+                        probe: Some(releases as u32),
+                    });
                 } else {
-                    empty_cache_runs(trace, ws, i, &mut step_of, &mut ops);
+                    empty_cache_runs(trace, ws, i, &mut step_of, &mut side);
                     for k in ws..i {
                         if is_growth(trace[k].action) {
                             step_of.insert(k, i);
                         }
                     }
                 }
-                ops.push(PackedOp::pack(&Op {
-                    pos: i,
-                    step: i,
-                    kind,
-                    aref,
-                }));
                 ws = i + 1;
             }
             Action::FreeRequested | Action::FreeCompleted => {
@@ -299,18 +285,7 @@ pub(crate) fn plan(trace: &[TraceEntry], init: &InitialState) -> Plan {
                     live.get(&e.addr).copied()
                 };
                 match aref {
-                    Some(a) => {
-                        ops.push(PackedOp::pack(&Op {
-                            pos: i,
-                            step: i,
-                            kind: if done {
-                                OpKind::FreeCompleted
-                            } else {
-                                OpKind::FreeRequested
-                            },
-                            aref: a,
-                        }));
-                    }
+                    Some(a) => aref_at[i] = a,
                     None => p.unmatched_frees += 1,
                 }
                 // A free call (its free_completed right after, same address) closes a window.
@@ -319,7 +294,7 @@ pub(crate) fn plan(trace: &[TraceEntry], init: &InitialState) -> Plan {
                         && trace[i - 1].action == Action::FreeRequested
                         && trace[i - 1].addr == e.addr);
                 if closes {
-                    empty_cache_runs(trace, ws, i, &mut step_of, &mut ops);
+                    empty_cache_runs(trace, ws, i, &mut step_of, &mut side);
                     ws = i + 1;
                 }
             }
@@ -328,12 +303,12 @@ pub(crate) fn plan(trace: &[TraceEntry], init: &InitialState) -> Plan {
             | Action::SegmentMap
             | Action::SegmentUnmap => {}
             _ => {
-                empty_cache_runs(trace, ws, i, &mut step_of, &mut ops);
+                empty_cache_runs(trace, ws, i, &mut step_of, &mut side);
                 ws = i + 1;
             }
         }
     }
-    empty_cache_runs(trace, ws, trace.len(), &mut step_of, &mut ops);
+    empty_cache_runs(trace, ws, trace.len(), &mut step_of, &mut side);
     for (k, e) in trace.iter().enumerate() {
         if let Some(kind) = seg_kind(e.action) {
             p.recorded.push(SegEvent {
@@ -344,11 +319,10 @@ pub(crate) fn plan(trace: &[TraceEntry], init: &InitialState) -> Plan {
             });
         }
     }
-    // Probes and empty_cache() runs were pushed when their window closed: put them in place
-    // (a stable sort, so ops at one position keep the order they were pushed in).
-    ops.sort_by_key(|o| o.pos);
-    ops.shrink_to_fit();
-    p.ops = ops;
+    // Side ops were pushed when their window closed; each sits on its own release entry.
+    side.sort_by_key(|o| o.pos);
+    p.aref_at = aref_at;
+    p.side = side;
     p.arefs = next_aref as usize;
     p
 }
@@ -483,19 +457,62 @@ pub(crate) enum Done {
     EmptyCache { events: usize },
 }
 
-/// Watches a replay request by request. `addr_of` maps each allocation reference to the model's
-/// address of its block (`u64::MAX`: not live). Returning `false` stops the replay there.
+/// The model's address of each live allocation reference: only the live ones are kept (a
+/// few thousand, where a trace makes millions), so the replays running at once stay small.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct AddrOf {
+    live: FxHashMap<u32, u64>,
+    /// Allocation references are below this.
+    arefs: u32,
+}
+
+impl AddrOf {
+    fn new(arefs: usize) -> AddrOf {
+        AddrOf {
+            live: FxHashMap::default(),
+            arefs: u32::try_from(arefs).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// The address of `aref`'s block while it is live.
+    pub fn get(&self, aref: u32) -> Option<u64> {
+        self.live.get(&aref).copied()
+    }
+
+    fn set(&mut self, aref: u32, addr: u64) {
+        // `u64::MAX` is the "not live" of the replay's bookkeeping.
+        if aref < self.arefs && addr != u64::MAX {
+            self.live.insert(aref, addr);
+        } else {
+            self.live.remove(&aref);
+        }
+    }
+
+    fn clear(&mut self, aref: u32) {
+        self.live.remove(&aref);
+    }
+
+    /// Every live reference with its address, by reference.
+    pub fn sorted(&self) -> Vec<(u32, u64)> {
+        let mut v: Vec<(u32, u64)> = self.live.iter().map(|(&r, &a)| (r, a)).collect();
+        v.sort_unstable();
+        v
+    }
+}
+
+/// Watches a replay request by request. `addr_of` has the model's address of the block of each
+/// live allocation reference. Returning `false` stops the replay there.
 pub(crate) trait Observer {
     /// Before the op runs (every op with a lower position has run).
-    fn before(&mut self, _op: &Op, _m: &Model, _addr_of: &[u64]) -> bool {
+    fn before(&mut self, _op: &Op, _m: &Model, _addr_of: &AddrOf) -> bool {
         true
     }
     /// After the op did something.
-    fn after(&mut self, _op: &Op, _done: Done, _m: &Model, _addr_of: &[u64]) -> bool {
+    fn after(&mut self, _op: &Op, _done: Done, _m: &Model, _addr_of: &AddrOf) -> bool {
         true
     }
     /// After the last op, unless the replay was stopped.
-    fn end(&mut self, _m: &Model, _addr_of: &[u64]) {}
+    fn end(&mut self, _m: &Model, _addr_of: &AddrOf) {}
 }
 
 /// An observer that watches nothing.
@@ -518,10 +535,12 @@ pub(crate) fn replay(
     obs: &mut dyn Observer,
 ) -> Outcome {
     let (mut m, init_addrs, init_failures) = build_model(settings, init);
-    let mut addr_of = vec![u64::MAX; plan.arefs];
-    addr_of[..init_addrs.len()].copy_from_slice(&init_addrs);
+    let mut addr_of = AddrOf::new(plan.arefs);
+    for (i, &a) in init_addrs.iter().enumerate() {
+        addr_of.set(i as u32, a);
+    }
     let mut out = Outcome::default();
-    let ops = plan.ops(as_recorded);
+    let ops = plan.ops(trace, as_recorded);
     // Recorded growth events by step, for recorded addresses.
     let mut growth_by_step: FxHashMap<usize, (usize, usize)> = FxHashMap::default();
     let growth: Vec<SegEvent> = plan
@@ -569,21 +588,20 @@ pub(crate) fn replay(
             break;
         }
         while ei < early.len() && early[ei].0 <= op.pos {
-            let a = early[ei].1 as usize;
-            if let Some(&addr) = addr_of.get(a)
-                && addr != u64::MAX
-            {
+            let a = early[ei].1;
+            if let Some(addr) = addr_of.get(a) {
                 m.step = early[ei].0;
                 m.free_requested(addr);
                 m.free_completed(addr);
-                addr_of[a] = u64::MAX;
+                addr_of.clear(a);
             }
             ei += 1;
         }
         while ai < again.len() && again[ai].0 <= op.pos {
             let (_, a, entry) = again[ai];
-            if let (Some(e), Some(slot)) = (trace.get(entry), addr_of.get(a as usize))
-                && *slot == u64::MAX
+            if let Some(e) = trace.get(entry)
+                && (a as usize) < plan.arefs
+                && addr_of.get(a).is_none()
             {
                 m.step = again[ai].0;
                 let result = m.malloc(e.size, e.stream, &mut capacity_dev);
@@ -689,17 +707,14 @@ pub(crate) fn replay(
                 if edits.free_at.contains_key(&op.aref) {
                     continue;
                 }
-                let Some(&addr) = addr_of.get(op.aref as usize) else {
+                let Some(addr) = addr_of.get(op.aref) else {
                     continue;
                 };
-                if addr == u64::MAX {
-                    continue;
-                }
                 if op.kind == OpKind::FreeRequested {
                     m.free_requested(addr);
                 } else {
                     m.free_completed(addr);
-                    addr_of[op.aref as usize] = u64::MAX;
+                    addr_of.clear(op.aref);
                 }
                 Done::Free { addr }
             }
@@ -714,10 +729,8 @@ pub(crate) fn replay(
         }
     }
     while !stopped && ei < early.len() {
-        let a = early[ei].1 as usize;
-        if let Some(&addr) = addr_of.get(a)
-            && addr != u64::MAX
-        {
+        let a = early[ei].1;
+        if let Some(addr) = addr_of.get(a) {
             m.free_requested(addr);
             m.free_completed(addr);
         }
@@ -746,7 +759,7 @@ pub(crate) fn replay(
 fn settle(
     out: &mut Outcome,
     m: &mut Model,
-    addr_of: &mut [u64],
+    addr_of: &mut AddrOf,
     aref: u32,
     entry: usize,
     e: &TraceEntry,
@@ -761,9 +774,7 @@ fn settle(
             } else {
                 out.first_address_mismatch.get_or_insert(entry);
             }
-            if let Some(slot) = addr_of.get_mut(aref as usize) {
-                *slot = addr;
-            }
+            addr_of.set(aref, addr);
         }
         (Malloc::Oom, false) => {
             out.unexpected_ooms += 1;

@@ -9,7 +9,7 @@
 use rustc_hash::FxHashMap;
 
 use super::model::{Malloc, Model, SegEvent, SegKind, St};
-use super::run::{Done, NONE, Observer, Op, OpKind};
+use super::run::{AddrOf, Done, NONE, Observer, Op, OpKind};
 use super::{Prepared, Replays, trace_of, validate_with};
 use crate::torch::model::{Action, Block, BlockState, Segment, Snapshot, StackId, TraceEntry};
 
@@ -47,7 +47,7 @@ pub(super) fn recorded_states_prepared(
         .iter()
         .map(|a| match *a {
             At::After(n) => n.saturating_add(1),
-            At::BeforeRequest(n) => request_start(p, n),
+            At::BeforeRequest(n) => request_start(trace_of(snap, device), p, n),
         })
         .collect();
     let mut order: Vec<usize> = (0..positions.len()).collect();
@@ -72,9 +72,9 @@ pub fn state_after(snap: &Snapshot, device: i64, entry: usize) -> Option<Vec<Seg
 
 /// Where the request recorded at `entry` begins in the recorded order: its probe (the first
 /// release of its OOM path) or its own entry.
-fn request_start(p: &Prepared, entry: usize) -> usize {
+fn request_start(trace: &[TraceEntry], p: &Prepared, entry: usize) -> usize {
     p.plan
-        .ops(true)
+        .ops(trace, true)
         .filter(|op| match op.kind {
             OpKind::Malloc { entry: e, .. } | OpKind::Probe { entry: e, .. } => e == entry,
             _ => false,
@@ -96,7 +96,7 @@ struct Capture<'a> {
 }
 
 impl Capture<'_> {
-    fn take_until(&mut self, pos: usize, m: &Model, addr_of: &[u64]) {
+    fn take_until(&mut self, pos: usize, m: &Model, addr_of: &AddrOf) {
         while let Some(&i) = self.order.get(self.next)
             && self.positions[i] <= pos
         {
@@ -107,11 +107,11 @@ impl Capture<'_> {
 }
 
 impl Observer for Capture<'_> {
-    fn before(&mut self, op: &Op, m: &Model, addr_of: &[u64]) -> bool {
+    fn before(&mut self, op: &Op, m: &Model, addr_of: &AddrOf) -> bool {
         self.take_until(op.pos, m, addr_of);
         true
     }
-    fn end(&mut self, m: &Model, addr_of: &[u64]) {
+    fn end(&mut self, m: &Model, addr_of: &AddrOf) {
         self.take_until(usize::MAX, m, addr_of);
     }
 }
@@ -175,7 +175,7 @@ struct CapacityRun<'t> {
 }
 
 impl Observer for CapacityRun<'_> {
-    fn before(&mut self, _op: &Op, m: &Model, _addr_of: &[u64]) -> bool {
+    fn before(&mut self, _op: &Op, m: &Model, _addr_of: &AddrOf) -> bool {
         if !self.started && m.reserved > self.capacity {
             self.over = true;
             return false;
@@ -184,7 +184,7 @@ impl Observer for CapacityRun<'_> {
         true
     }
 
-    fn after(&mut self, op: &Op, done: Done, m: &Model, addr_of: &[u64]) -> bool {
+    fn after(&mut self, op: &Op, done: Done, m: &Model, addr_of: &AddrOf) -> bool {
         let Some(at) = self.trace.get(op.pos) else {
             return true;
         };
@@ -270,7 +270,7 @@ fn alloc_info(snap: &Snapshot, p: &Prepared) -> Vec<(u64, Option<StackId>)> {
         };
         info[i] = (a.requested, stack);
     }
-    for (entry, aref) in p.plan.alloc_arefs() {
+    for (entry, aref) in p.plan.alloc_arefs(trace) {
         if let (Some(slot), Some(e)) = (info.get_mut(aref as usize), trace.get(entry)) {
             *slot = (e.size, e.stack());
         }
@@ -320,16 +320,12 @@ fn snapshot(
 fn model_segments(
     device: i64,
     m: &Model,
-    addr_of: &[u64],
+    addr_of: &AddrOf,
     info: &[(u64, Option<StackId>)],
 ) -> Vec<Segment> {
     // Model address → allocation reference, for the live blocks.
-    let at: FxHashMap<u64, u32> = addr_of
-        .iter()
-        .enumerate()
-        .filter(|(_, a)| **a != u64::MAX)
-        .map(|(i, &a)| (a, i as u32))
-        .collect();
+    // By reference, so a later one holding the same address wins, as it always has.
+    let at: FxHashMap<u64, u32> = addr_of.sorted().into_iter().map(|(r, a)| (a, r)).collect();
     let mut current: Option<(u32, Segment)> = None;
     let mut segments: Vec<Segment> = Vec::new();
     for (addr, b) in m.blocks.sorted() {
