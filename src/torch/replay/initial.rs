@@ -477,7 +477,8 @@ pub(crate) fn rebuild(
                     }
                 }
                 Action::FreeCompleted => {
-                    if cur.remove(&e.addr) == Some(true) && !ends.contains_key(&e.addr) {
+                    let was_unknown = cur.remove(&e.addr) == Some(true);
+                    if was_unknown && !ends.contains_key(&e.addr) {
                         open -= 1;
                     }
                 }

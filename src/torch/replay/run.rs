@@ -256,8 +256,8 @@ pub(crate) fn plan(trace: &[TraceEntry], init: &InitialState) -> Plan {
                 aref_at[i] = aref;
                 if let (true, Some(first)) = (oom_path, first_release) {
                     let releases = (first..i).filter(|&k| is_release(trace[k].action)).count();
-                    for k in ws..i {
-                        if seg_kind(trace[k].action).is_some() {
+                    for (k, t) in trace.iter().enumerate().take(i).skip(ws) {
+                        if seg_kind(t.action).is_some() {
                             step_of.insert(k, i);
                         }
                     }
@@ -269,8 +269,8 @@ pub(crate) fn plan(trace: &[TraceEntry], init: &InitialState) -> Plan {
                     });
                 } else {
                     empty_cache_runs(trace, ws, i, &mut step_of, &mut side);
-                    for k in ws..i {
-                        if is_growth(trace[k].action) {
+                    for (k, t) in trace.iter().enumerate().take(i).skip(ws) {
+                        if is_growth(t.action) {
                             step_of.insert(k, i);
                         }
                     }
