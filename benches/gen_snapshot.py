@@ -1,17 +1,169 @@
-"""Write a large synthetic CUDA memory snapshot with PyTorch's sharing pattern, for benchmarks.
+"""Write a large CUDA memory snapshot with PyTorch's sharing pattern, for benchmarks.
 
-Usage: python3 benches/gen_snapshot.py OUT.pickle [TRACE_ENTRIES]
+Usage:
+  python3 benches/gen_snapshot.py OUT.pickle [TRACE_ENTRIES]
+      synthetic (below)
+  python3 benches/gen_snapshot.py --scale SRC.pickle OUT.pickle --target-bytes 250M|1G [--shared-lists]
+      a real snapshot scaled up (`scale` below)
 
-Shape follows torch 2.8+ `_dump_snapshot()` output (torch_snapshots/FORMAT.md) and the sharing
-measured in the real snapshots of shared/torch_snapshots/real: frame dicts are built once and shared
-by every stack that contains them; every `alloc` and every `free_requested` entry has its own fresh
-frames list (20-60 frames, 3/4 of them C++ frames: '??', line 0), and `free_completed` shares the
-list object of its `free_requested`; each trace entry carries its own `compile_context` string
-object (not memoized, as in real files). Python's default pickle protocol (4), like torch.
+Synthetic: shape follows torch 2.8+ `_dump_snapshot()` output (torch_snapshots/FORMAT.md) and the
+sharing measured in the real snapshots of shared/torch_snapshots/real: frame dicts are built once
+and shared by every stack that contains them; every `alloc` and every `free_requested` entry has
+its own fresh frames list (20-60 frames, 3/4 of them C++ frames: '??', line 0), and
+`free_completed` shares the list object of its `free_requested`; each trace entry carries its own
+`compile_context` string object (not memoized, as in real files). Python's default pickle protocol
+(4), like torch.
 """
 import pickle
 import random
 import sys
+
+
+def parse_bytes(text):
+    """'250M' / '1G' / '1000000' -> bytes (decimal units, as file sizes are quoted)."""
+    units = {"K": 10**3, "M": 10**6, "G": 10**9}
+    text = text.strip().upper().rstrip("B")
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def scale(src, out, target, shared_lists):
+    """Repeat a real snapshot's device traces until the pickle is about `target` bytes.
+
+    The source is trusted data (a real snapshot from ../shared), read with CPython's pickle.
+    Each repetition k (0 = the source itself) is a copy of every device trace with fresh entry
+    dicts and fresh frames lists, the frame dicts shared as torch writes them (an entry pair
+    free_requested/free_completed keeps sharing one list, and a segment block keeps sharing the
+    list of the trace entry it shares in the source). Addresses move by k * SHIFT (a power of two
+    above the source's address span, so segment alignment is kept), times by k * the trace's time
+    span, and the stream by k: repetition k lives on its own stream of its own address range.
+    The segments at the end are the source's segments, repeated the same way, so the end state
+    is every repetition's end state and the trace stays consistent (each address is allocated
+    and freed in the source's order, within its own range). Own streams keep the repetitions
+    apart in PyTorch's caching allocator too (it never hands a block cached on one stream to
+    another), so memlsp's allocator replay validates on the result as on the source, as long as
+    the source has no OOM and no `empty_cache()` (both release cached segments of every stream).
+
+    `shared_lists`: the same, but frames lists shared between trace entries: one list object per
+    distinct stack in the whole file (a valid pickle PyTorch does not write, but others may).
+    """
+    with open(src, "rb") as f:
+        snap = pickle.load(f)
+    segments = snap.get("segments", [])
+    traces = snap.get("device_traces", [])
+    addrs = [s["address"] + s["total_size"] for s in segments] + [s["address"] for s in segments]
+    addrs += [e["addr"] for t in traces for e in t if e.get("addr")]
+    lo, hi = min(addrs), max(addrs)
+    shift = 1 << 21
+    while shift <= hi - lo:
+        shift <<= 1
+    times = [e["time_us"] for t in traces for e in t if isinstance(e.get("time_us"), int)]
+    span = (max(times) - min(times) + 1000) if times else 0
+    no_addr = {"oom", "snapshot"}
+    shared = {}
+
+    def stack_list(frames):
+        key = tuple(id(fr) for fr in frames)
+        got = shared.get(key)
+        if got is None:
+            got = shared[key] = list(frames)
+        return got
+
+    def repetition(k):
+        lists = {}  # id(source list) -> this repetition's list
+
+        def fresh(frames):
+            if shared_lists:
+                return stack_list(frames)
+            got = lists.get(id(frames))
+            if got is None:
+                got = lists[id(frames)] = list(frames)
+            return got
+
+        def move(a):
+            return a + k * shift
+
+        trs = []
+        for t in traces:
+            nt = []
+            for e in t:
+                ne = dict(e)
+                if e.get("addr") and e.get("action") not in no_addr:
+                    ne["addr"] = move(e["addr"])
+                if "stream" in e:
+                    ne["stream"] = e["stream"] + k
+                if isinstance(e.get("time_us"), int):
+                    ne["time_us"] = e["time_us"] + k * span
+                if "frames" in e:
+                    ne["frames"] = fresh(e["frames"])
+                nt.append(ne)
+            trs.append(nt)
+        segs = []
+        for s in segments:
+            ns = dict(s)
+            ns["address"] = move(s["address"])
+            ns["stream"] = s.get("stream", 0) + k
+            if "frames" in s:
+                ns["frames"] = fresh(s["frames"])
+            blocks = []
+            for b in s.get("blocks", []):
+                nb = dict(b)
+                if "address" in b:
+                    nb["address"] = move(b["address"])
+                if "frames" in b:
+                    nb["frames"] = fresh(b["frames"])
+                blocks.append(nb)
+            ns["blocks"] = blocks
+            segs.append(ns)
+        notes = []
+        for a in snap.get("external_annotations", []) or []:
+            na = dict(a)
+            if isinstance(a.get("time_us"), int):
+                na["time_us"] = a["time_us"] + k * span
+            notes.append(na)
+        return segs, trs, notes
+
+    def build(reps):
+        out_snap = dict(snap)
+        out_snap["segments"] = []
+        out_snap["device_traces"] = [[] for _ in traces]
+        if "external_annotations" in snap:
+            out_snap["external_annotations"] = []
+        for k in range(reps):
+            segs, trs, notes = repetition(k)
+            out_snap["segments"].extend(segs)
+            for d, t in enumerate(trs):
+                out_snap["device_traces"][d].extend(t)
+            if "external_annotations" in snap:
+                out_snap["external_annotations"].extend(notes)
+        return out_snap
+
+    one = len(pickle.dumps(build(1), protocol=4))
+    shared.clear()
+    two = len(pickle.dumps(build(2), protocol=4))
+    shared.clear()
+    per = max(1, two - one)
+    reps = max(1, round((target - (one - per)) / per))
+    big = build(reps)
+    with open(out, "wb") as f:
+        pickle.dump(big, f, protocol=4)
+    entries = sum(len(t) for t in big["device_traces"])
+    print(f"{out}: {reps} repetitions of {src}, {entries} trace entries", file=sys.stderr)
+
+
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "--scale":
+    args = sys.argv[2:]
+    shared_lists = "--shared-lists" in args
+    args = [a for a in args if a != "--shared-lists"]
+    target = 250 * 10**6
+    if "--target-bytes" in args:
+        i = args.index("--target-bytes")
+        target = parse_bytes(args[i + 1])
+        del args[i : i + 2]
+    scale(args[0], args[1], target, shared_lists)
+    sys.exit(0)
+
 
 out = sys.argv[1]
 n = int(sys.argv[2]) if len(sys.argv) > 2 else 1_000_000

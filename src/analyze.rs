@@ -36,7 +36,7 @@ pub fn detect_kind(path: &Path) -> Option<CaptureKind> {
 /// Analyse and locate: what `report` and `--check` show.
 pub fn run(path: &Path, opts: &Options) -> Result<Vec<CaptureReport>, CaptureError> {
     let mut reports = analyze_path(path, opts)?;
-    locate(&mut reports, opts);
+    crate::timings::time("locate", || locate(&mut reports, opts));
     Ok(reports)
 }
 
@@ -229,7 +229,10 @@ fn torch_file(path: &Path, opts: &Options) -> Result<CaptureReport, CaptureError
     checkpoint(path, opts)?;
     let a = torch::analyse(&snap, &opts.analysis);
     checkpoint(path, opts)?;
-    Ok(torch_report(path, torch::output(&snap, &a, &opts.analysis)))
+    let out = torch::output(&snap, &a, &opts.analysis);
+    // Freeing the snapshot and the analysis is part of the run.
+    crate::timings::time("drop", || drop((a, snap)));
+    Ok(torch_report(path, out))
 }
 
 fn xla_file(path: &Path, opts: &Options) -> Result<CaptureReport, CaptureError> {

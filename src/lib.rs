@@ -19,5 +19,6 @@ pub mod report;
 pub mod sigbus;
 pub mod site;
 pub mod source;
+pub mod timings;
 pub mod torch;
 pub mod xla;

@@ -6,6 +6,19 @@ use super::{ReportArgs, ReportFormat, emit, text};
 use crate::present::json;
 
 pub(super) fn run_report(args: ReportArgs) -> i32 {
+    // `MEMLSP_TIMINGS=1`: phase timings and peak RSS on stderr at the end (for the benchmarks).
+    let timings = std::env::var_os("MEMLSP_TIMINGS").is_some_and(|v| !v.is_empty() && v != "0");
+    if timings {
+        crate::timings::enable();
+    }
+    let code = report_inner(args);
+    if timings {
+        eprint!("{}", crate::timings::render(&crate::timings::take()));
+    }
+    code
+}
+
+fn report_inner(args: ReportArgs) -> i32 {
     // The workspace of `report` is the current directory.
     let mut opts = args.common.options(super::absolute(".".as_ref()));
     if let Some(top) = args.top {
@@ -26,12 +39,12 @@ pub(super) fn run_report(args: ReportArgs) -> i32 {
             return 2;
         }
     };
-    let out = match args.format {
+    let out = crate::timings::time("render", || match args.format {
         ReportFormat::Text => text::report(&reports, opts.analysis.top),
         ReportFormat::Json => json::render(&json::document(&reports, &[])),
         ReportFormat::Html => crate::present::html::render(&reports),
-    };
-    match &args.output {
+    });
+    crate::timings::time("write", || match &args.output {
         // Never into a capture's folder unless the user names the file there.
         Some(path) => match std::fs::write(path, out) {
             Ok(()) => 0,
@@ -47,5 +60,5 @@ pub(super) fn run_report(args: ReportArgs) -> i32 {
             emit(&out);
             0
         }
-    }
+    })
 }

@@ -158,7 +158,9 @@ fn decode_pickle(
         released: 0,
         cancel: opts.cancel.clone(),
     };
-    let decoded = pickle::decode_streaming(bytes, &limits, Some(&mut sink));
+    let decoded = crate::timings::time("decode", || {
+        pickle::decode_streaming(bytes, &limits, Some(&mut sink))
+    });
     let tree = decoded.map_err(|e| {
         let (kind, hint) = match e.kind {
             PickleErrorKind::Truncated => (
@@ -178,7 +180,7 @@ fn decode_pickle(
         };
         CaptureError::new(path, kind, Some(e.offset), e.message, hint)
     })?;
-    let streamed = match sink.finish() {
+    let streamed = match crate::timings::time("model: wait for stacks", || sink.finish()) {
         Ok(s) => s,
         Err(m) if m == RUN_COLLISION => return Ok(None),
         Err(m) => {
@@ -191,8 +193,18 @@ fn decode_pickle(
             ));
         }
     };
-    let mut snap = build(path, &tree, opts, sink.interner, streamed)?;
+    let mut snap = crate::timings::time("model: build", || {
+        build(path, &tree, opts, sink.interner, streamed)
+    })?;
     snap.pickle_protocol = tree.protocol;
+    crate::timings::count(
+        "trace entries",
+        snap.device_traces
+            .iter()
+            .flatten()
+            .map(|t| t.len() as u64)
+            .sum(),
+    );
     Ok(Some(snap))
 }
 

@@ -37,6 +37,9 @@ pub struct Analysis {
     pub fragmentation: Vec<fragmentation::OomDiagnosis>,
     pub findings: Vec<Finding>,
     pub stacks: StackIndex,
+    /// The allocator replays of this snapshot (validation, what-ifs, states), computed once
+    /// each and shared by the analyses and the summary.
+    pub replays: replay::Replays,
 }
 
 /// What the engine hands to the pipeline for one snapshot: no text, no JSON, nothing that
@@ -49,54 +52,82 @@ pub struct Output {
 
 /// Run every analysis over a loaded snapshot.
 pub fn analyse(snap: &Snapshot, opts: &AnalysisOptions) -> Analysis {
-    let stacks = StackIndex::new(snap, &opts.frames);
+    use crate::timings::time;
+    let stacks = time("stacks", || StackIndex::new(snap, &opts.frames));
     let others = |stacks: &StackIndex| {
-        let totals = totals::compute(snap, stacks);
-        let all_sites = sites::compute(snap, stacks, None);
-        let device_sites: Vec<_> = totals
-            .devices
-            .iter()
-            .map(|d| sites::compute(snap, stacks, Some(d.device)))
-            .collect();
+        let totals = time("totals", || totals::compute(snap, stacks));
+        let (all_sites, device_sites) = time("sites", || {
+            let all_sites = sites::compute(snap, stacks, None);
+            let device_sites: Vec<_> = totals
+                .devices
+                .iter()
+                .map(|d| sites::compute(snap, stacks, Some(d.device)))
+                .collect();
+            (all_sites, device_sites)
+        });
         (totals, all_sites, device_sites)
     };
-    // The timeline replays the whole trace; on a large one it runs beside the other analyses.
+    // On a large trace the allocator's validation replay (what the summary checks and every
+    // what-if starts from) runs on a second thread from the start, beside the other analyses.
     let entries: usize = snap.device_traces.iter().flatten().map(Vec::len).sum();
-    let ((totals, all_sites, device_sites), timeline) = if entries >= PARALLEL_FROM {
-        std::thread::scope(|sc| {
-            let tl = sc.spawn(|| timeline::compute(snap, &stacks));
-            let rest = others(&stacks);
-            let tl = tl.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
-            (rest, tl)
-        })
-    } else {
-        (others(&stacks), timeline::compute(snap, &stacks))
-    };
-    let fragmentation = fragmentation::diagnose(snap, &totals, &timeline);
-    let mut a = Analysis {
-        totals,
-        sites: all_sites,
-        device_sites,
-        timeline,
-        fragmentation,
-        findings: Vec::new(),
-        stacks,
-    };
-    let mut found = patterns::detect(snap, &a);
-    whatif::simulate(snap, &a, &mut found);
-    findings::sort(&mut found);
-    a.findings = found;
-    a
+    let replays = replay::Replays::new();
+    std::thread::scope(|sc| {
+        if entries >= PARALLEL_FROM && parallel() {
+            let r = replays.clone();
+            let _ = std::thread::Builder::new()
+                .name("memlsp-replay".into())
+                .spawn_scoped(sc, move || r.warm(snap));
+        }
+        let (totals, all_sites, device_sites) = others(&stacks);
+        let timeline = time("timeline", || timeline::compute(snap, &stacks));
+        let fragmentation = time("fragmentation", || {
+            fragmentation::diagnose(snap, &totals, &timeline)
+        });
+        let mut a = Analysis {
+            totals,
+            sites: all_sites,
+            device_sites,
+            timeline,
+            fragmentation,
+            findings: Vec::new(),
+            stacks,
+            replays,
+        };
+        let mut found = time("patterns", || patterns::detect(snap, &a));
+        time("what-if", || whatif::simulate(snap, &a, &mut found));
+        findings::sort(&mut found);
+        a.findings = found;
+        a
+    })
 }
 
-/// Traces with at least this many entries get the timeline on a second thread.
+/// More than one core to run on.
+pub(crate) fn parallel() -> bool {
+    std::thread::available_parallelism().is_ok_and(|n| n.get() > 1)
+}
+
+/// Traces with at least this many entries get the allocator replay on a second thread.
 const PARALLEL_FROM: usize = 200_000;
 
 /// The engine's output: the typed summary, the first `opts.top` sites, the findings.
 pub fn output(snap: &Snapshot, a: &Analysis, opts: &AnalysisOptions) -> Output {
-    let mut summary = summary::summarize(snap, a, opts.top);
-    summary.rank_summary = ranks::RankSummary::of(snap, a);
+    use crate::timings::time;
+    let mut summary = time("summary", || summary::summarize(snap, a, opts.top));
+    summary.rank_summary = time("rank summary", || ranks::RankSummary::of(snap, a));
     if opts.pictures {
+        time("pictures", || pictures(snap, a, &mut summary));
+    }
+    Output {
+        summary,
+        sites: time("report sites", || report_sites(snap, a, opts)),
+        findings: a.findings.clone(),
+    }
+}
+
+/// What the pictures draw: memory over the trace, the snapshot's segments and the replayed
+/// allocator states.
+fn pictures(snap: &Snapshot, a: &Analysis, summary: &mut summary::Summary) {
+    {
         let starts: Vec<(i64, i64)> = a
             .timeline
             .devices
@@ -119,12 +150,8 @@ pub fn output(snap: &Snapshot, a: &Analysis, opts: &AnalysisOptions) -> Output {
             .filter(|d| d.validated)
             .map(|d| d.device)
             .collect();
-        summary.state_bars = series::state_panels(snap, &summary.series, &validated, 400);
-    }
-    Output {
-        summary,
-        sites: report_sites(snap, a, opts),
-        findings: a.findings.clone(),
+        summary.state_bars =
+            series::state_panels(snap, &a.replays, &summary.series, &validated, 400);
     }
 }
 

@@ -205,6 +205,7 @@ pub struct StatePanel {
 /// replay validated (`validated`), one replay per device.
 pub fn state_panels(
     snap: &Snapshot,
+    replays: &replay::Replays,
     series: &[Series],
     validated: &[i64],
     max_segments: usize,
@@ -228,7 +229,7 @@ pub fn state_panels(
             continue;
         }
         let at: Vec<At> = want.iter().map(|w| w.2).collect();
-        let Some(states) = replay::recorded_states(snap, s.device, &at) else {
+        let Some(states) = replays.recorded_states(snap, s.device, &at) else {
             continue;
         };
         for ((moment, entry, _), segs) in want.into_iter().zip(states) {
@@ -585,7 +586,8 @@ mod tests {
             peak: Some((4, 20 * MB)),
             ooms: Vec::new(),
         };
-        let p = state_panels(&snap, std::slice::from_ref(&series), &[0], 400);
+        let replays = replay::Replays::new();
+        let p = state_panels(&snap, &replays, std::slice::from_ref(&series), &[0], 400);
         assert_eq!(p.len(), 2, "{p:?}");
         assert_eq!((p[0].moment, p[0].entry), (Moment::Peak, 4));
         assert_eq!((p[0].reserved_bytes, p[0].active_bytes), (20 * MB, 20 * MB));
@@ -604,7 +606,7 @@ mod tests {
             })
         );
         // Only devices whose replay validated get a state.
-        assert!(state_panels(&snap, &[series], &[], 400).is_empty());
+        assert!(state_panels(&snap, &replay::Replays::new(), &[series], &[], 400).is_empty());
     }
 
     #[test]

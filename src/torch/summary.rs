@@ -601,7 +601,8 @@ pub fn diff(d: &Diff, earlier: &Path, later: &Path) -> DiffSummary {
 
 /// Summarise every analysis of one snapshot, keeping the first `top` sites.
 pub fn summarize(snap: &Snapshot, a: &Analysis, top: usize) -> Summary {
-    summarize_with(snap, a, top, crate::torch::replay::replay_snapshot(snap))
+    let replay = a.replays.capture(snap);
+    summarize_with(snap, a, top, replay)
 }
 
 /// [`summarize`] with the replay already computed.

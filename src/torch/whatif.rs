@@ -247,7 +247,12 @@ pub fn simulate(snap: &Snapshot, a: &Analysis, findings: &mut [Finding]) {
         None => return,
     };
     let mut cache: FxHashMap<i64, FxHashMap<SiteKey, Vec<Life>>> = FxHashMap::default();
-    for f in findings.iter_mut().filter(|f| wanted.contains(&f.code)) {
+    // The replays to run: (finding, device, changes, words).
+    let mut jobs: Vec<(usize, i64, Vec<Change>, &'static str)> = Vec::new();
+    for (i, f) in findings.iter_mut().enumerate() {
+        if !wanted.contains(&f.code) {
+            continue;
+        }
         let Some(device) = device_of(f, snap) else {
             continue;
         };
@@ -255,14 +260,59 @@ pub fn simulate(snap: &Snapshot, a: &Analysis, findings: &mut [Finding]) {
             continue;
         };
         if f.code == Code::PT008 {
-            settings_for_oom(snap, device, f);
+            settings_for_oom(snap, &a.replays, device, f);
             continue;
         }
         let lv = cache.entry(device).or_insert_with(|| lives(trace, a));
-        let Some((changes, words)) = changes_for(f, snap, a, trace, lv, device) else {
-            continue;
+        if let Some((changes, words)) = changes_for(f, snap, a, trace, lv, device) {
+            jobs.push((i, device, changes, words));
+        }
+    }
+    drop(cache);
+    // Each what-if is its own replay of the whole trace: on a large one they share the cores.
+    let entries: usize = jobs
+        .iter()
+        .map(|j| traces.get(j.1 as usize).map_or(0, Vec::len))
+        .sum();
+    let results: Vec<WhatIf> = if jobs.len() > 1 && entries >= 200_000 && crate::torch::parallel() {
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let slots: Vec<std::sync::Mutex<Option<WhatIf>>> =
+            jobs.iter().map(|_| std::sync::Mutex::new(None)).collect();
+        let work = || {
+            loop {
+                let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some((_, device, changes, _)) = jobs.get(k) else {
+                    break;
+                };
+                let w = a.replays.what_if(snap, *device, changes);
+                if let Ok(mut s) = slots[k].lock() {
+                    *s = Some(w);
+                }
+            }
         };
-        let w = replay::what_if(snap, device, &changes);
+        std::thread::scope(|sc| {
+            let _ = std::thread::Builder::new()
+                .name("memlsp-what-if".into())
+                .spawn_scoped(sc, work);
+            work();
+        });
+        slots
+            .into_iter()
+            .zip(&jobs)
+            .map(|(s, (_, device, changes, _))| {
+                s.into_inner()
+                    .ok()
+                    .flatten()
+                    .unwrap_or_else(|| a.replays.what_if(snap, *device, changes))
+            })
+            .collect()
+    } else {
+        jobs.iter()
+            .map(|(_, device, changes, _)| a.replays.what_if(snap, *device, changes))
+            .collect()
+    };
+    for ((i, _, _, words), w) in jobs.iter().zip(results) {
+        let f = &mut findings[*i];
         let Some(sim) = simulated(&w, words) else {
             continue;
         };
@@ -279,8 +329,8 @@ pub fn simulate(snap: &Snapshot, a: &Analysis, findings: &mut [Finding]) {
 
 /// PT008: which allocator settings avoid the recorded OOM; the `max_split_size_mb` fix names the
 /// smallest N that does.
-fn settings_for_oom(snap: &Snapshot, device: i64, f: &mut Finding) {
-    let advice = replay::advise_settings_for_oom(snap, device);
+fn settings_for_oom(snap: &Snapshot, replays: &replay::Replays, device: i64, f: &mut Finding) {
+    let advice = replays.advise_settings_for_oom(snap, device);
     if !advice.simulated {
         return;
     }
@@ -316,7 +366,7 @@ fn settings_for_oom(snap: &Snapshot, device: i64, f: &mut Finding) {
         } else {
             continue;
         };
-        let w = replay::what_if(snap, device, &changes);
+        let w = replays.what_if(snap, device, &changes);
         fix.simulated = simulated(
             &w,
             "the recorded requests replayed with this allocator setting",

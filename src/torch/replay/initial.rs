@@ -3,7 +3,9 @@
 //! `free_requested`, `free_completed`, `segment_alloc`, `segment_free`, `segment_map` and
 //! `segment_unmap`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+
+use rustc_hash::FxHashMap;
 
 use super::model::ES_DEFAULT_SPAN;
 use super::settings::{LARGE_BUFFER, SMALL_BUFFER, SMALL_SIZE, Settings};
@@ -66,6 +68,96 @@ struct Live {
     pending: bool,
 }
 
+/// The blocks live at the current point of the backward walk, by address: a hash map (the walk
+/// asks once per trace entry), with a count per 2 MiB of address space for the rare question
+/// "is a block live in `[a, b)`" (at segment events). Segments are 2 MiB multiples at 2 MiB
+/// boundaries, so whole buckets answer it; a range that cuts a bucket holding blocks (a corrupt
+/// or unusual trace) is answered from an ordered index of the addresses instead, built then
+/// and kept from there on. Either way the answer is the ordered map's.
+#[derive(Default)]
+struct LiveSet {
+    map: FxHashMap<u64, Live>,
+    buckets: FxHashMap<u64, u32>,
+    ordered: Option<BTreeSet<u64>>,
+}
+
+const BUCKET_SHIFT: u32 = 21;
+
+impl LiveSet {
+    fn insert(&mut self, addr: u64, l: Live) {
+        if self.map.insert(addr, l).is_none() {
+            *self.buckets.entry(addr >> BUCKET_SHIFT).or_default() += 1;
+            if let Some(o) = self.ordered.as_mut() {
+                o.insert(addr);
+            }
+        }
+    }
+
+    fn remove(&mut self, addr: u64) -> Option<Live> {
+        let l = self.map.remove(&addr)?;
+        if let Some(c) = self.buckets.get_mut(&(addr >> BUCKET_SHIFT)) {
+            *c = c.saturating_sub(1);
+        }
+        if let Some(o) = self.ordered.as_mut() {
+            o.remove(&addr);
+        }
+        Some(l)
+    }
+
+    fn get_mut(&mut self, addr: u64) -> Option<&mut Live> {
+        self.map.get_mut(&addr)
+    }
+
+    fn contains(&self, addr: u64) -> bool {
+        self.map.contains_key(&addr)
+    }
+
+    /// Is a block live at an address in `[a, e)`?
+    fn any_in(&mut self, a: u64, e: u64) -> bool {
+        if a >= e {
+            return false;
+        }
+        if let Some(o) = &self.ordered {
+            return o.range(a..e).next().is_some();
+        }
+        let (b0, b1) = (a >> BUCKET_SHIFT, (e - 1) >> BUCKET_SHIFT);
+        let inside = |b: u64| {
+            let lo = u128::from(b) << BUCKET_SHIFT;
+            lo >= u128::from(a) && lo + (1u128 << BUCKET_SHIFT) <= u128::from(e)
+        };
+        // The occupied buckets the range meets: by number, or through the map when fewer.
+        let met: Vec<u64> = if b1 - b0 < self.buckets.len() as u64 {
+            (b0..=b1)
+                .filter(|b| self.buckets.get(b).is_some_and(|&c| c > 0))
+                .collect()
+        } else {
+            self.buckets
+                .iter()
+                .filter(|&(&b, &c)| c > 0 && b0 <= b && b <= b1)
+                .map(|(&b, _)| b)
+                .collect()
+        };
+        if met.iter().any(|&b| inside(b)) {
+            return true;
+        }
+        if met.is_empty() {
+            return false;
+        }
+        // The range cuts an occupied bucket: answer from the addresses in order.
+        let o: BTreeSet<u64> = self.map.keys().copied().collect();
+        let hit = o.range(a..e).next().is_some();
+        self.ordered = Some(o);
+        hit
+    }
+
+    /// Every live block, by address.
+    fn into_ordered(self) -> BTreeMap<u64, Live> {
+        let mut v: Vec<(u64, Live)> = self.map.into_iter().collect();
+        v.sort_unstable_by_key(|x| x.0);
+        v.into_iter().collect()
+    }
+}
+
 /// Sorted disjoint ranges `[start, end)`.
 #[derive(Clone, Debug, Default)]
 struct Ranges(BTreeMap<u64, u64>);
@@ -126,7 +218,7 @@ pub(crate) fn rebuild(
     let mut st = InitialState::default();
     let mut segs: BTreeMap<u64, (u64, u64, bool)> = BTreeMap::new();
     let mut es: Vec<EsInfo> = Vec::new();
-    let mut live: BTreeMap<u64, Live> = BTreeMap::new();
+    let mut live = LiveSet::default();
 
     let find_es = |es: &mut Vec<EsInfo>, stream: u64, small: bool| -> usize {
         match es
@@ -231,12 +323,12 @@ pub(crate) fn rebuild(
     for e in trace.iter().rev() {
         match e.action {
             Action::Alloc => {
-                let was_live = live.remove(&e.addr).is_some();
+                let was_live = live.remove(e.addr).is_some();
                 if !was_live {
                     st.problem(|| format!("alloc at {:#x} is not live afterwards", e.addr));
                 }
             }
-            Action::FreeRequested => match live.get_mut(&e.addr) {
+            Action::FreeRequested => match live.get_mut(e.addr) {
                 Some(l) if l.pending => l.pending = false,
                 Some(_) => st.problem(|| format!("free_requested of {:#x} twice", e.addr)),
                 None => {
@@ -252,7 +344,7 @@ pub(crate) fn rebuild(
                 }
             },
             Action::FreeCompleted => {
-                if live.contains_key(&e.addr) {
+                if live.contains(e.addr) {
                     st.problem(|| format!("free_completed of {:#x}, live afterwards", e.addr));
                 }
                 live.insert(
@@ -272,7 +364,7 @@ pub(crate) fn rebuild(
                     }
                 }
                 let end = e.addr.saturating_add(e.size);
-                if live.range(e.addr..end).next().is_some() {
+                if live.any_in(e.addr, end) {
                     st.problem(|| format!("segment_alloc {:#x} holds blocks already", e.addr));
                 }
             }
@@ -297,7 +389,7 @@ pub(crate) fn rebuild(
                     if !es[k].ranges.remove(e.addr, end) {
                         st.problem(|| format!("segment_map {:#x} not mapped afterwards", e.addr));
                     }
-                    if live.range(e.addr..end).next().is_some() {
+                    if live.any_in(e.addr, end) {
                         st.problem(|| format!("segment_map {:#x} holds blocks already", e.addr));
                     }
                 } else {
@@ -307,6 +399,8 @@ pub(crate) fn rebuild(
             _ => {}
         }
     }
+
+    let live = live.into_ordered();
 
     // The regions blocks live in, in address order: (start, end, small, expandable).
     let mut regions: BTreeMap<u64, (u64, bool, bool)> = BTreeMap::new();
@@ -352,10 +446,17 @@ pub(crate) fn rebuild(
     // of a free block, so the live block just below it ends where it begins: when that is one of
     // these blocks, its size is known.
     let mut ends: BTreeMap<u64, u64> = BTreeMap::new();
-    {
+    // Only the blocks of unknown size need the walk, and only until each has its end or is
+    // freed (a block inserted by the walk is always known): most traces have none, or free
+    // them early.
+    let mut open = live.values().filter(|l| l.size.is_none()).count();
+    if open > 0 {
         let mut cur: BTreeMap<u64, bool> =
             live.iter().map(|(&a, l)| (a, l.size.is_none())).collect();
         for e in trace {
+            if open == 0 {
+                break;
+            }
             match e.action {
                 Action::Alloc => {
                     if let Some((&p, &unknown)) = cur.range(..e.addr).next_back()
@@ -367,11 +468,19 @@ pub(crate) fn rebuild(
                             .is_some_and(|(_, &(rend, _, _))| e.addr < rend)
                     {
                         ends.insert(p, e.addr);
+                        open -= 1;
                     }
-                    cur.insert(e.addr, false);
+                    if cur.insert(e.addr, false) == Some(true) && !ends.contains_key(&e.addr) {
+                        // An unknown block's address allocated again without a free: the
+                        // block is no longer the one that may get an end.
+                        open -= 1;
+                    }
                 }
                 Action::FreeCompleted => {
-                    cur.remove(&e.addr);
+                    let was_unknown = cur.remove(&e.addr) == Some(true);
+                    if was_unknown && !ends.contains_key(&e.addr) {
+                        open -= 1;
+                    }
                 }
                 _ => {}
             }
@@ -431,4 +540,66 @@ pub(crate) fn rebuild(
         });
     }
     st
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The live set answers "a block in [a, e)?" as an ordered map of the same blocks does,
+    /// whether the range follows 2 MiB boundaries (buckets) or cuts them (ordered index).
+    #[test]
+    fn live_set_ranges_answer_as_an_ordered_map() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n.max(1)
+        };
+        const MB2: u64 = 2 << 20;
+        for aligned in [true, false] {
+            let mut set = LiveSet::default();
+            let mut map: BTreeMap<u64, ()> = BTreeMap::new();
+            let l = Live {
+                size: None,
+                requested: 0,
+                pending: false,
+            };
+            for step in 0..20_000 {
+                let base = 0x7f00_0000_0000 + rnd(64) * MB2;
+                let addr = base + rnd(4096) * 512;
+                match rnd(3) {
+                    0 => {
+                        set.insert(addr, l);
+                        map.insert(addr, ());
+                    }
+                    1 => {
+                        assert_eq!(set.remove(addr).is_some(), map.remove(&addr).is_some());
+                    }
+                    _ => {
+                        let (a, e) = if aligned || rnd(50) != 0 {
+                            (base, base + (1 + rnd(3)) * MB2)
+                        } else {
+                            (addr, addr + rnd(3 * MB2))
+                        };
+                        assert_eq!(
+                            set.any_in(a, e),
+                            map.range(a..e).next().is_some(),
+                            "step {step}: [{a:#x}, {e:#x})"
+                        );
+                    }
+                }
+            }
+            assert_eq!(
+                set.ordered.is_some(),
+                !aligned,
+                "cut ranges switch to the index"
+            );
+            assert_eq!(
+                set.into_ordered().keys().copied().collect::<Vec<_>>(),
+                map.keys().copied().collect::<Vec<_>>()
+            );
+        }
+    }
 }

@@ -26,7 +26,7 @@ pub use model::SegKind;
 pub use settings::Settings;
 pub use state::{At, recorded_states, state_after, state_at_capacity};
 
-use crate::torch::model::{Action, Snapshot, TraceEntry};
+use crate::torch::model::{Action, Segment, Snapshot, TraceEntry};
 use initial::InitialState;
 use run::{Edits, Plan};
 
@@ -146,10 +146,9 @@ pub struct OomSettingsAdvice {
 /// The `max_split_size_mb` values [`advise_settings_for_oom`] tries.
 pub const MAX_SPLIT_TRIALS_MB: [u64; 5] = [32, 64, 128, 256, 512];
 
-/// Everything a device's replays share.
-struct Prepared<'s> {
+/// Everything a device's replays share (the trace itself is the snapshot's: [`trace_of`]).
+struct Prepared {
     device: i64,
-    trace: &'s [TraceEntry],
     settings: Settings,
     init: InitialState,
     plan: Plan,
@@ -159,14 +158,20 @@ struct Prepared<'s> {
     remarks: Vec<String>,
     reserved_recorded: u64,
     live_recorded: Vec<(u64, u64)>,
+    /// The trace records an `oom` (what-ifs then run on the capacity the OOMs show).
+    has_oom: bool,
 }
 
-fn prepare(snap: &Snapshot, device: i64) -> Prepared<'_> {
-    let trace: &[TraceEntry] = snap
-        .device_traces
+/// The trace of `device` (empty when it has none).
+fn trace_of(snap: &Snapshot, device: i64) -> &[TraceEntry] {
+    snap.device_traces
         .as_ref()
         .and_then(|t| usize::try_from(device).ok().and_then(|d| t.get(d)))
-        .map_or(&[], Vec::as_slice);
+        .map_or(&[], Vec::as_slice)
+}
+
+fn prepare(snap: &Snapshot, device: i64) -> Prepared {
+    let trace = trace_of(snap, device);
     let segments: Vec<_> = snap
         .segments
         .iter()
@@ -214,7 +219,9 @@ fn prepare(snap: &Snapshot, device: i64) -> Prepared<'_> {
     {
         remarks.push("trace has actions the model ignores".into());
     }
-    let init = initial::rebuild(&segments, trace, &settings);
+    let init = crate::timings::time("replay: rebuild", || {
+        initial::rebuild(&segments, trace, &settings)
+    });
     if init.problems > 0 {
         remarks.push(format!(
             "{} trace entries contradict the rebuilt state (first: {})",
@@ -222,7 +229,10 @@ fn prepare(snap: &Snapshot, device: i64) -> Prepared<'_> {
             init.first_problem.clone().unwrap_or_default()
         ));
     }
-    let plan = run::plan(trace, &init);
+    let plan = crate::timings::time("replay: plan", || run::plan(trace, &init));
+    if plan.too_long {
+        blocker = Some("trace of more than 4,294,967,294 entries: too long to replay".to_string());
+    }
     if plan.unmatched_frees > 0 {
         remarks.push(format!(
             "{} frees of allocations unknown to the rebuilt state",
@@ -241,7 +251,7 @@ fn prepare(snap: &Snapshot, device: i64) -> Prepared<'_> {
     live_recorded.sort_unstable();
     Prepared {
         device,
-        trace,
+        has_oom: trace.iter().any(|e| e.action == Action::Oom),
         settings,
         init,
         plan,
@@ -256,15 +266,15 @@ fn join_note(parts: Vec<String>) -> Option<String> {
     (!parts.is_empty()).then(|| parts.join("; "))
 }
 
-fn validate(p: &Prepared) -> (DeviceReplay, run::Outcome) {
-    validate_with(p, &mut run::Quiet)
-}
-
 /// The validation replay (recorded order, recorded device answers, no change), with `obs`
 /// watching it: what `obs` sees is the state of the allocator the check is about.
-fn validate_with(p: &Prepared, obs: &mut dyn run::Observer) -> (DeviceReplay, run::Outcome) {
+fn validate_with(
+    trace: &[TraceEntry],
+    p: &Prepared,
+    obs: &mut dyn run::Observer,
+) -> (DeviceReplay, run::Outcome) {
     let out = run::replay(
-        p.trace,
+        trace,
         &p.plan,
         &p.init,
         p.settings.clone(),
@@ -282,7 +292,7 @@ fn validate_with(p: &Prepared, obs: &mut dyn run::Observer) -> (DeviceReplay, ru
     let mut notes = Vec::new();
     let mut validated =
         matched == recorded && replayed == recorded && out.reserved_end == p.reserved_recorded;
-    if p.trace.is_empty() {
+    if trace.is_empty() {
         validated = false;
         notes.push("no trace entries on this device".to_string());
     }
@@ -313,7 +323,7 @@ fn validate_with(p: &Prepared, obs: &mut dyn run::Observer) -> (DeviceReplay, ru
     if !live_ok && validated {
         notes.push("allocated blocks at the end differ from the snapshot's".into());
     }
-    if p.trace.len() == 1 {
+    if trace.len() == 1 {
         notes.push(
             "trace of 1 entry (recorded with max_entries=1): the check covers that entry only"
                 .into(),
@@ -321,7 +331,7 @@ fn validate_with(p: &Prepared, obs: &mut dyn run::Observer) -> (DeviceReplay, ru
     }
     let r = DeviceReplay {
         device: p.device,
-        trace_entries: p.trace.len() as u64,
+        trace_entries: trace.len() as u64,
         validated,
         segment_events_recorded: recorded,
         segment_events_matched: matched,
@@ -339,20 +349,243 @@ fn validate_with(p: &Prepared, obs: &mut dyn run::Observer) -> (DeviceReplay, ru
     (r, out)
 }
 
+/// One device's prepared state and its validation replay, computed once.
+/// One device's validation replay.
+struct Validation {
+    replay: DeviceReplay,
+    out: run::Outcome,
+}
+
+/// One device's prepared state and validation replay, each computed once.
+#[derive(Default)]
+struct DeviceCache {
+    prepared: OnceLock<Arc<Prepared>>,
+    validation: OnceLock<Arc<Validation>>,
+}
+
+/// The replays of one snapshot, shared by every analysis that needs them: each device's
+/// prepared state (the rebuilt initial state and the plan) and its validation replay are
+/// computed once, on first use, and reused by the summary's check, every what-if and the
+/// pictures. Each method takes the snapshot the cache is about (always the same one).
+/// `Sync`: threads asking for the same device wait for the one computing it. A clone is a
+/// handle on the same cache (to warm it on another thread).
+#[derive(Clone, Default)]
+pub struct Replays {
+    inner: Arc<ReplayCache>,
+}
+
+#[derive(Default)]
+struct ReplayCache {
+    devices: std::sync::Mutex<rustc_hash::FxHashMap<i64, Arc<DeviceCache>>>,
+    /// What-ifs that only change allocator settings (PT008 tries each setting, then its fixes
+    /// ask for the same ones again), by device and change list.
+    settings_only: std::sync::Mutex<rustc_hash::FxHashMap<(i64, String), WhatIf>>,
+}
+
+use std::sync::{Arc, OnceLock};
+
+impl std::fmt::Debug for Replays {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Replays").finish_non_exhaustive()
+    }
+}
+
+/// Devices with trace entries.
+fn traced_devices(snap: &Snapshot) -> Vec<i64> {
+    match &snap.device_traces {
+        Some(t) => (0..t.len() as i64)
+            .filter(|&d| t.get(d as usize).is_some_and(|v| !v.is_empty()))
+            .collect(),
+        None => Vec::new(),
+    }
+}
+
+impl Replays {
+    pub fn new() -> Replays {
+        Replays::default()
+    }
+
+    fn cache(&self, device: i64) -> Arc<DeviceCache> {
+        match self.inner.devices.lock() {
+            Ok(mut c) => c.entry(device).or_default().clone(),
+            Err(_) => Arc::default(),
+        }
+    }
+
+    fn prepared(&self, snap: &Snapshot, device: i64) -> Arc<Prepared> {
+        self.cache(device)
+            .prepared
+            .get_or_init(|| {
+                Arc::new(crate::timings::time("replay: prepare", || {
+                    prepare(snap, device)
+                }))
+            })
+            .clone()
+    }
+
+    fn validation(&self, snap: &Snapshot, device: i64) -> Arc<Validation> {
+        let p = self.prepared(snap, device);
+        self.cache(device)
+            .validation
+            .get_or_init(|| {
+                let (replay, out) = crate::timings::time("replay: validation", || {
+                    validate_with(trace_of(snap, device), &p, &mut run::Quiet)
+                });
+                Arc::new(Validation { replay, out })
+            })
+            .clone()
+    }
+
+    /// Compute every traced device's validation replay now (to run it on another thread).
+    pub fn warm(&self, snap: &Snapshot) {
+        for d in traced_devices(snap) {
+            self.validation(snap, d);
+        }
+    }
+
+    /// [`replay_device`], from the cache.
+    pub fn device(&self, snap: &Snapshot, device: i64) -> DeviceReplay {
+        self.validation(snap, device).replay.clone()
+    }
+
+    /// [`replay_snapshot`], from the cache.
+    pub fn capture(&self, snap: &Snapshot) -> CaptureReplay {
+        let devices: Vec<DeviceReplay> = traced_devices(snap)
+            .into_iter()
+            .map(|d| self.device(snap, d))
+            .collect();
+        capture_of(snap, devices)
+    }
+
+    /// [`what_if`], from the cache.
+    pub fn what_if(&self, snap: &Snapshot, device: i64, changes: &[Change]) -> WhatIf {
+        let settings_only = changes.iter().all(|c| {
+            matches!(
+                c,
+                Change::ExpandableSegments(_)
+                    | Change::MaxSplitSizeMb(_)
+                    | Change::RoundupPower2Divisions(_)
+            )
+        });
+        if !settings_only {
+            return self.what_if_uncached(snap, device, changes);
+        }
+        let key = (device, format!("{changes:?}"));
+        if let Some(w) = self
+            .inner
+            .settings_only
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&key).cloned())
+        {
+            return w;
+        }
+        let w = self.what_if_uncached(snap, device, changes);
+        if let Ok(mut m) = self.inner.settings_only.lock() {
+            m.insert(key, w.clone());
+        }
+        w
+    }
+
+    fn what_if_uncached(&self, snap: &Snapshot, device: i64, changes: &[Change]) -> WhatIf {
+        let p = self.prepared(snap, device);
+        what_if_prepared(
+            trace_of(snap, device),
+            &p,
+            || self.validation(snap, device),
+            changes,
+        )
+    }
+
+    /// [`advise_settings_for_oom`], from the cache.
+    pub fn advise_settings_for_oom(&self, snap: &Snapshot, device: i64) -> OomSettingsAdvice {
+        let trace = trace_of(snap, device);
+        let mut a = OomSettingsAdvice {
+            device,
+            simulated: false,
+            trials: Vec::new(),
+            expandable_segments_avoids: None,
+            smallest_max_split_size_mb: None,
+            note: None,
+        };
+        if !trace.iter().any(|e| e.action == Action::Oom) {
+            a.note = Some("no oom entry in this device's trace".into());
+            return a;
+        }
+        let mut trial = |setting: String, changes: &[Change]| -> Option<bool> {
+            let w = self.what_if(snap, device, changes);
+            if !w.simulated {
+                a.note = w.note;
+                return None;
+            }
+            let avoids = w.new_ooms == 0 && w.ooms.iter().all(|o| o.fits_after);
+            a.trials.push(SettingTrial {
+                setting,
+                avoids_oom: avoids,
+                peak_reserved_after: w.peak_reserved_after,
+            });
+            Some(avoids)
+        };
+        let Some(exp) = trial(
+            "expandable_segments:True".into(),
+            &[Change::ExpandableSegments(true)],
+        ) else {
+            return a;
+        };
+        a.expandable_segments_avoids = Some(exp);
+        for mb in MAX_SPLIT_TRIALS_MB {
+            if trial(
+                format!("max_split_size_mb:{mb}"),
+                &[Change::MaxSplitSizeMb(mb)],
+            ) == Some(true)
+                && a.smallest_max_split_size_mb.is_none()
+            {
+                a.smallest_max_split_size_mb = Some(mb);
+            }
+        }
+        a.simulated = true;
+        a
+    }
+
+    /// [`recorded_states`], from the cache: the prepared state is shared; the validation replay
+    /// runs again (watched) only on a device whose cached one validated.
+    pub fn recorded_states(
+        &self,
+        snap: &Snapshot,
+        device: i64,
+        at: &[At],
+    ) -> Option<Vec<Vec<Segment>>> {
+        if !self.validation(snap, device).replay.validated {
+            return None;
+        }
+        state::recorded_states_prepared(snap, &self.prepared(snap, device), at)
+    }
+
+    /// [`state_at_capacity`], from the cache.
+    pub fn state_at_capacity(
+        &self,
+        snap: &Snapshot,
+        device: i64,
+        capacity: u64,
+    ) -> Option<Snapshot> {
+        if !self.validation(snap, device).replay.validated {
+            return None;
+        }
+        state::state_at_capacity_prepared(snap, &self.prepared(snap, device), capacity)
+    }
+}
+
 /// Replay one device and compare with what was recorded.
 pub fn replay_device(snap: &Snapshot, device: i64) -> DeviceReplay {
-    validate(&prepare(snap, device)).0
+    Replays::new().device(snap, device)
 }
 
 /// Replay every device that has trace entries.
 pub fn replay_snapshot(snap: &Snapshot) -> CaptureReplay {
-    let devices: Vec<DeviceReplay> = match &snap.device_traces {
-        Some(t) => (0..t.len() as i64)
-            .filter(|&d| t.get(d as usize).is_some_and(|v| !v.is_empty()))
-            .map(|d| replay_device(snap, d))
-            .collect(),
-        None => Vec::new(),
-    };
+    Replays::new().capture(snap)
+}
+
+fn capture_of(snap: &Snapshot, devices: Vec<DeviceReplay>) -> CaptureReplay {
     let sum =
         |f: fn(&DeviceReplay) -> u64| devices.iter().fold(0u64, |a, d| a.saturating_add(f(d)));
     let note = if snap.device_traces.is_none() {
@@ -379,11 +612,11 @@ pub fn replay_snapshot(snap: &Snapshot) -> CaptureReplay {
 
 /// Device memory the allocator could have reserved: the smallest reserved + `device_free` over
 /// the recorded OOMs of the unchanged replay.
-fn capacity_of(p: &Prepared, out: &run::Outcome) -> Option<u64> {
+fn capacity_of(trace: &[TraceEntry], out: &run::Outcome) -> Option<u64> {
     out.ooms
         .iter()
         .filter_map(|&(i, _, reserved, _)| {
-            p.trace
+            trace
                 .get(i)
                 .and_then(TraceEntry::device_free)
                 .map(|f| reserved.saturating_add(f))
@@ -393,12 +626,18 @@ fn capacity_of(p: &Prepared, out: &run::Outcome) -> Option<u64> {
 
 /// Replay a device's requests with `changes` and report peaks and the fate of each recorded OOM.
 pub fn what_if(snap: &Snapshot, device: i64, changes: &[Change]) -> WhatIf {
-    let p = prepare(snap, device);
-    what_if_prepared(&p, changes)
+    Replays::new().what_if(snap, device, changes)
 }
 
-fn what_if_prepared(p: &Prepared, changes: &[Change]) -> WhatIf {
-    let (base, out0) = validate(p);
+/// A what-if on a prepared device; `validation` gives its validation replay (which may still be
+/// running on another thread: a trace without `oom` entries has no device capacity to read from
+/// it, so the changed replay runs meanwhile and is dropped if the device does not validate).
+fn what_if_prepared(
+    trace: &[TraceEntry],
+    p: &Prepared,
+    validation: impl FnOnce() -> Arc<Validation>,
+    changes: &[Change],
+) -> WhatIf {
     let mut settings = p.settings.clone();
     let mut edits = Edits::default();
     let mut notes = Vec::new();
@@ -406,8 +645,8 @@ fn what_if_prepared(p: &Prepared, changes: &[Change]) -> WhatIf {
         match c {
             Change::FreeEarly { allocs, at } => {
                 for a in allocs {
-                    match p.plan.alloc_aref.get(a) {
-                        Some(&r) => {
+                    match p.plan.alloc_aref(trace, *a) {
+                        Some(r) => {
                             edits.free_at.insert(r, *at);
                         }
                         None => notes.push(format!("trace entry {a} is not an alloc")),
@@ -416,8 +655,8 @@ fn what_if_prepared(p: &Prepared, changes: &[Change]) -> WhatIf {
             }
             Change::Rematerialize { allocs } => {
                 for &(a, drop_at, again_at) in allocs {
-                    match p.plan.alloc_aref.get(&a) {
-                        Some(&r) if drop_at < again_at => {
+                    match p.plan.alloc_aref(trace, a) {
+                        Some(r) if drop_at < again_at => {
                             edits.remat.push((r, drop_at, again_at, a))
                         }
                         Some(_) => notes.push(format!(
@@ -457,6 +696,22 @@ fn what_if_prepared(p: &Prepared, changes: &[Change]) -> WhatIf {
         new_ooms: 0,
         note: None,
     };
+    let run_after = |capacity: Option<u64>| {
+        run::replay(
+            trace,
+            &p.plan,
+            &p.init,
+            settings.clone(),
+            false,
+            capacity,
+            &edits,
+            &mut run::Quiet,
+        )
+    };
+    // Without a recorded OOM the capacity is unknown whatever the validation says.
+    let early = (!p.has_oom).then(|| run_after(None));
+    let v = validation();
+    let (base, out0) = (&v.replay, &v.out);
     if !base.validated {
         notes.insert(
             0,
@@ -468,17 +723,11 @@ fn what_if_prepared(p: &Prepared, changes: &[Change]) -> WhatIf {
         w.note = join_note(notes);
         return w;
     }
-    let capacity = capacity_of(p, &out0);
-    let after = run::replay(
-        p.trace,
-        &p.plan,
-        &p.init,
-        settings,
-        false,
-        capacity,
-        &edits,
-        &mut run::Quiet,
-    );
+    let capacity = capacity_of(trace, out0);
+    let after = match early {
+        Some(after) => after,
+        None => run_after(capacity),
+    };
     w.simulated = true;
     w.capacity_bytes = capacity;
     w.peak_allocated_before = out0.peak_allocated;
@@ -493,7 +742,7 @@ fn what_if_prepared(p: &Prepared, changes: &[Change]) -> WhatIf {
             trace_index: i as u64,
             request_bytes: size,
             capacity_bytes: out0.ooms.iter().find(|o| o.0 == i).and_then(|o| {
-                p.trace
+                trace
                     .get(i)
                     .and_then(TraceEntry::device_free)
                     .map(|f| o.2.saturating_add(f))
@@ -512,50 +761,5 @@ fn what_if_prepared(p: &Prepared, changes: &[Change]) -> WhatIf {
 /// and `max_split_size_mb` for each of [`MAX_SPLIT_TRIALS_MB`]; name the smallest that avoids
 /// every recorded OOM without a new one.
 pub fn advise_settings_for_oom(snap: &Snapshot, device: i64) -> OomSettingsAdvice {
-    let p = prepare(snap, device);
-    let mut a = OomSettingsAdvice {
-        device,
-        simulated: false,
-        trials: Vec::new(),
-        expandable_segments_avoids: None,
-        smallest_max_split_size_mb: None,
-        note: None,
-    };
-    if !p.trace.iter().any(|e| e.action == Action::Oom) {
-        a.note = Some("no oom entry in this device's trace".into());
-        return a;
-    }
-    let mut trial = |setting: String, changes: &[Change]| -> Option<bool> {
-        let w = what_if_prepared(&p, changes);
-        if !w.simulated {
-            a.note = w.note;
-            return None;
-        }
-        let avoids = w.new_ooms == 0 && w.ooms.iter().all(|o| o.fits_after);
-        a.trials.push(SettingTrial {
-            setting,
-            avoids_oom: avoids,
-            peak_reserved_after: w.peak_reserved_after,
-        });
-        Some(avoids)
-    };
-    let Some(exp) = trial(
-        "expandable_segments:True".into(),
-        &[Change::ExpandableSegments(true)],
-    ) else {
-        return a;
-    };
-    a.expandable_segments_avoids = Some(exp);
-    for mb in MAX_SPLIT_TRIALS_MB {
-        if trial(
-            format!("max_split_size_mb:{mb}"),
-            &[Change::MaxSplitSizeMb(mb)],
-        ) == Some(true)
-            && a.smallest_max_split_size_mb.is_none()
-        {
-            a.smallest_max_split_size_mb = Some(mb);
-        }
-    }
-    a.simulated = true;
-    a
+    Replays::new().advise_settings_for_oom(snap, device)
 }

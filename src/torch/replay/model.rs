@@ -7,6 +7,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use rustc_hash::FxHashMap;
+
 use super::settings::{
     LARGE_BUFFER, SMALL_BUFFER, SMALL_SIZE, Settings, allocation_size, round_up,
 };
@@ -94,6 +96,171 @@ impl Seg {
 /// within one pool.
 type FreeKey = (bool, u64, u64, u64);
 
+/// The free lists: per pool (small or large, and stream) the cached blocks in (size, address)
+/// order, PyTorch's `BlockComparatorSize`; a [`FreeKey`] names pool, size and address.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct FreeLists {
+    pools: FxHashMap<(bool, u64), BTreeSet<(u64, u64)>>,
+}
+
+impl FreeLists {
+    fn insert(&mut self, k: FreeKey) {
+        self.pools.entry((k.0, k.1)).or_default().insert((k.2, k.3));
+    }
+
+    fn remove(&mut self, k: &FreeKey) {
+        if let Some(p) = self.pools.get_mut(&(k.0, k.1)) {
+            p.remove(&(k.2, k.3));
+        }
+    }
+
+    /// The blocks of a pool from `size` up, in order.
+    fn from(&self, small: bool, stream: u64, size: u64) -> impl Iterator<Item = FreeKey> + '_ {
+        self.pools
+            .get(&(small, stream))
+            .into_iter()
+            .flat_map(move |p| p.range((size, 0)..))
+            .map(move |&(sz, a)| (small, stream, sz, a))
+    }
+
+    /// The blocks of a pool below `size`, largest first.
+    fn below(&self, small: bool, stream: u64, size: u64) -> impl Iterator<Item = FreeKey> + '_ {
+        self.pools
+            .get(&(small, stream))
+            .into_iter()
+            .flat_map(move |p| p.range(..(size, 0)).rev())
+            .map(move |&(sz, a)| (small, stream, sz, a))
+    }
+
+    /// Every block of the small or the large pools, in (stream, size, address) order.
+    fn all(&self, small: bool) -> Vec<FreeKey> {
+        let mut streams: Vec<u64> = self
+            .pools
+            .iter()
+            .filter(|(k, p)| k.0 == small && !p.is_empty())
+            .map(|(k, _)| k.1)
+            .collect();
+        streams.sort_unstable();
+        streams
+            .into_iter()
+            .flat_map(|st| self.from(small, st, 0).collect::<Vec<_>>())
+            .collect()
+    }
+}
+
+/// The blocks of the live segments by start address, and by end address for the neighbour
+/// below. PyTorch links a segment's blocks in a list; here the blocks of a segment tile it, so
+/// the block before `a` is the one ending at `a` and the one after is the one starting at its
+/// end: both are hash lookups instead of ordered-map walks, the replay's hottest operations.
+/// Ordered questions are rare (a new segment's address, pictures): they go through the
+/// model's segments (`Model::seg_at`) or a sort.
+///
+/// `ordered`, the block starts in order, is kept while the initial state is carved (by
+/// address), and for good when that state is irregular (segments that overlap or are empty, or
+/// blocks that do not fit: a corrupt snapshot): then the blocks need not tile disjoint
+/// segments, and every neighbour and ordered question is answered from it exactly as an
+/// ordered map of blocks answers it.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Blocks {
+    at: FxHashMap<u64, Blk>,
+    ends: FxHashMap<u64, u64>,
+    ordered: Option<BTreeSet<u64>>,
+}
+
+impl Blocks {
+    pub fn get(&self, addr: u64) -> Option<&Blk> {
+        self.at.get(&addr)
+    }
+
+    fn set_state(&mut self, addr: u64, state: St) {
+        if let Some(b) = self.at.get_mut(&addr) {
+            b.state = state;
+        }
+    }
+
+    fn insert(&mut self, addr: u64, b: Blk) {
+        let end = addr.saturating_add(b.size);
+        if let Some(old) = self.at.insert(addr, b) {
+            self.forget_end(addr, &old);
+        }
+        self.ends.insert(end, addr);
+        if let Some(o) = self.ordered.as_mut() {
+            o.insert(addr);
+        }
+    }
+
+    fn remove(&mut self, addr: u64) -> Option<Blk> {
+        let b = self.at.remove(&addr)?;
+        self.forget_end(addr, &b);
+        if let Some(o) = self.ordered.as_mut() {
+            o.remove(&addr);
+        }
+        Some(b)
+    }
+
+    fn forget_end(&mut self, addr: u64, b: &Blk) {
+        let end = addr.saturating_add(b.size);
+        if self.ends.get(&end) == Some(&addr) {
+            self.ends.remove(&end);
+        }
+    }
+
+    /// The block just below `addr`: the one ending at `addr` (with `ordered`: the one with the
+    /// highest start below `addr`, wherever it ends).
+    fn below(&self, addr: u64) -> Option<(u64, Blk)> {
+        let p = match &self.ordered {
+            Some(o) => *o.range(..addr).next_back()?,
+            None => *self.ends.get(&addr).filter(|&&p| p != addr)?,
+        };
+        self.at.get(&p).map(|b| (p, *b))
+    }
+
+    /// The block starting at or below `addr` with the highest start (ordered index).
+    fn floor(&mut self, addr: u64) -> Option<(u64, Blk)> {
+        let at = &self.at;
+        let o = self
+            .ordered
+            .get_or_insert_with(|| at.keys().copied().collect());
+        let &a = o.range(..=addr).next_back()?;
+        self.at.get(&a).map(|b| (a, *b))
+    }
+
+    /// Stop keeping block starts in order.
+    fn unorder(&mut self) {
+        self.ordered = None;
+    }
+
+    /// The block with the highest start (`ordered` only).
+    fn last(&self) -> Option<Option<(u64, Blk)>> {
+        let o = self.ordered.as_ref()?;
+        Some(o.last().and_then(|&a| self.at.get(&a).map(|b| (a, *b))))
+    }
+
+    /// The lowest block start at or above `from` and below `to` (`ordered` only).
+    fn first_in(&self, from: u64, to: u64) -> Option<Option<u64>> {
+        let o = self.ordered.as_ref()?;
+        Some(o.range(from..to).next().copied())
+    }
+
+    /// The lowest block start at or above `from` (`ordered` only).
+    fn first_from(&self, from: u64) -> Option<Option<u64>> {
+        let o = self.ordered.as_ref()?;
+        Some(o.range(from..).next().copied())
+    }
+
+    /// Every block, by address.
+    pub fn sorted(&self) -> Vec<(u64, Blk)> {
+        let mut v: Vec<(u64, Blk)> = self.at.iter().map(|(&a, &b)| (a, b)).collect();
+        v.sort_unstable_by_key(|x| x.0);
+        v
+    }
+
+    /// Every block, in no order.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &Blk)> {
+        self.at.iter().map(|(&a, b)| (a, b))
+    }
+}
+
 /// Where fresh model-made addresses start (far above any real 47-bit address).
 const SYNTHETIC_BASE: u64 = 1 << 56;
 /// Address space reserved for an expandable segment whose end is not known.
@@ -109,8 +276,12 @@ pub enum Malloc {
 #[derive(Clone, Debug)]
 pub(crate) struct Model {
     pub settings: Settings,
-    pub blocks: BTreeMap<u64, Blk>,
-    free: BTreeSet<FreeKey>,
+    pub blocks: Blocks,
+    /// Live segments by base address (their blocks tile them).
+    seg_at: BTreeMap<u64, u32>,
+    /// The initial state is irregular (see [`Blocks`]): keep the blocks ordered.
+    irregular: bool,
+    free: FreeLists,
     /// Unmapped expandable blocks: (small, stream, address).
     unmapped: BTreeSet<(bool, u64, u64)>,
     pub segs: Vec<Seg>,
@@ -130,8 +301,13 @@ impl Model {
     pub fn new(settings: Settings) -> Model {
         Model {
             settings,
-            blocks: BTreeMap::new(),
-            free: BTreeSet::new(),
+            blocks: Blocks {
+                ordered: Some(BTreeSet::new()),
+                ..Blocks::default()
+            },
+            seg_at: BTreeMap::new(),
+            irregular: false,
+            free: FreeLists::default(),
             unmapped: BTreeSet::new(),
             segs: Vec::new(),
             reserved: 0,
@@ -149,6 +325,7 @@ impl Model {
 
     /// Add a segment (non-expandable) whose blocks are all free; returns its index.
     pub fn add_segment(&mut self, addr: u64, size: u64, stream: u64, small: bool) -> u32 {
+        self.note_irregular(addr, size);
         let i = self.segs.len() as u32;
         self.segs.push(Seg {
             addr,
@@ -158,6 +335,7 @@ impl Model {
             expandable: false,
             alive: true,
         });
+        self.seg_at.insert(addr, i);
         self.blocks.insert(
             addr,
             Blk {
@@ -174,6 +352,7 @@ impl Model {
 
     /// Add an expandable segment spanning `[addr, addr+span)`, all unmapped; returns its index.
     pub fn add_expandable(&mut self, addr: u64, span: u64, stream: u64, small: bool) -> u32 {
+        self.note_irregular(addr, span);
         let i = self.segs.len() as u32;
         self.segs.push(Seg {
             addr,
@@ -183,6 +362,7 @@ impl Model {
             expandable: true,
             alive: true,
         });
+        self.seg_at.insert(addr, i);
         self.blocks.insert(
             addr,
             Blk {
@@ -195,9 +375,34 @@ impl Model {
         i
     }
 
+    /// Answer every question from the ordered block starts, as for an irregular state (tests
+    /// compare both ways of answering).
+    #[cfg(test)]
+    pub fn keep_ordered(&mut self) {
+        self.irregular = true;
+        if self.blocks.ordered.is_none() {
+            self.blocks.ordered = Some(self.blocks.at.keys().copied().collect());
+        }
+    }
+
+    /// A segment about to be added collides with what is there, or is empty.
+    fn note_irregular(&mut self, addr: u64, size: u64) {
+        if size == 0 || self.collides(addr, size) {
+            self.irregular = true;
+        }
+    }
+
     /// Mark `[addr, addr+size)` of an expandable segment as mapped and free (initial state).
     pub fn init_map(&mut self, seg: u32, addr: u64, size: u64) -> bool {
-        let Some((&start, &b)) = self.blocks.range(..=addr).next_back() else {
+        let ok = self.init_map_inner(seg, addr, size);
+        if !ok || size == 0 {
+            self.irregular = true;
+        }
+        ok
+    }
+
+    fn init_map_inner(&mut self, seg: u32, addr: u64, size: u64) -> bool {
+        let Some((start, b)) = self.blocks.floor(addr) else {
             return false;
         };
         if b.seg != seg
@@ -209,7 +414,7 @@ impl Model {
         let s = &self.segs[seg as usize];
         let key = (s.small, s.stream);
         self.unmapped.remove(&(key.0, key.1, start));
-        self.blocks.remove(&start);
+        self.blocks.remove(start);
         if addr > start {
             self.put_unmapped(start, addr - start, seg);
         }
@@ -235,7 +440,15 @@ impl Model {
 
     /// Carve an allocated (or pending) block out of a free block (initial state).
     pub fn init_alloc(&mut self, addr: u64, size: u64, pending: bool) -> bool {
-        let Some((&start, &b)) = self.blocks.range(..=addr).next_back() else {
+        let ok = self.init_alloc_inner(addr, size, pending);
+        if !ok {
+            self.irregular = true;
+        }
+        ok
+    }
+
+    fn init_alloc_inner(&mut self, addr: u64, size: u64, pending: bool) -> bool {
+        let Some((start, b)) = self.blocks.floor(addr) else {
             return false;
         };
         if b.state != St::Free
@@ -245,7 +458,7 @@ impl Model {
             return false;
         }
         self.remove_free(start);
-        self.blocks.remove(&start);
+        self.blocks.remove(start);
         if addr > start {
             self.blocks.insert(
                 start,
@@ -287,6 +500,9 @@ impl Model {
 
     /// After the initial state is built: new synthetic addresses start above all known ones.
     pub fn finish_init(&mut self) {
+        if !self.irregular {
+            self.blocks.unorder();
+        }
         self.peak_allocated = self.allocated;
         self.peak_reserved = self.reserved;
         self.events.clear();
@@ -300,7 +516,7 @@ impl Model {
     }
 
     fn key_of(&self, addr: u64) -> Option<FreeKey> {
-        let b = self.blocks.get(&addr)?;
+        let b = self.blocks.get(addr)?;
         let s = self.segs.get(b.seg as usize)?;
         Some((s.small, s.stream, b.size, addr))
     }
@@ -331,21 +547,21 @@ impl Model {
     }
 
     fn prev_of(&self, addr: u64) -> Option<(u64, Blk)> {
-        let b = self.blocks.get(&addr)?;
-        let (&p, &pb) = self.blocks.range(..addr).next_back()?;
+        let b = self.blocks.get(addr)?;
+        let (p, pb) = self.blocks.below(addr)?;
         (pb.seg == b.seg && p.saturating_add(pb.size) == addr).then_some((p, pb))
     }
 
     fn next_of(&self, addr: u64) -> Option<(u64, Blk)> {
-        let b = self.blocks.get(&addr)?;
+        let b = self.blocks.get(addr)?;
         let end = addr.saturating_add(b.size);
-        let nb = self.blocks.get(&end)?;
+        let nb = self.blocks.get(end)?;
         (nb.seg == b.seg && end != addr).then_some((end, *nb))
     }
 
     /// Is this block the whole of its segment (`!prev && !next`)?
     fn is_whole_segment(&self, addr: u64) -> bool {
-        self.blocks.get(&addr).is_some_and(|b| {
+        self.blocks.get(addr).is_some_and(|b| {
             self.segs
                 .get(b.seg as usize)
                 .is_some_and(|s| s.addr == addr && s.size == b.size)
@@ -364,14 +580,15 @@ impl Model {
             && nb.state == state
         {
             self.detach(n, nb);
-            if let Some(b) = self.blocks.get_mut(&addr) {
+            if let Some(mut b) = self.blocks.remove(addr) {
                 b.size = b.size.saturating_add(nb.size);
+                self.blocks.insert(addr, b);
             }
         }
         if let Some((p, pb)) = self.prev_of(addr)
             && pb.state == state
         {
-            let b = self.blocks.remove(&addr);
+            let b = self.blocks.remove(addr);
             self.detach(p, pb);
             if let Some(b) = b {
                 self.blocks.insert(
@@ -400,7 +617,7 @@ impl Model {
             }
             _ => {}
         }
-        self.blocks.remove(&addr);
+        self.blocks.remove(addr);
     }
 
     fn released_in_call(&self) -> u64 {
@@ -429,23 +646,41 @@ impl Model {
         {
             return a;
         }
-        let top = self
-            .blocks
-            .last_key_value()
-            .map_or(0, |(&a, b)| a.saturating_add(b.size));
+        // The blocks tile the live segments: the last one ends where the last segment does.
+        let top = match self.blocks.last() {
+            Some(last) => last.map_or(0, |(a, b)| a.saturating_add(b.size)),
+            None => self
+                .seg_at
+                .last_key_value()
+                .and_then(|(&a, &i)| self.segs.get(i as usize).map(|s| a.saturating_add(s.size)))
+                .unwrap_or(0),
+        };
         let a = round_up(self.next_synthetic.max(top), SMALL_BUFFER);
         self.next_synthetic = a.saturating_add(size.max(1));
         a
     }
 
+    /// Does `[addr, addr+size)` meet a block (that is, a live segment, which its blocks tile)?
     fn overlaps(&self, addr: u64, size: u64) -> bool {
         let end = addr.saturating_add(size);
-        if let Some((&p, pb)) = self.blocks.range(..=addr).next_back()
-            && p.saturating_add(pb.size) > addr
+        if let Some(first) = self.blocks.first_in(addr, end) {
+            // Ordered blocks: exactly the ordered-map question.
+            if let Some((p, pb)) = self.blocks.below(addr.saturating_add(1))
+                && p.saturating_add(pb.size) > addr
+            {
+                return true;
+            }
+            return first.is_some();
+        }
+        if let Some((&p, &i)) = self.seg_at.range(..=addr).next_back()
+            && self
+                .segs
+                .get(i as usize)
+                .is_some_and(|s| p.saturating_add(s.size) > addr)
         {
             return true;
         }
-        self.blocks.range(addr..end).next().is_some()
+        self.seg_at.range(addr..end).next().is_some()
     }
 
     // ---- the allocator ----
@@ -496,11 +731,8 @@ impl Model {
 
     fn pick_free_block(&self, small: bool, stream: u64, size: u64) -> Option<FreeKey> {
         let key = {
-            let mut it = self
-                .free
-                .range((small, stream, size, 0)..)
-                .take_while(|k| k.0 == small && k.1 == stream);
-            let mut cur = *it.next()?;
+            let mut it = self.free.from(small, stream, size);
+            let mut cur = it.next()?;
             if self.is_expandable(cur.3) {
                 if self.settings.expandable_segments {
                     // Best fit counts an expandable block with the unmapped space after it.
@@ -510,10 +742,10 @@ impl Model {
                         {
                             break;
                         }
-                        cur = *next;
+                        cur = next;
                     }
                 } else {
-                    cur = *it.find(|k| !self.is_expandable(k.3))?;
+                    cur = it.find(|k| !self.is_expandable(k.3))?;
                 }
             }
             cur
@@ -530,13 +762,13 @@ impl Model {
 
     fn is_expandable(&self, addr: u64) -> bool {
         self.blocks
-            .get(&addr)
+            .get(addr)
             .and_then(|b| self.segs.get(b.seg as usize))
             .is_some_and(|s| s.expandable)
     }
 
     fn expandable_size(&self, addr: u64) -> u64 {
-        let Some(b) = self.blocks.get(&addr) else {
+        let Some(b) = self.blocks.get(addr) else {
             return 0;
         };
         let next = match self.next_of(addr) {
@@ -549,7 +781,7 @@ impl Model {
     /// `alloc_found_block`: hand out the block at `addr` (already out of the free list), split
     /// when the rest is worth keeping; returns the block's size.
     fn alloc_found_block(&mut self, addr: u64, size: u64) -> u64 {
-        let Some(b) = self.blocks.get(&addr).copied() else {
+        let Some(b) = self.blocks.get(addr).copied() else {
             return 0;
         };
         let small = self.segs[b.seg as usize].small;
@@ -608,6 +840,7 @@ impl Model {
             expandable: false,
             alive: true,
         });
+        self.seg_at.insert(addr, i);
         self.blocks.insert(
             addr,
             Blk {
@@ -631,12 +864,12 @@ impl Model {
         attempt: u8,
     ) -> Option<u64> {
         let mut cand = self.find_expandable_block(small, stream, size, dev);
-        if self.blocks.get(&cand)?.state == St::Unmapped {
-            let want = self.blocks.get(&cand)?.size.min(size);
+        if self.blocks.get(cand)?.state == St::Unmapped {
+            let want = self.blocks.get(cand)?.size.min(size);
             cand = self.map_block(cand, want, dev, attempt)?;
         }
         loop {
-            let b = *self.blocks.get(&cand)?;
+            let b = *self.blocks.get(cand)?;
             if b.size >= size {
                 break;
             }
@@ -676,7 +909,7 @@ impl Model {
             let mut at = Some(c);
             while bytes < size {
                 let Some(a) = at else { break };
-                let Some(b) = self.blocks.get(&a) else { break };
+                let Some(b) = self.blocks.get(a) else { break };
                 if !matches!(b.state, St::Free | St::Unmapped) {
                     break;
                 }
@@ -699,13 +932,40 @@ impl Model {
     /// An expandable range at `addr` must not run into the next known block.
     pub fn span_below_next(&self, addr: u64, span: u64, small: bool) -> u64 {
         let page = if small { SMALL_BUFFER } else { LARGE_BUFFER };
-        let limit = self
-            .blocks
+        let limit = self.next_block_start_above(addr);
+        let span = span.min(limit.saturating_sub(addr));
+        (span / page * page).max(page.min(span))
+    }
+
+    /// The lowest block start above `addr`: the next live segment's, or one inside the segment
+    /// that holds `addr`.
+    fn next_block_start_above(&self, addr: u64) -> u64 {
+        if let Some(first) = self.blocks.first_from(addr.saturating_add(1)) {
+            return first.unwrap_or(u64::MAX);
+        }
+        let mut limit = self
+            .seg_at
             .range(addr.saturating_add(1)..)
             .next()
             .map_or(u64::MAX, |(&a, _)| a);
-        let span = span.min(limit.saturating_sub(addr));
-        (span / page * page).max(page.min(span))
+        if let Some((&p, &i)) = self.seg_at.range(..=addr).next_back()
+            && let Some(s) = self.segs.get(i as usize)
+            && p.saturating_add(s.size) > addr
+        {
+            let mut at = p;
+            while let Some(b) = self.blocks.get(at) {
+                if at > addr {
+                    limit = limit.min(at);
+                    break;
+                }
+                let next = at.saturating_add(b.size);
+                if next == at || b.seg != i {
+                    break;
+                }
+                at = next;
+            }
+        }
+        limit
     }
 
     /// `map_block`: back `size` bytes (rounded up to pages) at the start of an unmapped block;
@@ -717,7 +977,7 @@ impl Model {
         dev: &mut dyn Device,
         attempt: u8,
     ) -> Option<u64> {
-        let b = *self.blocks.get(&addr)?;
+        let b = *self.blocks.get(addr)?;
         if b.state != St::Unmapped {
             return None;
         }
@@ -752,7 +1012,7 @@ impl Model {
 
     /// The program frees a block (`free_requested`): no longer allocated, not yet reusable.
     pub fn free_requested(&mut self, addr: u64) -> bool {
-        match self.blocks.get_mut(&addr) {
+        match self.blocks.at.get_mut(&addr) {
             Some(b) if b.state == St::Alloc => {
                 b.state = St::Pending;
                 self.allocated = self.allocated.saturating_sub(b.size);
@@ -764,14 +1024,12 @@ impl Model {
 
     /// `free_block` (`free_completed`): the block returns to the cache, merged with neighbours.
     pub fn free_completed(&mut self, addr: u64) -> bool {
-        match self.blocks.get(&addr).copied() {
+        match self.blocks.get(addr).copied() {
             Some(b) if b.state == St::Pending || b.state == St::Alloc => {
                 if b.state == St::Alloc {
                     self.allocated = self.allocated.saturating_sub(b.size);
                 }
-                if let Some(bm) = self.blocks.get_mut(&addr) {
-                    bm.state = St::Free;
-                }
+                self.blocks.set_state(addr, St::Free);
                 let merged = self.merge_free(addr);
                 self.insert_free(merged);
                 true
@@ -785,12 +1043,7 @@ impl Model {
     /// expandable segments give back their completely free pages.
     pub fn release_cached_blocks(&mut self) {
         for small in [false, true] {
-            let keys: Vec<FreeKey> = self
-                .free
-                .range((small, 0, 0, 0)..)
-                .take_while(|k| k.0 == small)
-                .copied()
-                .collect();
+            let keys: Vec<FreeKey> = self.free.all(small);
             let mut to_unmap = Vec::new();
             for k in keys {
                 if self.is_expandable(k.3) {
@@ -815,12 +1068,7 @@ impl Model {
             return false;
         }
         let key_size = size.max(max_split);
-        let first = self
-            .free
-            .range((small, stream, key_size, 0)..)
-            .next()
-            .copied()
-            .filter(|k| k.0 == small && k.1 == stream);
+        let first = self.free.from(small, stream, key_size).next();
         match first {
             Some(k) => {
                 if self.is_expandable(k.3) || !self.is_whole_segment(k.3) {
@@ -834,10 +1082,8 @@ impl Model {
             None => {
                 let below: Vec<FreeKey> = self
                     .free
-                    .range(..(small, stream, key_size, 0))
-                    .rev()
-                    .take_while(|k| k.0 == small && k.1 == stream && k.2 >= max_split)
-                    .copied()
+                    .below(small, stream, key_size)
+                    .take_while(|k| k.2 >= max_split)
                     .collect();
                 let mut total = 0u64;
                 for k in below {
@@ -857,13 +1103,11 @@ impl Model {
 
     /// `release_block`: cudaFree a cached whole segment.
     fn release_block(&mut self, addr: u64) {
-        let Some(b) = self.blocks.get(&addr).copied() else {
+        let Some(b) = self.blocks.get(addr).copied() else {
             return;
         };
         self.detach(addr, b);
-        if let Some(s) = self.segs.get_mut(b.seg as usize) {
-            s.alive = false;
-        }
+        self.kill_segment(b.seg);
         self.reserved = self.reserved.saturating_sub(b.size);
         self.emit(SegKind::SegmentFree, addr, b.size);
     }
@@ -871,7 +1115,7 @@ impl Model {
     /// `unmap_block`: unmap the whole pages inside a free expandable block; returns the address
     /// of the (merged) unmapped block, or `None` when no whole page was free.
     fn unmap_block(&mut self, addr: u64) -> Option<u64> {
-        let b = *self.blocks.get(&addr)?;
+        let b = *self.blocks.get(addr)?;
         if b.state != St::Free {
             return None;
         }
@@ -927,14 +1171,30 @@ impl Model {
 
     /// `release_expandable_segment`: an expandable segment that is all unmapped goes away.
     fn maybe_release_expandable(&mut self, addr: u64) {
-        let Some(b) = self.blocks.get(&addr).copied() else {
+        let Some(b) = self.blocks.get(addr).copied() else {
             return;
         };
         if self.is_whole_segment(addr) && b.state == St::Unmapped {
             self.detach(addr, b);
-            if let Some(s) = self.segs.get_mut(b.seg as usize) {
-                s.alive = false;
+            self.kill_segment(b.seg);
+        }
+    }
+
+    /// A segment is gone (its blocks were detached).
+    fn kill_segment(&mut self, seg: u32) {
+        if let Some(s) = self.segs.get_mut(seg as usize) {
+            s.alive = false;
+            if self.seg_at.get(&s.addr) == Some(&seg) {
+                self.seg_at.remove(&s.addr);
             }
         }
+    }
+
+    /// Does `[addr, addr+size)` collide with what the model holds (a block or segment starting
+    /// at `addr`, or any overlap)?
+    fn collides(&self, addr: u64, size: u64) -> bool {
+        self.blocks.get(addr).is_some()
+            || self.seg_at.contains_key(&addr)
+            || self.overlaps(addr, size)
     }
 }

@@ -47,21 +47,130 @@ pub(crate) struct Op {
     pub aref: u32,
 }
 
+/// An op the trace does not show by itself (a probe, an `empty_cache()` run), as the plan
+/// stores it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct SideOp {
+    pos: u32,
+    step: u32,
+    aref: u32,
+    /// `Some(releases)`: a probe; `None`: an `empty_cache()` run.
+    probe: Option<u32>,
+}
+
 /// The requests of one device trace, in two orders: as recorded (malloc of a window that went
 /// through the OOM path runs where its first release was recorded) and as requested (every
 /// malloc at its own entry, the model decides releases itself).
+///
+/// Stored in 4 bytes a trace entry (a trace has millions): the allocation reference of each
+/// `alloc` and matched free (`NONE` elsewhere), from which, with the entry's action, every
+/// malloc and free op follows (at its own entry: its step, and a malloc's entry, are its
+/// position; its `refused` is its `oom`, its `releases` 0: all `plan` ever makes), and the few
+/// ops that sit on a segment release (probes, `empty_cache()` runs) in a list by position. The
+/// request order is the recorded one without its probes.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Plan {
-    pub recorded_order: Vec<Op>,
-    pub request_order: Vec<Op>,
+    aref_at: Vec<u32>,
+    side: Vec<SideOp>,
     pub recorded: Vec<SegEvent>,
     /// Allocation references: initial allocations first (index = position in
     /// `InitialState::allocs`), then one per `alloc` entry.
     pub arefs: usize,
-    /// `alloc` entry index → aref.
-    pub alloc_aref: FxHashMap<usize, u32>,
     /// Frees whose allocation is unknown.
     pub unmatched_frees: u64,
+    /// The trace was too long to plan (more than `u32::MAX - 1` entries): no ops.
+    pub too_long: bool,
+}
+
+impl Plan {
+    /// The ops in the recorded order (`as_recorded`) or the request order, for the trace the
+    /// plan was made from.
+    pub fn ops<'a>(
+        &'a self,
+        trace: &'a [TraceEntry],
+        as_recorded: bool,
+    ) -> impl Iterator<Item = Op> + 'a {
+        let mut side = self.side.iter().peekable();
+        let mut i = 0usize;
+        let n = self.aref_at.len().min(trace.len());
+        std::iter::from_fn(move || {
+            loop {
+                // Side ops sit on release entries, where the trace makes no op of its own.
+                if let Some(sop) = side.next_if(|o| o.pos as usize <= i) {
+                    match sop.probe {
+                        Some(releases) => {
+                            if !as_recorded {
+                                continue;
+                            }
+                            return Some(Op {
+                                pos: sop.pos as usize,
+                                step: sop.step as usize,
+                                kind: OpKind::Probe {
+                                    entry: sop.step as usize,
+                                    releases,
+                                },
+                                aref: sop.aref,
+                            });
+                        }
+                        None => {
+                            return Some(Op {
+                                pos: sop.pos as usize,
+                                step: sop.step as usize,
+                                kind: OpKind::EmptyCache,
+                                aref: NONE,
+                            });
+                        }
+                    }
+                }
+                if i >= n {
+                    return None;
+                }
+                let at = i;
+                i += 1;
+                let aref = self.aref_at[at];
+                let kind = match trace[at].action {
+                    Action::Alloc | Action::Oom => {
+                        let oom = trace[at].action == Action::Oom;
+                        OpKind::Malloc {
+                            entry: at,
+                            oom,
+                            refused: oom,
+                            releases: 0,
+                        }
+                    }
+                    Action::FreeRequested if aref != NONE => OpKind::FreeRequested,
+                    Action::FreeCompleted if aref != NONE => OpKind::FreeCompleted,
+                    _ => continue,
+                };
+                return Some(Op {
+                    pos: at,
+                    step: at,
+                    kind,
+                    aref,
+                });
+            }
+        })
+    }
+
+    /// The aref of the `alloc` at trace entry `entry`.
+    pub fn alloc_aref(&self, trace: &[TraceEntry], entry: usize) -> Option<u32> {
+        let e = trace.get(entry)?;
+        let a = *self.aref_at.get(entry)?;
+        (e.action == Action::Alloc && a != NONE).then_some(a)
+    }
+
+    /// Every `alloc` entry with its aref.
+    pub fn alloc_arefs<'a>(
+        &'a self,
+        trace: &'a [TraceEntry],
+    ) -> impl Iterator<Item = (usize, u32)> + 'a {
+        self.aref_at
+            .iter()
+            .zip(trace)
+            .enumerate()
+            .filter(|(_, (a, e))| e.action == Action::Alloc && **a != NONE)
+            .map(|(i, (a, _))| (i, *a))
+    }
 }
 
 fn seg_kind(a: Action) -> Option<SegKind> {
@@ -84,12 +193,17 @@ fn is_growth(a: Action) -> bool {
 
 pub(crate) fn plan(trace: &[TraceEntry], init: &InitialState) -> Plan {
     let mut p = Plan::default();
+    if trace.len() >= u32::MAX as usize || init.allocs.len() >= (u32::MAX / 2) as usize {
+        p.too_long = true;
+        return p;
+    }
     let mut live: FxHashMap<u64, u32> = FxHashMap::default();
     for (i, a) in init.allocs.iter().enumerate() {
         live.insert(a.addr, i as u32);
     }
     let mut next_aref = init.allocs.len() as u32;
-    let mut step_of: Vec<usize> = vec![usize::MAX; trace.len()];
+    // The step of each segment event that is not its own entry.
+    let mut step_of: FxHashMap<usize, usize> = FxHashMap::default();
     let mut ws = 0usize;
 
     // Releases in a closed window that no malloc follows: empty_cache() runs.
@@ -97,41 +211,38 @@ pub(crate) fn plan(trace: &[TraceEntry], init: &InitialState) -> Plan {
         trace: &[TraceEntry],
         from: usize,
         to: usize,
-        step_of: &mut [usize],
-        ops: &mut Vec<Op>,
-        ops2: &mut Vec<Op>,
+        step_of: &mut FxHashMap<usize, usize>,
+        side: &mut Vec<SideOp>,
     ) {
         let mut k = from;
         while k < to {
             if is_release(trace[k].action) {
                 let start = k;
                 while k < to && is_release(trace[k].action) {
-                    step_of[k] = start;
+                    step_of.insert(k, start);
                     k += 1;
                 }
-                let op = Op {
-                    pos: start,
-                    step: start,
-                    kind: OpKind::EmptyCache,
+                side.push(SideOp {
+                    pos: start as u32,
+                    step: start as u32,
                     aref: NONE,
-                };
-                ops.push(op);
-                ops2.push(op);
+                    probe: None,
+                });
             } else {
                 k += 1;
             }
         }
     }
 
-    let mut ops = Vec::new();
-    let mut ops2 = Vec::new();
+    let mut aref_at: Vec<u32> = vec![NONE; trace.len()];
+    let mut side: Vec<SideOp> = Vec::new();
     for (i, e) in trace.iter().enumerate() {
         match e.action {
             Action::Alloc | Action::Oom => {
                 let oom = e.action == Action::Oom;
-                let rel: Vec<usize> = (ws..i).filter(|&k| is_release(trace[k].action)).collect();
-                let oom_path = match rel.first() {
-                    Some(&f) => oom || (f..i).any(|k| is_growth(trace[k].action)),
+                let first_release = (ws..i).find(|&k| is_release(trace[k].action));
+                let oom_path = match first_release {
+                    Some(f) => oom || (f..i).any(|k| is_growth(trace[k].action)),
                     None => false,
                 };
                 let aref = if oom {
@@ -140,56 +251,30 @@ pub(crate) fn plan(trace: &[TraceEntry], init: &InitialState) -> Plan {
                     let a = next_aref;
                     next_aref = next_aref.saturating_add(1);
                     live.insert(e.addr, a);
-                    p.alloc_aref.insert(i, a);
                     a
                 };
-                let kind = OpKind::Malloc {
-                    entry: i,
-                    oom,
-                    refused: oom,
-                    releases: 0,
-                };
-                if oom_path {
-                    for k in ws..i {
-                        if seg_kind(trace[k].action).is_some() {
-                            step_of[k] = i;
+                aref_at[i] = aref;
+                if let (true, Some(first)) = (oom_path, first_release) {
+                    let releases = (first..i).filter(|&k| is_release(trace[k].action)).count();
+                    for (k, t) in trace.iter().enumerate().take(i).skip(ws) {
+                        if seg_kind(t.action).is_some() {
+                            step_of.insert(k, i);
                         }
                     }
-                    ops.push(Op {
-                        pos: rel[0],
-                        step: i,
-                        kind: OpKind::Probe {
-                            entry: i,
-                            releases: rel.len() as u32,
-                        },
+                    side.push(SideOp {
+                        pos: first as u32,
+                        step: i as u32,
                         aref,
-                    });
-                    ops.push(Op {
-                        pos: i,
-                        step: i,
-                        kind,
-                        aref,
+                        probe: Some(releases as u32),
                     });
                 } else {
-                    empty_cache_runs(trace, ws, i, &mut step_of, &mut ops, &mut ops2);
-                    for k in ws..i {
-                        if is_growth(trace[k].action) {
-                            step_of[k] = i;
+                    empty_cache_runs(trace, ws, i, &mut step_of, &mut side);
+                    for (k, t) in trace.iter().enumerate().take(i).skip(ws) {
+                        if is_growth(t.action) {
+                            step_of.insert(k, i);
                         }
                     }
-                    ops.push(Op {
-                        pos: i,
-                        step: i,
-                        kind,
-                        aref,
-                    });
                 }
-                ops2.push(Op {
-                    pos: i,
-                    step: i,
-                    kind,
-                    aref,
-                });
                 ws = i + 1;
             }
             Action::FreeRequested | Action::FreeCompleted => {
@@ -200,20 +285,7 @@ pub(crate) fn plan(trace: &[TraceEntry], init: &InitialState) -> Plan {
                     live.get(&e.addr).copied()
                 };
                 match aref {
-                    Some(a) => {
-                        let op = Op {
-                            pos: i,
-                            step: i,
-                            kind: if done {
-                                OpKind::FreeCompleted
-                            } else {
-                                OpKind::FreeRequested
-                            },
-                            aref: a,
-                        };
-                        ops.push(op);
-                        ops2.push(op);
-                    }
+                    Some(a) => aref_at[i] = a,
                     None => p.unmatched_frees += 1,
                 }
                 // A free call (its free_completed right after, same address) closes a window.
@@ -222,7 +294,7 @@ pub(crate) fn plan(trace: &[TraceEntry], init: &InitialState) -> Plan {
                         && trace[i - 1].action == Action::FreeRequested
                         && trace[i - 1].addr == e.addr);
                 if closes {
-                    empty_cache_runs(trace, ws, i, &mut step_of, &mut ops, &mut ops2);
+                    empty_cache_runs(trace, ws, i, &mut step_of, &mut side);
                     ws = i + 1;
                 }
             }
@@ -231,31 +303,26 @@ pub(crate) fn plan(trace: &[TraceEntry], init: &InitialState) -> Plan {
             | Action::SegmentMap
             | Action::SegmentUnmap => {}
             _ => {
-                empty_cache_runs(trace, ws, i, &mut step_of, &mut ops, &mut ops2);
+                empty_cache_runs(trace, ws, i, &mut step_of, &mut side);
                 ws = i + 1;
             }
         }
     }
-    empty_cache_runs(trace, ws, trace.len(), &mut step_of, &mut ops, &mut ops2);
+    empty_cache_runs(trace, ws, trace.len(), &mut step_of, &mut side);
     for (k, e) in trace.iter().enumerate() {
         if let Some(kind) = seg_kind(e.action) {
-            let step = if step_of[k] == usize::MAX {
-                k
-            } else {
-                step_of[k]
-            };
             p.recorded.push(SegEvent {
                 kind,
                 addr: e.addr,
                 size: e.size,
-                step,
+                step: step_of.get(&k).copied().unwrap_or(k),
             });
         }
     }
-    ops.sort_by_key(|o| o.pos);
-    ops2.sort_by_key(|o| o.pos);
-    p.recorded_order = ops;
-    p.request_order = ops2;
+    // Side ops were pushed when their window closed; each sits on its own release entry.
+    side.sort_by_key(|o| o.pos);
+    p.aref_at = aref_at;
+    p.side = side;
     p.arefs = next_aref as usize;
     p
 }
@@ -390,19 +457,62 @@ pub(crate) enum Done {
     EmptyCache { events: usize },
 }
 
-/// Watches a replay request by request. `addr_of` maps each allocation reference to the model's
-/// address of its block (`u64::MAX`: not live). Returning `false` stops the replay there.
+/// The model's address of each live allocation reference: only the live ones are kept (a
+/// few thousand, where a trace makes millions), so the replays running at once stay small.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct AddrOf {
+    live: FxHashMap<u32, u64>,
+    /// Allocation references are below this.
+    arefs: u32,
+}
+
+impl AddrOf {
+    fn new(arefs: usize) -> AddrOf {
+        AddrOf {
+            live: FxHashMap::default(),
+            arefs: u32::try_from(arefs).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// The address of `aref`'s block while it is live.
+    pub fn get(&self, aref: u32) -> Option<u64> {
+        self.live.get(&aref).copied()
+    }
+
+    fn set(&mut self, aref: u32, addr: u64) {
+        // `u64::MAX` is the "not live" of the replay's bookkeeping.
+        if aref < self.arefs && addr != u64::MAX {
+            self.live.insert(aref, addr);
+        } else {
+            self.live.remove(&aref);
+        }
+    }
+
+    fn clear(&mut self, aref: u32) {
+        self.live.remove(&aref);
+    }
+
+    /// Every live reference with its address, by reference.
+    pub fn sorted(&self) -> Vec<(u32, u64)> {
+        let mut v: Vec<(u32, u64)> = self.live.iter().map(|(&r, &a)| (r, a)).collect();
+        v.sort_unstable();
+        v
+    }
+}
+
+/// Watches a replay request by request. `addr_of` has the model's address of the block of each
+/// live allocation reference. Returning `false` stops the replay there.
 pub(crate) trait Observer {
     /// Before the op runs (every op with a lower position has run).
-    fn before(&mut self, _op: &Op, _m: &Model, _addr_of: &[u64]) -> bool {
+    fn before(&mut self, _op: &Op, _m: &Model, _addr_of: &AddrOf) -> bool {
         true
     }
     /// After the op did something.
-    fn after(&mut self, _op: &Op, _done: Done, _m: &Model, _addr_of: &[u64]) -> bool {
+    fn after(&mut self, _op: &Op, _done: Done, _m: &Model, _addr_of: &AddrOf) -> bool {
         true
     }
     /// After the last op, unless the replay was stopped.
-    fn end(&mut self, _m: &Model, _addr_of: &[u64]) {}
+    fn end(&mut self, _m: &Model, _addr_of: &AddrOf) {}
 }
 
 /// An observer that watches nothing.
@@ -425,14 +535,12 @@ pub(crate) fn replay(
     obs: &mut dyn Observer,
 ) -> Outcome {
     let (mut m, init_addrs, init_failures) = build_model(settings, init);
-    let mut addr_of = vec![u64::MAX; plan.arefs];
-    addr_of[..init_addrs.len()].copy_from_slice(&init_addrs);
+    let mut addr_of = AddrOf::new(plan.arefs);
+    for (i, &a) in init_addrs.iter().enumerate() {
+        addr_of.set(i as u32, a);
+    }
     let mut out = Outcome::default();
-    let ops = if as_recorded {
-        &plan.recorded_order
-    } else {
-        &plan.request_order
-    };
+    let ops = plan.ops(trace, as_recorded);
     // Recorded growth events by step, for recorded addresses.
     let mut growth_by_step: FxHashMap<usize, (usize, usize)> = FxHashMap::default();
     let growth: Vec<SegEvent> = plan
@@ -474,26 +582,26 @@ pub(crate) fn replay(
 
     let mut stopped = false;
     for op in ops {
+        let op = &op;
         if !obs.before(op, &m, &addr_of) {
             stopped = true;
             break;
         }
         while ei < early.len() && early[ei].0 <= op.pos {
-            let a = early[ei].1 as usize;
-            if let Some(&addr) = addr_of.get(a)
-                && addr != u64::MAX
-            {
+            let a = early[ei].1;
+            if let Some(addr) = addr_of.get(a) {
                 m.step = early[ei].0;
                 m.free_requested(addr);
                 m.free_completed(addr);
-                addr_of[a] = u64::MAX;
+                addr_of.clear(a);
             }
             ei += 1;
         }
         while ai < again.len() && again[ai].0 <= op.pos {
             let (_, a, entry) = again[ai];
-            if let (Some(e), Some(slot)) = (trace.get(entry), addr_of.get(a as usize))
-                && *slot == u64::MAX
+            if let Some(e) = trace.get(entry)
+                && (a as usize) < plan.arefs
+                && addr_of.get(a).is_none()
             {
                 m.step = again[ai].0;
                 let result = m.malloc(e.size, e.stream, &mut capacity_dev);
@@ -599,17 +707,14 @@ pub(crate) fn replay(
                 if edits.free_at.contains_key(&op.aref) {
                     continue;
                 }
-                let Some(&addr) = addr_of.get(op.aref as usize) else {
+                let Some(addr) = addr_of.get(op.aref) else {
                     continue;
                 };
-                if addr == u64::MAX {
-                    continue;
-                }
                 if op.kind == OpKind::FreeRequested {
                     m.free_requested(addr);
                 } else {
                     m.free_completed(addr);
-                    addr_of[op.aref as usize] = u64::MAX;
+                    addr_of.clear(op.aref);
                 }
                 Done::Free { addr }
             }
@@ -624,10 +729,8 @@ pub(crate) fn replay(
         }
     }
     while !stopped && ei < early.len() {
-        let a = early[ei].1 as usize;
-        if let Some(&addr) = addr_of.get(a)
-            && addr != u64::MAX
-        {
+        let a = early[ei].1;
+        if let Some(addr) = addr_of.get(a) {
             m.free_requested(addr);
             m.free_completed(addr);
         }
@@ -644,8 +747,9 @@ pub(crate) fn replay(
         .blocks
         .iter()
         .filter(|(_, b)| b.state == super::model::St::Alloc)
-        .map(|(&a, b)| (a, b.size))
+        .map(|(a, b)| (a, b.size))
         .collect();
+    out.live_end.sort_unstable();
     out.events = std::mem::take(&mut m.events);
     out
 }
@@ -655,7 +759,7 @@ pub(crate) fn replay(
 fn settle(
     out: &mut Outcome,
     m: &mut Model,
-    addr_of: &mut [u64],
+    addr_of: &mut AddrOf,
     aref: u32,
     entry: usize,
     e: &TraceEntry,
@@ -670,9 +774,7 @@ fn settle(
             } else {
                 out.first_address_mismatch.get_or_insert(entry);
             }
-            if let Some(slot) = addr_of.get_mut(aref as usize) {
-                *slot = addr;
-            }
+            addr_of.set(aref, addr);
         }
         (Malloc::Oom, false) => {
             out.unexpected_ooms += 1;

@@ -9,8 +9,8 @@
 use rustc_hash::FxHashMap;
 
 use super::model::{Malloc, Model, SegEvent, SegKind, St};
-use super::run::{Done, NONE, Observer, Op, OpKind};
-use super::{Prepared, prepare, validate, validate_with};
+use super::run::{AddrOf, Done, NONE, Observer, Op, OpKind};
+use super::{Prepared, Replays, trace_of, validate_with};
 use crate::torch::model::{Action, Block, BlockState, Segment, Snapshot, StackId, TraceEntry};
 
 /// A point of the recorded run.
@@ -32,26 +32,35 @@ pub enum At {
 /// unchanged replay does not validate on this device: then the model is not the recorded
 /// allocator, and there is no state to show.
 pub fn recorded_states(snap: &Snapshot, device: i64, at: &[At]) -> Option<Vec<Vec<Segment>>> {
-    let p = prepare(snap, device);
+    Replays::new().recorded_states(snap, device, at)
+}
+
+/// [`recorded_states`] on a prepared device.
+pub(super) fn recorded_states_prepared(
+    snap: &Snapshot,
+    p: &Prepared,
+    at: &[At],
+) -> Option<Vec<Vec<Segment>>> {
+    let device = p.device;
     // Positions k: the state after entries 0..k, before the ops at k and later.
     let positions: Vec<usize> = at
         .iter()
         .map(|a| match *a {
             At::After(n) => n.saturating_add(1),
-            At::BeforeRequest(n) => request_start(&p, n),
+            At::BeforeRequest(n) => request_start(trace_of(snap, device), p, n),
         })
         .collect();
     let mut order: Vec<usize> = (0..positions.len()).collect();
     order.sort_by_key(|&i| positions[i]);
     let mut cap = Capture {
         device,
-        info: alloc_info(snap, &p),
+        info: alloc_info(snap, p),
         positions: &positions,
         order,
         next: 0,
         states: vec![Vec::new(); positions.len()],
     };
-    let (r, _) = validate_with(&p, &mut cap);
+    let (r, _) = validate_with(trace_of(snap, device), p, &mut cap);
     r.validated.then_some(cap.states)
 }
 
@@ -63,10 +72,9 @@ pub fn state_after(snap: &Snapshot, device: i64, entry: usize) -> Option<Vec<Seg
 
 /// Where the request recorded at `entry` begins in the recorded order: its probe (the first
 /// release of its OOM path) or its own entry.
-fn request_start(p: &Prepared, entry: usize) -> usize {
+fn request_start(trace: &[TraceEntry], p: &Prepared, entry: usize) -> usize {
     p.plan
-        .recorded_order
-        .iter()
+        .ops(trace, true)
         .filter(|op| match op.kind {
             OpKind::Malloc { entry: e, .. } | OpKind::Probe { entry: e, .. } => e == entry,
             _ => false,
@@ -88,7 +96,7 @@ struct Capture<'a> {
 }
 
 impl Capture<'_> {
-    fn take_until(&mut self, pos: usize, m: &Model, addr_of: &[u64]) {
+    fn take_until(&mut self, pos: usize, m: &Model, addr_of: &AddrOf) {
         while let Some(&i) = self.order.get(self.next)
             && self.positions[i] <= pos
         {
@@ -99,11 +107,11 @@ impl Capture<'_> {
 }
 
 impl Observer for Capture<'_> {
-    fn before(&mut self, op: &Op, m: &Model, addr_of: &[u64]) -> bool {
+    fn before(&mut self, op: &Op, m: &Model, addr_of: &AddrOf) -> bool {
         self.take_until(op.pos, m, addr_of);
         true
     }
-    fn end(&mut self, m: &Model, addr_of: &[u64]) {
+    fn end(&mut self, m: &Model, addr_of: &AddrOf) {
         self.take_until(usize::MAX, m, addr_of);
     }
 }
@@ -113,14 +121,21 @@ impl Observer for Capture<'_> {
 /// unchanged replay does not validate on this device (the model is not the recorded allocator
 /// there), or when the memory reserved at the first trace entry is already above `capacity`.
 pub fn state_at_capacity(snap: &Snapshot, device: i64, capacity: u64) -> Option<Snapshot> {
-    let p = prepare(snap, device);
-    if !validate(&p).0.validated {
-        return None;
-    }
+    Replays::new().state_at_capacity(snap, device, capacity)
+}
+
+/// [`state_at_capacity`] on a prepared device whose unchanged replay validates.
+pub(super) fn state_at_capacity_prepared(
+    snap: &Snapshot,
+    p: &Prepared,
+    capacity: u64,
+) -> Option<Snapshot> {
+    let device = p.device;
+    let trace = trace_of(snap, device);
     let mut run = CapacityRun {
-        trace: p.trace,
+        trace,
         capacity,
-        info: alloc_info(snap, &p),
+        info: alloc_info(snap, p),
         device,
         out: Vec::new(),
         failed: None,
@@ -128,7 +143,7 @@ pub fn state_at_capacity(snap: &Snapshot, device: i64, capacity: u64) -> Option<
         over: false,
     };
     let outcome = super::run::replay(
-        p.trace,
+        trace,
         &p.plan,
         &p.init,
         p.settings.clone(),
@@ -160,7 +175,7 @@ struct CapacityRun<'t> {
 }
 
 impl Observer for CapacityRun<'_> {
-    fn before(&mut self, _op: &Op, m: &Model, _addr_of: &[u64]) -> bool {
+    fn before(&mut self, _op: &Op, m: &Model, _addr_of: &AddrOf) -> bool {
         if !self.started && m.reserved > self.capacity {
             self.over = true;
             return false;
@@ -169,7 +184,7 @@ impl Observer for CapacityRun<'_> {
         true
     }
 
-    fn after(&mut self, op: &Op, done: Done, m: &Model, addr_of: &[u64]) -> bool {
+    fn after(&mut self, op: &Op, done: Done, m: &Model, addr_of: &AddrOf) -> bool {
         let Some(at) = self.trace.get(op.pos) else {
             return true;
         };
@@ -225,7 +240,7 @@ impl Observer for CapacityRun<'_> {
 /// own; a block live at the first entry has its stack at the end, or that of the entry that
 /// frees it.
 fn alloc_info(snap: &Snapshot, p: &Prepared) -> Vec<(u64, Option<StackId>)> {
-    let trace = p.trace;
+    let trace = trace_of(snap, p.device);
     let mut info: Vec<(u64, Option<StackId>)> = vec![(0, None); p.plan.arefs];
     let end_stack: FxHashMap<u64, Option<StackId>> = snap
         .segments
@@ -255,7 +270,7 @@ fn alloc_info(snap: &Snapshot, p: &Prepared) -> Vec<(u64, Option<StackId>)> {
         };
         info[i] = (a.requested, stack);
     }
-    for (&entry, &aref) in &p.plan.alloc_aref {
+    for (entry, aref) in p.plan.alloc_arefs(trace) {
         if let (Some(slot), Some(e)) = (info.get_mut(aref as usize), trace.get(entry)) {
             *slot = (e.size, e.stack());
         }
@@ -305,19 +320,15 @@ fn snapshot(
 fn model_segments(
     device: i64,
     m: &Model,
-    addr_of: &[u64],
+    addr_of: &AddrOf,
     info: &[(u64, Option<StackId>)],
 ) -> Vec<Segment> {
     // Model address → allocation reference, for the live blocks.
-    let at: FxHashMap<u64, u32> = addr_of
-        .iter()
-        .enumerate()
-        .filter(|(_, a)| **a != u64::MAX)
-        .map(|(i, &a)| (a, i as u32))
-        .collect();
+    // By reference, so a later one holding the same address wins, as it always has.
+    let at: FxHashMap<u64, u32> = addr_of.sorted().into_iter().map(|(r, a)| (a, r)).collect();
     let mut current: Option<(u32, Segment)> = None;
     let mut segments: Vec<Segment> = Vec::new();
-    for (&addr, b) in &m.blocks {
+    for (addr, b) in m.blocks.sorted() {
         let Some(seg) = m.segs.get(b.seg as usize) else {
             continue;
         };

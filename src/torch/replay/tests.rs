@@ -700,3 +700,130 @@ fn recorded_states_are_the_recorded_allocator_after_any_entry() {
     odd.segments[0].pool_id = Some((1, 7));
     assert_eq!(recorded_states(&odd, 0, &[At::After(4)]), None);
 }
+
+/// A device of a capacity that proposes addresses for new segments.
+struct Suggest {
+    cap: Option<u64>,
+    addrs: [u64; 3],
+    k: usize,
+}
+
+impl Device for Suggest {
+    fn grant(&mut self, reserved: u64, bytes: u64, attempt: u8, released: u64) -> bool {
+        Capacity(self.cap).grant(reserved, bytes, attempt, released)
+    }
+    fn segment_address(&mut self, _: u64, _: bool) -> Option<u64> {
+        let a = self.addrs.get(self.k).copied().filter(|&a| a != 0);
+        self.k += 1;
+        a
+    }
+}
+
+/// The model answers neighbour and address questions from hash maps (blocks tile disjoint
+/// segments); kept ordered, it answers them as an ordered map of blocks does. Both must make
+/// the same allocator, request for request, over random requests on every setting, with OOM
+/// paths (a capacity), pending frees, cache releases and a carved initial state.
+#[test]
+fn hashed_blocks_answer_as_ordered_blocks_do() {
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rnd = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n.max(1)
+    };
+    let settings = [
+        vec![],
+        vec![("max_split_size_mb", "64")],
+        vec![("expandable_segments", "True")],
+        vec![("roundup_power2_divisions", "4")],
+        vec![("expandable_segments", "True"), ("max_split_size_mb", "40")],
+    ];
+    for (case, conf) in settings.iter().cycle().take(40).enumerate() {
+        let mut s = Settings::default();
+        for (k, v) in conf {
+            assert!(s.apply(k, v));
+        }
+        let mut fast = Model::new(s.clone());
+        let mut exact = Model::new(s);
+        exact.keep_ordered();
+        // An initial state: a few segments with blocks carved out of them.
+        let base = 0x7f00_0000_0000u64 + (case as u64) * (1 << 36);
+        for m in [&mut fast, &mut exact] {
+            for k in 0..4u64 {
+                let a = base + k * (64 * MB);
+                m.add_segment(a, 20 * MB * (k + 1), k % 2, false);
+                assert!(m.init_alloc(a + 2 * MB, 3 * MB, k == 3));
+            }
+            m.add_segment(base + 0x4000_0000, 2 * MB, 0, true);
+            m.finish_init();
+        }
+        let cap = Some(400 * MB + rnd(400) * MB);
+        let mut live: Vec<u64> = Vec::new();
+        let mut pending: Vec<u64> = Vec::new();
+        for step in 0..600 {
+            let what = rnd(100);
+            if what < 50 || live.is_empty() {
+                let size = match rnd(4) {
+                    0 => 1 + rnd(MB),
+                    1 => MB + rnd(9 * MB),
+                    2 => 10 * MB + rnd(40 * MB),
+                    _ => 512 * (1 + rnd(64)),
+                };
+                let stream = rnd(3);
+                // Addresses the device proposes for new segments (as the recorded run does):
+                // often next to or inside what the model holds, so it must check for overlap.
+                let near = base + rnd(80) * 2 * MB;
+                let addrs = [near, near + 20 * MB, 0];
+                let a = fast.malloc(size, stream, &mut Suggest { cap, addrs, k: 0 });
+                let b = exact.malloc(size, stream, &mut Suggest { cap, addrs, k: 0 });
+                assert_eq!(a, b, "case {case} step {step}: malloc {size} on {stream}");
+                if let Malloc::Ok { addr, .. } = a {
+                    live.push(addr);
+                }
+            } else if what < 80 {
+                let addr = live.swap_remove(rnd(live.len() as u64) as usize);
+                assert_eq!(fast.free_requested(addr), exact.free_requested(addr));
+                if rnd(3) == 0 {
+                    pending.push(addr);
+                } else {
+                    assert_eq!(fast.free_completed(addr), exact.free_completed(addr));
+                }
+            } else if what < 95 && !pending.is_empty() {
+                let addr = pending.swap_remove(rnd(pending.len() as u64) as usize);
+                assert_eq!(fast.free_completed(addr), exact.free_completed(addr));
+            } else {
+                fast.release_cached_blocks();
+                exact.release_cached_blocks();
+            }
+            assert_eq!(fast.events, exact.events, "case {case} step {step}");
+            assert_eq!(
+                (
+                    fast.reserved,
+                    fast.allocated,
+                    fast.peak_reserved,
+                    fast.peak_allocated
+                ),
+                (
+                    exact.reserved,
+                    exact.allocated,
+                    exact.peak_reserved,
+                    exact.peak_allocated
+                ),
+                "case {case} step {step}"
+            );
+            let shape = |m: &Model| -> Vec<(u64, u64, u32, bool)> {
+                m.blocks
+                    .sorted()
+                    .iter()
+                    .map(|(a, b)| (*a, b.size, b.seg, b.state == model::St::Free))
+                    .collect()
+            };
+            assert_eq!(shape(&fast), shape(&exact), "case {case} step {step}");
+        }
+        assert!(
+            fast.events.len() > 3,
+            "case {case}: the requests reach the device"
+        );
+    }
+}
