@@ -20,11 +20,11 @@ fn main() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench");
     let big = match args.first() {
         Some(f) => PathBuf::from(f),
-        None => ["snapshot_real_250M.pickle", "snapshot_1000k.pickle"]
+        None => ["scaled_NiuHuangxiaozi_250M.pickle", "snapshot_1000k.pickle"]
             .iter()
             .map(|n| root.join(n))
             .find(|p| p.exists())
-            .expect("no big snapshot: run `cargo bench --bench load` first or pass one"),
+            .expect("no big snapshot: run `cargo bench --bench scaled` (or `--bench load`) first, or pass one"),
     };
     let shared = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../shared/torch_snapshots/real/kkaitlyn111__memory_snapshot.pickle");

@@ -17,6 +17,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "site",
             "hugepages",
             "sigbus",
+            "timings",
         ],
     ),
     ("model", &["torch::model"]),
