@@ -230,3 +230,143 @@ fn compare_refuses_what_is_not_a_summary() {
         .assert_one_line_error("not a `memlsp report --format json` summary");
     memlsp(&["compare", "b.json", "a.json"], tmp.path()).assert_one_line_error("not JSON");
 }
+
+/// The code blocks of docs/RANKS.md under `heading`, in order, as (language, body).
+fn recipe_blocks(heading: &str) -> Vec<(String, String)> {
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/RANKS.md")).unwrap();
+    let start = doc
+        .find(heading)
+        .unwrap_or_else(|| panic!("RANKS.md lacks {heading:?}"));
+    let rest = &doc[start + heading.len()..];
+    let section = &rest[..rest.find("\n## ").unwrap_or(rest.len())];
+    let mut out = Vec::new();
+    let mut it = section.split("```");
+    it.next();
+    while let (Some(block), _) = (it.next(), it.next()) {
+        let (lang, body) = block.split_once('\n').unwrap();
+        out.push((lang.trim().to_string(), body.to_string()));
+    }
+    out
+}
+
+/// The recipes of docs/RANKS.md run as written, paths of a cluster replaced by a temporary
+/// folder: the Slurm array's task script once per rank with `SLURM_ARRAY_TASK_ID`, then its
+/// `compare`; the Ray script with a stand-in `ray` module that runs each task in the process
+/// (no cluster here). Both give the rank comparison `report DIR` gives on the snapshots.
+#[test]
+fn the_slurm_and_ray_recipes_give_what_report_dir_gives() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let Some(files) = rank_folder(dir) else {
+        return;
+    };
+    let ranks = dir.join("ranks");
+    let r = memlsp(&["report", arg(&ranks), "--format", "json"], dir);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let want = r.json()["captures"][0]["torch"]["rank_comparison"].clone();
+    assert!(want.is_object(), "{want}");
+
+    // memlsp on PATH, as on a cluster node.
+    let bin = Path::new(env!("CARGO_BIN_EXE_memlsp")).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let place = |s: &str| {
+        s.replace("/scratch/job123/snapshots", arg(&ranks))
+            .replace("/shared/job123", arg(&dir.join("shared")))
+            .replace("range(1024)", &format!("range({})", files.len()))
+    };
+
+    let slurm = recipe_blocks("## Slurm");
+    assert_eq!(slurm.len(), 2, "the task script and the compare step");
+    for task in 0..files.len() {
+        let out = std::process::Command::new("bash")
+            .args(["-euc", &place(&slurm[0].1)])
+            .env("SLURM_ARRAY_TASK_ID", task.to_string())
+            .env("PATH", &path)
+            .current_dir(dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let out = std::process::Command::new("bash")
+        .args(["-euc", &place(&slurm[1].1)])
+        .env("PATH", &path)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(dir.join("ranks.txt")).unwrap();
+    assert!(text.starts_with("Ranks (3 snapshots)"), "{text}");
+    let json: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("ranks.json")).unwrap()).unwrap();
+    assert_eq!(json["rank_comparison"], want);
+
+    let ray = recipe_blocks("## Ray");
+    assert_eq!(ray.len(), 1);
+    assert_eq!(ray[0].0, "python");
+    let work = dir.join("ray");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::write(
+        work.join("ray.py"),
+        "# Stand-in for ray: each remote task runs at once, in this process.\n\
+         class _Done:\n    def __init__(self, value):\n        self.value = value\n\n\
+         def remote(**_resources):\n    def wrap(f):\n        class Task:\n            \
+         @staticmethod\n            def remote(*a, **k):\n                return _Done(f(*a, **k))\n        \
+         return Task\n    return wrap\n\n\
+         def get(refs):\n    return [r.value for r in refs]\n",
+    )
+    .unwrap();
+    std::fs::write(work.join("recipe.py"), place(&ray[0].1)).unwrap();
+    let py = std::process::Command::new("python3")
+        .arg("recipe.py")
+        .env("PATH", &path)
+        .current_dir(&work)
+        .output();
+    let py = match py {
+        Ok(o) => o,
+        Err(e) => {
+            assert!(
+                !common::required(),
+                "python3 is needed to run the Ray recipe: {e}"
+            );
+            eprintln!("skipping the Ray recipe: no python3 ({e})");
+            return;
+        }
+    };
+    assert!(
+        py.status.success(),
+        "{}",
+        String::from_utf8_lossy(&py.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&py.stdout);
+    assert!(stdout.starts_with("Ranks (3 snapshots)"), "{stdout}");
+    let c = memlsp(
+        &["compare", arg(&work.join("summaries")), "--format", "json"],
+        dir,
+    );
+    assert_eq!(c.code, 0, "{}", c.stderr);
+    // Paths are shown relative to where memlsp ran: the Ray script ran in another folder.
+    let without_paths = |mut v: Value| {
+        for r in v["ranks"].as_array_mut().unwrap() {
+            let p = r.as_object_mut().unwrap().remove("path").unwrap();
+            assert!(p.as_str().unwrap().ends_with("_snapshot.pickle"), "{p}");
+        }
+        v
+    };
+    assert_eq!(
+        without_paths(c.json()["rank_comparison"].clone()),
+        without_paths(want)
+    );
+}
