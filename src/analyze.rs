@@ -261,7 +261,10 @@ pub fn analyze_ranks(
         let snap = load_snapshot(p, &opts.decode)?;
         checkpoint(p, opts)?;
         let a = torch::analyse(&snap, &opts.analysis);
-        Ok(torch::output(&snap, &a, &opts.analysis))
+        let out = torch::output(&snap, &a, &opts.analysis);
+        drop((a, snap));
+        crate::hugepages::trim_heap();
+        Ok(out)
     };
     let jobs = opts.jobs().min(paths.len()).max(1);
     let mut results: Vec<Option<Result<torch::Output, CaptureError>>> =
@@ -316,7 +319,7 @@ pub fn analyze_ranks(
             RankRow::of(p, rank, &out.summary.rank_summary)
         })
         .collect();
-    let cmp = RankComparison::with_rows(rows);
+    let cmp = std::sync::Arc::new(RankComparison::with_rows(rows));
     Ok(outputs
         .into_iter()
         .enumerate()
@@ -360,7 +363,7 @@ pub fn compare_ranks_in(reports: &mut [CaptureReport]) {
                 Engine::Xla(_) => None,
             })
             .collect();
-        let cmp = RankComparison::with_rows(rows);
+        let cmp = std::sync::Arc::new(RankComparison::with_rows(rows));
         for (k, &i) in idx.iter().enumerate() {
             let r = &mut reports[i];
             cmp.annotate(k, &mut r.findings);

@@ -26,3 +26,26 @@ pub fn advise_spare<T>(v: &Vec<T>) {
         }
     }
 }
+
+/// Give the heap's free memory back to the system (glibc keeps what a finished analysis freed
+/// in its arenas, so the next snapshot's peak would sit on top of it). Called between the
+/// snapshots of a directory, where peak RSS is bounded by `--jobs` × one snapshot's.
+pub fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory of the allocator's own arenas.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Large buffers (≥ 1 MiB) get their own mappings, given back when freed. glibc otherwise raises
+/// its mmap threshold as big blocks are freed, and the next snapshot's buffers then come from
+/// the heap, fragmenting it: a directory of snapshots analysed one after another would peak
+/// above one snapshot's peak. No measurable cost on a single 1 GB snapshot.
+pub fn tune_allocator() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes the allocator's parameters; called before any thread starts.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+    }
+}

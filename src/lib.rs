@@ -9,7 +9,7 @@ pub mod cli;
 pub mod error;
 pub mod findings;
 pub mod frames;
-pub(crate) mod hugepages;
+pub mod hugepages;
 pub mod lsp;
 pub mod mcp;
 pub mod options;

@@ -1,6 +1,7 @@
 use memlsp::cli::Run;
 
 fn main() {
+    memlsp::hugepages::tune_allocator();
     let code = match memlsp::cli::run() {
         Run::Exit(code) => code,
         Run::Lsp => served(memlsp::lsp::run_stdio()),

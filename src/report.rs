@@ -227,3 +227,31 @@ pub fn capture_name(path: &Path) -> String {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| path.to_string_lossy().into_owned())
 }
+
+/// The rank comparisons of `reports`, each once (every rank's report shares its group's), and
+/// for each report the index of its group: presenters write a comparison once, not once per
+/// rank (1,024 ranks would otherwise repeat 1,024 rows 1,024 times).
+pub fn rank_groups(
+    reports: &[CaptureReport],
+) -> (
+    Vec<&std::sync::Arc<crate::torch::ranks::RankComparison>>,
+    Vec<Option<usize>>,
+) {
+    let mut groups: Vec<&std::sync::Arc<crate::torch::ranks::RankComparison>> = Vec::new();
+    let index = reports
+        .iter()
+        .map(|r| match &r.engine {
+            Engine::Torch(t) => t.rank_comparison.as_ref().map(|c| {
+                groups
+                    .iter()
+                    .position(|g| std::sync::Arc::ptr_eq(g, c))
+                    .unwrap_or_else(|| {
+                        groups.push(c);
+                        groups.len() - 1
+                    })
+            }),
+            Engine::Xla(_) => None,
+        })
+        .collect();
+    (groups, index)
+}

@@ -162,11 +162,32 @@ fn compare_on_summaries_equals_report_dir_on_snapshots() {
     let doc = r.json();
     let caps = doc["captures"].as_array().unwrap();
     assert_eq!(caps.len(), 3);
-    let cmp = &caps[0]["torch"]["rank_comparison"];
+    // The comparison is written once; each rank names it.
+    let groups = doc["rank_comparisons"].as_array().unwrap();
+    assert_eq!(groups.len(), 1);
+    for c in caps {
+        assert_eq!(c["torch"]["rank_group"], 0);
+        assert!(c["torch"].get("rank_comparison").is_none());
+    }
+    let cmp = &groups[0];
     let mut from_report = Vec::new();
     for c in caps {
         from_report.extend(pt012(&c["findings"]));
     }
+    // The text prints the table once, with the first rank.
+    let text = memlsp(&["report", arg(&ranks)], dir);
+    assert_eq!(
+        text.stdout.matches("Ranks (3 snapshots)").count(),
+        1,
+        "{}",
+        text.stdout
+    );
+    assert!(
+        text.stdout
+            .contains("Ranks: this is rank 2 of 3 (the table is in the first rank's section)"),
+        "{}",
+        text.stdout
+    );
     // --jobs 1 gives the same document.
     let one = memlsp(
         &["report", arg(&ranks), "--format", "json", "--jobs", "1"],
@@ -264,7 +285,7 @@ fn the_slurm_and_ray_recipes_give_what_report_dir_gives() {
     let ranks = dir.join("ranks");
     let r = memlsp(&["report", arg(&ranks), "--format", "json"], dir);
     assert_eq!(r.code, 0, "{}", r.stderr);
-    let want = r.json()["captures"][0]["torch"]["rank_comparison"].clone();
+    let want = r.json()["rank_comparisons"][0].clone();
     assert!(want.is_object(), "{want}");
 
     // memlsp on PATH, as on a cluster node.

@@ -71,7 +71,7 @@ pub(super) fn run(args: CompareArgs) -> i32 {
         .enumerate()
         .map(|(i, r)| RankRow::of(&r.path, rank_in_name(&r.path).unwrap_or(i), &r.summary))
         .collect();
-    let cmp = RankComparison::with_rows(rows);
+    let cmp = std::sync::Arc::new(RankComparison::with_rows(rows));
     let workspace = super::absolute(".".as_ref());
     let opts = args.common.options(workspace);
     let locator = Locator::new(&opts.locate, opts.analysis.frames.clone());
@@ -99,7 +99,7 @@ pub(super) fn run(args: CompareArgs) -> i32 {
                 .collect();
             js::render(&json!({
                 "memlsp": super::VERSION,
-                "rank_comparison": cmp,
+                "rank_comparison": &*cmp,
                 "findings": findings,
             }))
         }
@@ -115,7 +115,7 @@ pub(super) fn run(args: CompareArgs) -> i32 {
 /// A report holding one rank's PT012 findings (the engine part is the comparison only).
 fn rank_report(
     path: &Path,
-    cmp: &RankComparison,
+    cmp: &std::sync::Arc<RankComparison>,
     i: usize,
     findings: Vec<Finding>,
 ) -> CaptureReport {

@@ -300,7 +300,7 @@ fn compare_ranks(a: CompareRanksArgs, ctx: &Ctx) -> Result<Output, String> {
     let ranks: Vec<(&CaptureReport, usize, &crate::torch::ranks::RankComparison)> = reports
         .iter()
         .filter_map(|r| match &r.engine {
-            Engine::Torch(t) => Some((r, t.rank?, t.rank_comparison.as_ref()?)),
+            Engine::Torch(t) => Some((r, t.rank?, t.rank_comparison.as_deref()?)),
             Engine::Xla(_) => None,
         })
         .collect();

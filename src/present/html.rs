@@ -124,10 +124,6 @@ fn torch(r: &CaptureReport, t: &crate::torch::summary::Summary) -> Value {
             "grown": d.grown.iter().take(20).map(|g| json!({"site": g.site, "before": g.bytes_before, "after": g.bytes_after, "blocks": g.blocks_delta})).collect::<Vec<_>>(),
         })),
         "rank": t.rank,
-        "ranks": t.rank_comparison.as_ref().map(|c| c.rows.iter().map(|row| json!({
-            "name": row.path.file_name().map(|n| n.to_string_lossy().into_owned()),
-            "allocated": row.allocated, "reserved": row.reserved, "inactive": row.inactive, "peak": row.peak,
-        })).collect::<Vec<_>>()),
         "totals": {
             "reserved": t.totals.memory.reserved_bytes,
             "allocated": t.totals.memory.allocated_bytes,
@@ -166,9 +162,15 @@ fn xla(r: &CaptureReport, x: &crate::xla::summary::Summary) -> Value {
 
 /// The page data of located reports.
 fn data(reports: &[CaptureReport]) -> Value {
+    let (groups, index) = crate::report::rank_groups(reports);
     json!({
         "memlsp": env!("CARGO_PKG_VERSION"),
-        "captures": reports.iter().map(|r| {
+        // Each comparison of ranks once; a rank's capture names it (`torch.rank_group`).
+        "rank_groups": groups.iter().map(|c| c.rows.iter().map(|row| json!({
+            "name": row.path.file_name().map(|n| n.to_string_lossy().into_owned()),
+            "allocated": row.allocated, "reserved": row.reserved, "inactive": row.inactive, "peak": row.peak,
+        })).collect::<Vec<_>>()).collect::<Vec<_>>(),
+        "captures": reports.iter().zip(&index).map(|(r, group)| {
             let mut c = json!({
                 "path": r.display_path(),
                 "headline": r.headline(),
@@ -176,7 +178,10 @@ fn data(reports: &[CaptureReport]) -> Value {
                 "findings": r.findings.iter().map(finding).collect::<Vec<_>>(),
             });
             match &r.engine {
-                Engine::Torch(t) => c["torch"] = torch(r, t),
+                Engine::Torch(t) => {
+                    c["torch"] = torch(r, t);
+                    c["torch"]["rank_group"] = json!(group);
+                }
                 Engine::Xla(x) => c["xla"] = xla(r, x),
             }
             c

@@ -10,14 +10,31 @@ use crate::report::CaptureReport;
 /// The version written into JSON and SARIF output.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
-/// `{"memlsp": version, "captures": [...]}`, plus `"errors"` when some captures were unreadable.
+/// `{"memlsp": version, "captures": [...]}`, plus `"errors"` when some captures were unreadable
+/// and `"rank_comparisons"` when some were compared as the ranks of one job (each comparison
+/// once; a rank's capture names its group with `torch.rank_group`).
 pub fn document(reports: &[CaptureReport], errors: &[CaptureError]) -> Value {
     let mut doc = Map::new();
     doc.insert("memlsp".into(), json!(VERSION));
-    doc.insert(
-        "captures".into(),
-        serde_json::to_value(reports).unwrap_or(Value::Null),
-    );
+    let mut captures = serde_json::to_value(reports).unwrap_or(Value::Null);
+    let (groups, index) = crate::report::rank_groups(reports);
+    if let Some(caps) = captures.as_array_mut() {
+        for (c, g) in caps.iter_mut().zip(&index) {
+            if let (Some(g), Some(t)) = (g, c.get_mut("torch").and_then(Value::as_object_mut)) {
+                t.insert("rank_group".into(), json!(g));
+            }
+        }
+    }
+    doc.insert("captures".into(), captures);
+    if !groups.is_empty() {
+        doc.insert(
+            "rank_comparisons".into(),
+            groups
+                .iter()
+                .map(|g| serde_json::to_value(&***g).unwrap_or(Value::Null))
+                .collect(),
+        );
+    }
     if !errors.is_empty() {
         doc.insert("errors".into(), errors.iter().map(error).collect());
     }

@@ -21,6 +21,7 @@ use crate::findings::{
 use crate::frames::FrameFilter;
 use crate::options::LocateOptions;
 use crate::report::CaptureReport;
+use crate::torch::ranks::RankComparison;
 
 /// Source files larger than this are not read.
 pub const MAX_SOURCE_BYTES: u64 = 8 << 20;
@@ -31,6 +32,8 @@ pub struct Locator {
     /// Which frames are the user's (the entry script of an allocator setting).
     frames: FrameFilter,
     texts: RefCell<HashMap<PathBuf, Option<Arc<str>>>>,
+    /// Rank comparisons already shown: (as analysed, as shown).
+    ranks: RefCell<Vec<(Arc<RankComparison>, Arc<RankComparison>)>>,
 }
 
 impl Locator {
@@ -51,7 +54,28 @@ impl Locator {
             resolver,
             frames,
             texts: RefCell::new(HashMap::new()),
+            ranks: RefCell::new(Vec::new()),
         }
+    }
+
+    /// `cmp` with its paths shown relative to the workspace; the same value for every report
+    /// that shares `cmp`.
+    fn shown_ranks(&self, cmp: &Arc<RankComparison>) -> Arc<RankComparison> {
+        let mut done = self.ranks.borrow_mut();
+        if let Some((_, shown)) = done
+            .iter()
+            .find(|(from, shown)| Arc::ptr_eq(from, cmp) || Arc::ptr_eq(shown, cmp))
+        {
+            return shown.clone();
+        }
+        let mut shown = RankComparison::clone(cmp);
+        for row in &mut shown.rows {
+            let abs = std::path::absolute(&row.path).unwrap_or_else(|_| row.path.clone());
+            row.path = PathBuf::from(self.resolver.relative(&abs));
+        }
+        let shown = Arc::new(shown);
+        done.push((cmp.clone(), shown.clone()));
+        shown
     }
 
     pub fn resolver(&self) -> &Resolver {
@@ -63,13 +87,11 @@ impl Locator {
     pub fn locate(&self, report: &mut CaptureReport) {
         let capture = std::path::absolute(&report.path).unwrap_or_else(|_| report.path.clone());
         report.shown_path = Some(self.resolver.relative(&capture));
-        // The other ranks' snapshots, shown the way this one is.
+        // The other ranks' snapshots, shown the way this one is: once per comparison, which
+        // every rank's report shares.
         if let crate::report::Engine::Torch(t) = &mut report.engine {
             if let Some(c) = &mut t.rank_comparison {
-                for row in &mut c.rows {
-                    let abs = std::path::absolute(&row.path).unwrap_or_else(|_| row.path.clone());
-                    row.path = PathBuf::from(self.resolver.relative(&abs));
-                }
+                *c = self.shown_ranks(c);
             }
         }
         for f in &mut report.findings {

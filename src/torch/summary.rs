@@ -35,8 +35,10 @@ pub struct Summary {
     pub diff: Option<DiffSummary>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rank: Option<usize>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rank_comparison: Option<RankComparison>,
+    /// The comparison of the ranks this snapshot was analysed with: one value shared by every
+    /// rank's summary, written once per document (`rank_comparisons`, see `present::json`).
+    #[serde(skip)]
+    pub rank_comparison: Option<std::sync::Arc<RankComparison>>,
     /// What this snapshot contributes to a comparison of ranks (compact: totals and the largest
     /// sites), so ranks can be compared from summaries alone (`memlsp compare`).
     pub rank_summary: crate::torch::ranks::RankSummary,

@@ -31,6 +31,12 @@ for f in "$SHARED"/torch_snapshots/real/*.pickle "$SHARED"/torch_snapshots/real/
 for f in "$SHARED"/jax_cpu_captures/*/*.xplane.pb "$SHARED"/jax-real-captures/*/*.xplane.pb; do
   page "$f" "$(basename "$(dirname "$f")")__$(basename "$f")"
 done
+# A job's ranks on one page: three real snapshots as ranks 0-2.
+mkdir -p "$TMP/ranks"
+for r in 0 1 2; do
+  cp "$SHARED/torch_snapshots/real/kkaitlyn111__memory_$(echo snapshot ctx128_fullstep ctx256_forward | cut -d' ' -f$((r + 1))).pickle" "$TMP/ranks/rank${r}_snapshot.pickle"
+done
+page "$TMP/ranks" "ranks"
 if [ -n "${BIG_SNAPSHOT:-}" ]; then
   t0=$(date +%s.%N)
   page "$BIG_SNAPSHOT" "big__$(basename "$BIG_SNAPSHOT")"

@@ -29,7 +29,11 @@ pub(crate) fn tag(l: Label) -> &'static str {
 /// `report`: per capture, the headline sentence, the engine's sections, then the shared ones.
 pub(super) fn report(reports: &[CaptureReport], top: usize) -> String {
     let mut out = String::new();
+    // A comparison of ranks is printed with the first rank of its group, once.
+    let (_, groups) = crate::report::rank_groups(reports);
+    let mut shown = std::collections::HashSet::new();
     for (i, r) in reports.iter().enumerate() {
+        let first_of_group = groups[i].is_some_and(|g| shown.insert(g));
         if i > 0 {
             out.push('\n');
         }
@@ -38,7 +42,7 @@ pub(super) fn report(reports: &[CaptureReport], top: usize) -> String {
         }
         let _ = writeln!(out, "{}\n", r.headline());
         match &r.engine {
-            Engine::Torch(t) => torch::sections(&mut out, r, t, top),
+            Engine::Torch(t) => torch::sections(&mut out, r, t, top, first_of_group),
             Engine::Xla(x) => xla::sections(&mut out, r, x, top),
         }
         if matches!(&r.engine, Engine::Xla(x) if x.plan.is_none()) {

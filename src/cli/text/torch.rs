@@ -24,9 +24,15 @@ fn percent(part: u64, whole: u64) -> Option<f64> {
     (whole > 0).then(|| part as f64 * 100.0 / whole as f64)
 }
 
-pub(super) fn sections(s: &mut String, r: &CaptureReport, t: &Summary, top: usize) {
+pub(super) fn sections(
+    s: &mut String,
+    r: &CaptureReport,
+    t: &Summary,
+    top: usize,
+    first_of_group: bool,
+) {
     totals(s, t);
-    ranks(s, t);
+    ranks(s, t, first_of_group);
     sites(s, r, t, top);
     timeline(s, t);
     diff(s, t);
@@ -155,10 +161,19 @@ fn totals(s: &mut String, t: &Summary) {
     s.push('\n');
 }
 
-fn ranks(s: &mut String, t: &Summary) {
+fn ranks(s: &mut String, t: &Summary, first_of_group: bool) {
     let Some(c) = &t.rank_comparison else {
         return;
     };
+    if !first_of_group {
+        let _ = writeln!(
+            s,
+            "Ranks: this is rank {} of {} (the table is in the first rank's section)\n",
+            t.rank.unwrap_or(0),
+            c.rows.len()
+        );
+        return;
+    }
     s.push_str(&ranks_table(c));
 }
 

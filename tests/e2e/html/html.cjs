@@ -260,8 +260,19 @@ async function checkXla(page, name, cap) {
     const listed = await page.$$eval(".finding", (x) => x.length);
     const want = data.captures.reduce((n, c) => n + c.findings.length, 0);
     check(`${f}: lists its ${want} findings`, listed === want, { listed, want });
-    if (cap.torch) await checkTorch(page, f, cap);
-    else if (cap.xla) await checkXla(page, f, cap);
+    // A ranks page: the comparison is in the data once, drawn in each rank's section.
+    const ranked = data.captures.filter((c) => c.torch && c.torch.rank_group != null);
+    if (ranked.length) {
+      const drawn = await page.$$eval(".panel.bars h3", (x) => x.filter((h) => h.textContent.startsWith("Ranks: live memory")).length);
+      check(`${f}: a ranks panel in each of its ${ranked.length} ranks' sections`, drawn === ranked.length, { drawn });
+      check(`${f}: one comparison of ${ranked.length} ranks in the data`,
+        data.rank_groups.length === 1 && data.rank_groups[0].length === ranked.length, data.rank_groups.length);
+    }
+    // The drawing checks count the page's panels against one capture: single-capture pages (the
+    // ranks page's snapshots each have their own page too).
+    const single = data.captures.length === 1;
+    if (single && cap.torch) await checkTorch(page, f, cap);
+    else if (single && cap.xla) await checkXla(page, f, cap);
     check(`${f}: no console error`, errors.length === 0, errors);
     check(`${f}: no network request`, requests.length === 0, requests);
     if (SHOTS[f]) {
