@@ -88,7 +88,7 @@ pub(super) fn run(args: CheckArgs) -> i32 {
     }
     let out = match args.format {
         CheckFormat::Text => text::check(&reports, errors.len()),
-        CheckFormat::Json => json::render(&json::document(&reports, &errors)),
+        CheckFormat::Json => json::render_document(&reports, &errors),
         CheckFormat::Sarif => json::render(&sarif::document(&reports, &workspace, &errors)),
         CheckFormat::Github => github::check(&reports),
     };

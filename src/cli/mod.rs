@@ -255,7 +255,7 @@ pub fn render_html(reports: &[crate::report::CaptureReport]) -> String {
 
 /// The JSON document of located reports, as `memlsp report --format json` prints it.
 pub fn render_json(reports: &[crate::report::CaptureReport]) -> String {
-    json::render(&json::document(reports, &[]))
+    json::render_document(reports, &[])
 }
 
 /// What the command line asks for, once the command-line work is done.

@@ -367,3 +367,36 @@ fn fail_on_decides_the_exit_code() {
     assert_eq!(exit_code(hint, false, Severity::Hint), 1);
     assert_eq!(exit_code(&[], false, Severity::Hint), 0);
 }
+
+/// The JSON written a capture at a time is the document's text, byte for byte: none, one, one
+/// with an unreadable capture beside it, and the ranks of a folder (their comparison once).
+#[test]
+fn json_written_a_capture_at_a_time_is_the_document() {
+    let (_ws, locator, mut report) = fixture();
+    locator.locate(&mut report);
+    let err = crate::error::CaptureError::new(
+        Path::new("runs/broken.pickle"),
+        crate::error::ErrorKind::Truncated,
+        Some(120),
+        "the pickle ends early",
+        "wait for the writer to finish",
+    );
+    let ranks = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/torch/ranks");
+    let mut ranked = crate::analyze::run(&ranks, &Default::default()).unwrap();
+    for r in &mut ranked {
+        locator.locate(r);
+    }
+    assert!(ranked.len() >= 2);
+    let one = std::slice::from_ref(&report);
+    let errs = std::slice::from_ref(&err);
+    for (reports, errors) in [
+        (&[][..], &[][..]),
+        (one, &[][..]),
+        (one, errs),
+        (&ranked[..], errs),
+    ] {
+        let want = json::render(&json::document(reports, errors));
+        assert_eq!(json::render_document(reports, errors), want);
+    }
+    assert!(json::render_document(&ranked, &[]).contains("\"rank_comparisons\""));
+}

@@ -41,7 +41,7 @@ fn report_inner(args: ReportArgs) -> i32 {
     };
     let out = crate::timings::time("render", || match args.format {
         ReportFormat::Text => text::report(&reports, opts.analysis.top),
-        ReportFormat::Json => json::render(&json::document(&reports, &[])),
+        ReportFormat::Json => json::render_document(&reports, &[]),
         ReportFormat::Html => crate::present::html::render(&reports),
     });
     crate::timings::time("write", || match &args.output {

@@ -41,6 +41,49 @@ pub fn document(reports: &[CaptureReport], errors: &[CaptureError]) -> Value {
     Value::Object(doc)
 }
 
+/// [`render`] of [`document`], written one capture at a time: the same text, without holding
+/// the whole document as a `Value` (for 1,024 ranks that tree is several times the text).
+pub fn render_document(reports: &[CaptureReport], errors: &[CaptureError]) -> String {
+    let mut doc = document(&[], errors);
+    let (groups, index) = crate::report::rank_groups(reports);
+    if !groups.is_empty() {
+        doc["rank_comparisons"] = groups
+            .iter()
+            .map(|g| serde_json::to_value(&***g).unwrap_or(Value::Null))
+            .collect();
+    }
+    // Keys come out sorted, "captures" first: write the others after the captures' array.
+    let rest = render(&doc);
+    let Some(after) = rest.strip_prefix("{\n  \"captures\": [],\n") else {
+        return render(&document(reports, errors));
+    };
+    let mut out = String::with_capacity(rest.len() + reports.len() * 4096);
+    out.push_str("{\n  \"captures\": [");
+    for (i, (r, g)) in reports.iter().zip(&index).enumerate() {
+        let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
+        if let (Some(g), Some(t)) = (g, v.get_mut("torch").and_then(Value::as_object_mut)) {
+            t.insert("rank_group".into(), json!(g));
+        }
+        out.push_str(if i == 0 { "\n" } else { ",\n" });
+        let text = serde_json::to_string_pretty(&v).unwrap_or_else(|_| "null".into());
+        // Nested two levels deep; JSON strings hold no raw line breaks.
+        for (k, line) in text.lines().enumerate() {
+            if k > 0 {
+                out.push('\n');
+            }
+            out.push_str("    ");
+            out.push_str(line);
+        }
+    }
+    out.push_str(if reports.is_empty() {
+        "],\n"
+    } else {
+        "\n  ],\n"
+    });
+    out.push_str(after);
+    out
+}
+
 /// One unreadable capture: `{"path", "offset", "message"}` (the message is the one-line error).
 pub fn error(e: &CaptureError) -> Value {
     json!({"path": e.path.to_string_lossy(), "offset": e.offset, "message": e.to_string()})
