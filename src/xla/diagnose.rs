@@ -172,11 +172,6 @@ fn no_fit(ctx: &Context) -> bool {
 /// JX007: allocator retries = out-of-memory inside the capture.
 fn jx007_allocator_retry(ctx: &Context) -> Option<Finding> {
     let p = ctx.plan;
-    let heap = p.heap_peak_bytes;
-    let (fwd, bwd, ws, other) = roles(p);
-    let _ = (fwd, bwd, ws, other, heap);
-    let no_fit = no_fit(ctx);
-    let _ = no_fit;
     let mut out: Option<Finding> = None;
     // JX007: allocator retries = out-of-memory inside the capture.
     if !ctx.rt.retries.is_empty() {
@@ -236,9 +231,7 @@ fn jx001_plan_exceeds_capacity(ctx: &Context) -> Option<Finding> {
     let p = ctx.plan;
     let heap = p.heap_peak_bytes;
     let (fwd, bwd, ws, other) = roles(p);
-    let _ = (fwd, bwd, ws, other, heap);
     let no_fit = no_fit(ctx);
-    let _ = no_fit;
     let mut out: Option<Finding> = None;
     // JX001: the plan alone exceeds the pool.
     if let (true, Some(cap)) = (no_fit, ctx.capacity) {
@@ -296,11 +289,7 @@ fn jx001_plan_exceeds_capacity(ctx: &Context) -> Option<Finding> {
 /// JX006: other live arrays take the room the step needs.
 fn jx006_other_live_arrays(ctx: &Context) -> Option<Finding> {
     let p = ctx.plan;
-    let heap = p.heap_peak_bytes;
-    let (fwd, bwd, ws, other) = roles(p);
-    let _ = (fwd, bwd, ws, other, heap);
     let no_fit = no_fit(ctx);
-    let _ = no_fit;
     let mut out: Option<Finding> = None;
     // JX006: other live arrays take the room the step needs.
     if let (Some(cap), Some(last)) = (ctx.capacity, ctx.execs.last()) {
@@ -373,10 +362,8 @@ fn jx005_no_donation(ctx: &Context) -> Option<Finding> {
 fn jx002_forward_kept(ctx: &Context) -> Option<Finding> {
     let p = ctx.plan;
     let heap = p.heap_peak_bytes;
-    let (fwd, bwd, ws, other) = roles(p);
-    let _ = (fwd, bwd, ws, other, heap);
+    let fwd = roles(p).0;
     let no_fit = no_fit(ctx);
-    let _ = no_fit;
     let mut out: Option<Finding> = None;
     // JX002: forward activations kept for the backward pass.
     let forward_rows = p
@@ -732,10 +719,8 @@ fn microbatch_fix(ctx: &Context) -> Option<Fix> {
 fn jx003_backward_dominates(ctx: &Context) -> Option<Finding> {
     let p = ctx.plan;
     let heap = p.heap_peak_bytes;
-    let (fwd, bwd, ws, other) = roles(p);
-    let _ = (fwd, bwd, ws, other, heap);
+    let bwd = roles(p).1;
     let no_fit = no_fit(ctx);
-    let _ = no_fit;
     if let Some(f) = f32_copies(ctx) {
         return Some(f);
     }
@@ -907,11 +892,6 @@ fn f32_copies(ctx: &Context) -> Option<Finding> {
 /// JX008: XLA already rematerialized.
 fn jx008_xla_remat(ctx: &Context) -> Option<Finding> {
     let p = ctx.plan;
-    let heap = p.heap_peak_bytes;
-    let (fwd, bwd, ws, other) = roles(p);
-    let _ = (fwd, bwd, ws, other, heap);
-    let no_fit = no_fit(ctx);
-    let _ = no_fit;
     let mut out: Option<Finding> = None;
     // JX008: XLA already rematerialized.
     if p.xla_remat_instructions > 0 {
@@ -936,10 +916,6 @@ fn jx008_xla_remat(ctx: &Context) -> Option<Finding> {
 fn jx009_top_buffers(ctx: &Context) -> Vec<Finding> {
     let p = ctx.plan;
     let heap = p.heap_peak_bytes;
-    let (fwd, bwd, ws, other) = roles(p);
-    let _ = (fwd, bwd, ws, other, heap);
-    let no_fit = no_fit(ctx);
-    let _ = no_fit;
     let mut out = Vec::new();
     // JX009: the top buffers at the peak, as attribution hints.
     for b in p.at_peak.iter().filter(|b| b.line().is_some()).take(3) {
