@@ -14,18 +14,21 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// and `"rank_comparisons"` when some were compared as the ranks of one job (each comparison
 /// once; a rank's capture names its group with `torch.rank_group`).
 pub fn document(reports: &[CaptureReport], errors: &[CaptureError]) -> Value {
+    let (mut doc, index) = outline(reports, errors);
+    doc["captures"] = reports
+        .iter()
+        .zip(&index)
+        .map(|(r, g)| capture(r, *g))
+        .collect();
+    doc
+}
+
+/// The document without its captures (`"captures": []`), and each report's rank group.
+fn outline(reports: &[CaptureReport], errors: &[CaptureError]) -> (Value, Vec<Option<usize>>) {
     let mut doc = Map::new();
     doc.insert("memlsp".into(), json!(VERSION));
-    let mut captures = serde_json::to_value(reports).unwrap_or(Value::Null);
+    doc.insert("captures".into(), json!([]));
     let (groups, index) = crate::report::rank_groups(reports);
-    if let Some(caps) = captures.as_array_mut() {
-        for (c, g) in caps.iter_mut().zip(&index) {
-            if let (Some(g), Some(t)) = (g, c.get_mut("torch").and_then(Value::as_object_mut)) {
-                t.insert("rank_group".into(), json!(g));
-            }
-        }
-    }
-    doc.insert("captures".into(), captures);
     if !groups.is_empty() {
         doc.insert(
             "rank_comparisons".into(),
@@ -38,20 +41,22 @@ pub fn document(reports: &[CaptureReport], errors: &[CaptureError]) -> Value {
     if !errors.is_empty() {
         doc.insert("errors".into(), errors.iter().map(error).collect());
     }
-    Value::Object(doc)
+    (Value::Object(doc), index)
+}
+
+/// One capture, naming its rank group.
+fn capture(r: &CaptureReport, group: Option<usize>) -> Value {
+    let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
+    if let (Some(g), Some(t)) = (group, v.get_mut("torch").and_then(Value::as_object_mut)) {
+        t.insert("rank_group".into(), json!(g));
+    }
+    v
 }
 
 /// [`render`] of [`document`], written one capture at a time: the same text, without holding
 /// the whole document as a `Value` (for 1,024 ranks that tree is several times the text).
 pub fn render_document(reports: &[CaptureReport], errors: &[CaptureError]) -> String {
-    let mut doc = document(&[], errors);
-    let (groups, index) = crate::report::rank_groups(reports);
-    if !groups.is_empty() {
-        doc["rank_comparisons"] = groups
-            .iter()
-            .map(|g| serde_json::to_value(&***g).unwrap_or(Value::Null))
-            .collect();
-    }
+    let (doc, index) = outline(reports, errors);
     // Keys come out sorted, "captures" first: write the others after the captures' array.
     let rest = render(&doc);
     let Some(after) = rest.strip_prefix("{\n  \"captures\": [],\n") else {
@@ -60,12 +65,8 @@ pub fn render_document(reports: &[CaptureReport], errors: &[CaptureError]) -> St
     let mut out = String::with_capacity(rest.len() + reports.len() * 4096);
     out.push_str("{\n  \"captures\": [");
     for (i, (r, g)) in reports.iter().zip(&index).enumerate() {
-        let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
-        if let (Some(g), Some(t)) = (g, v.get_mut("torch").and_then(Value::as_object_mut)) {
-            t.insert("rank_group".into(), json!(g));
-        }
         out.push_str(if i == 0 { "\n" } else { ",\n" });
-        let text = serde_json::to_string_pretty(&v).unwrap_or_else(|_| "null".into());
+        let text = serde_json::to_string_pretty(&capture(r, *g)).unwrap_or_else(|_| "null".into());
         // Nested two levels deep; JSON strings hold no raw line breaks.
         for (k, line) in text.lines().enumerate() {
             if k > 0 {
