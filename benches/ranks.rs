@@ -39,7 +39,7 @@ fn main() {
         let size = std::fs::metadata(one).map(|m| m.len()).unwrap_or(0);
         let (t1, single) = run(&["report", &one.to_string_lossy(), "--format", "json"]);
         println!(
-            "{name}: one file {:.0} MB → report {t1:.2} s, peak RSS {:.0} MB",
+            "{name}: one file {:.3} MB → report {t1:.2} s, peak RSS {:.0} MB",
             size as f64 / 1e6,
             single as f64 / 1e6
         );
