@@ -46,7 +46,7 @@ fn page_data(html: &str) -> Value {
 
 #[test]
 fn every_shared_capture_gets_a_self_contained_page_with_the_oracle_peaks() {
-    let Some(root) = common::shared_dir() else {
+    let Some(root) = common::shared("") else {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();

@@ -127,8 +127,16 @@ fn read_and_measured_numbers_are_what_the_label_says() {
     let mut failures = Vec::new();
     let mut lines = 0;
     for path in &files {
-        let Ok(r) = memlsp::analyze::run_file(path, &Options::default()) else {
-            continue;
+        let r = match memlsp::analyze::run_file(path, &Options::default()) {
+            Ok(r) => r,
+            // Some fixtures are broken on purpose; every real capture must analyse.
+            Err(_) if path.starts_with(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures")) => {
+                continue;
+            }
+            Err(e) => {
+                failures.push(format!("{}: {e}", path.display()));
+                continue;
+            }
         };
         let v = serde_json::to_value(&r).unwrap();
         let read = match (v.get("xla"), v.get("torch")) {

@@ -232,12 +232,10 @@ fn an_agent_analyses_a_capture_asks_about_a_line_and_reads_a_finding_page() {
     );
 
     // check_baseline: against the baseline of the donating version, the jax.jit line grew.
-    let (Some(c), Some(base_dir)) = (
-        common::shared("jax_cpu_captures/c_mlp_donate/c_mlp_donate.xplane.pb"),
-        tempfile::tempdir().ok(),
-    ) else {
+    let Some(c) = common::shared("jax_cpu_captures/c_mlp_donate/c_mlp_donate.xplane.pb") else {
         return;
     };
+    let base_dir = tempfile::tempdir().unwrap();
     let base = base_dir.path().join("memlsp-baseline.json");
     let rec = common::memlsp(&["baseline", common::arg(&c), "-o", common::arg(&base)], ws);
     assert_eq!(rec.code, 0, "{}", rec.stderr);
@@ -327,7 +325,23 @@ fn diff_and_a_bad_baseline_on_the_fixtures() {
     assert_eq!(r["isError"], false, "{r}");
     let doc = &r["structuredContent"];
     assert!(findings(doc).iter().any(|f| f["code"] == "PT011"), "{doc}");
-    assert!(doc["captures"][0]["torch"]["diff"].is_object(), "{doc}");
+    // The growth the CLI's `report step10 --diff step20` shows: the cache at line 124, +10 blocks.
+    let d = &doc["captures"][0]["torch"]["diff"];
+    assert_eq!(
+        (&d["allocated_bytes_before"], &d["allocated_bytes_after"]),
+        (&json!(50987008), &json!(51396608)),
+        "{d}"
+    );
+    let grown = d["grown"].as_array().unwrap();
+    assert_eq!(grown.len(), 1, "{d}");
+    assert_eq!(
+        grown[0]["site"],
+        "/home/alice/project/train_leak.py:124:train_with_cache"
+    );
+    assert_eq!(
+        (&grown[0]["blocks_delta"], &grown[0]["bytes_delta"]),
+        (&json!(10), &json!(409600))
+    );
     let r = mcp.call(
         "check_baseline",
         json!({"paths": [fixtures.join("pt011_step20.pickle")], "baseline": "nope.json"}),
@@ -342,11 +356,34 @@ fn diff_and_a_bad_baseline_on_the_fixtures() {
     );
     let r = mcp.call("compare_ranks", json!({"dir": fixtures.join("ranks")}));
     assert_eq!(r["isError"], false, "{r}");
-    assert_eq!(
-        r["structuredContent"]["comparison"]["ranks"]
-            .as_array()
-            .map(Vec::len),
-        Some(2),
-        "{r}"
+    // The comparison `report DIR` gives, rank by rank.
+    let cli = common::memlsp(
+        &[
+            "report",
+            common::arg(&fixtures.join("ranks")),
+            "--format",
+            "json",
+        ],
+        tmp.path(),
     );
+    assert_eq!(cli.code, 0, "{}", cli.stderr);
+    let want = &cli.json()["rank_comparisons"][0];
+    let rows = |c: &Value| -> Vec<(Value, Value, Value)> {
+        c["ranks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["rank"].clone(),
+                    r["allocated_bytes"].clone(),
+                    r["reserved_bytes"].clone(),
+                )
+            })
+            .collect()
+    };
+    let got = &r["structuredContent"]["comparison"];
+    assert_eq!(rows(got), rows(want), "{r}");
+    assert_eq!(rows(got).len(), 2);
+    assert_eq!(got["imbalance"], want["imbalance"]);
 }
