@@ -313,7 +313,7 @@ fn compare_ranks(a: CompareRanksArgs, ctx: &Ctx) -> Result<Output, String> {
     };
     let mut text = match comparison.imbalance {
         Some(x) => format!(
-            "{} ranks; {x:.2}× live memory between the fullest and the emptiest",
+            "{} ranks; {x:.2}× live memory between the fullest and the emptiest [measured]",
             ranks.len()
         ),
         None => format!("{} ranks", ranks.len()),
