@@ -422,7 +422,10 @@ fn fixes_are_simulated_on_the_allocator_replay() {
         let json = r.engine();
         // Simulated only on a replay that reproduced every recorded segment event.
         let replay = &json["replay"];
-        assert!(replay["segment_events_recorded"].as_u64() > Some(0), "{name}");
+        assert!(
+            replay["segment_events_recorded"].as_u64() > Some(0),
+            "{name}"
+        );
         assert_eq!(
             replay["segment_events_matched"], replay["segment_events_recorded"],
             "{name}"

@@ -6,6 +6,7 @@
 
 use crate::findings::{FixKind, TextEdit};
 
+use super::python;
 use super::python::{
     Code, Edit, JitTarget, Source, decorators, is_ident, is_primary, jit_target, matching_close,
     method_calls, owner_def, skip_blank, skip_ws, split_top_level, trim_end,
@@ -55,10 +56,7 @@ pub fn training_loop_at(text: &str, line: u32) -> Option<CaptureFramework> {
         .join("\n");
     let imports = |m: &str| {
         (0..src.line_count()).any(|i| {
-            src.is_code_line(i) && {
-                let t = src.line_text(i).trim_start();
-                t.starts_with(&format!("import {m}")) || t.starts_with(&format!("from {m}"))
-            }
+            src.is_code_line(i) && python::imports_module(src.line_text(i).trim_start(), m)
         })
     };
     if imports("torch") && (body.contains(".backward(") || body.contains(".step(")) {
@@ -490,17 +488,9 @@ fn alloc_conf(src: &Source, value: &str) -> Result<Vec<Edit>, NoEdit> {
             "the file already sets PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF".into(),
         ));
     }
-    let imports = |t: &str, module: &str| {
-        let rest = t
-            .strip_prefix("import ")
-            .or_else(|| t.strip_prefix("from "))
-            .map(str::trim_start);
-        rest.and_then(|r| r.strip_prefix(module))
-            .is_some_and(|r| r.is_empty() || r.starts_with([' ', '.', ',', '\t', '#', '\r']))
-    };
     let top = |i: usize| src.is_code_line(i) && src.indent(i).is_empty();
     let torch = (0..src.line_count())
-        .find(|&i| top(i) && imports(src.line_text(i), "torch"))
+        .find(|&i| top(i) && python::imports_module(src.line_text(i), "torch"))
         .ok_or_else(|| {
             NoEdit(format!(
                 "the file has no top-level `import torch`; set PYTORCH_ALLOC_CONF={value} in the \
@@ -570,6 +560,17 @@ mod tests {
         let out = apply_all(text, &record_capture("t.py", text, 3).unwrap());
         assert!(out.ends_with("    params, loss = step_jit(params, batch)\n    _memlsp_capture.step()\n_memlsp_capture.stop()"), "{out}");
         assert!(out.contains("_memlsp_capture = memlsp_capture.jax(\"memlsp-captures\", steps=(2, 4))\n_memlsp_capture.start()\nfor i in range(5):"), "{out}");
+        // Only torch itself makes a loop with `.step(` a torch training loop.
+        assert_eq!(
+            training_loop_at(
+                "import torchvision
+for x in data:
+    sched.step()
+",
+                2
+            ),
+            None
+        );
         // A loop that trains nothing gets no action.
         assert_eq!(
             training_loop_at("import jax\nfor i in range(3):\n    print(i)\n", 2),

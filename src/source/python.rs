@@ -484,6 +484,17 @@ pub(crate) fn decorators(src: &Source, def: usize) -> Vec<usize> {
     out
 }
 
+/// Whether the (trimmed) line `t` imports `module` or something inside it: `import torch`,
+/// `import torch.nn as nn`, `from torch import nn`, but not `import torchvision`.
+pub fn imports_module(t: &str, module: &str) -> bool {
+    let rest = t
+        .strip_prefix("import ")
+        .or_else(|| t.strip_prefix("from "))
+        .map(str::trim_start);
+    rest.and_then(|r| r.strip_prefix(module))
+        .is_some_and(|r| r.is_empty() || r.starts_with([' ', '.', ',', '\t', '#', '\r']))
+}
+
 /// The line holding the `jax.jit(...)` call or decorator that compiled `fn_name`, given the
 /// line that called the jitted function.
 pub fn find_jit_line(text: &str, call_line: u32, fn_name: &str) -> Option<u32> {
