@@ -150,9 +150,13 @@ impl Locator {
                         let jit = Location::new(at.file.clone(), line, function.clone());
                         move_to(f, &at, jit);
                     }
-                    None => f.evidence.push(Evidence::inferred(
+                    None if text.is_none() => f.evidence.push(Evidence::inferred(
                         "the program text was not found: the location is the call site of the jitted function, not the jax.jit line",
                     )),
+                    None => f.evidence.push(Evidence::inferred(format!(
+                        "no jax.jit line for `{function}` in {}: the location is the call site of the jitted function",
+                        self.resolver.display_path(&at.file)
+                    ))),
                 }
                 let sig = text
                     .as_deref()
@@ -386,6 +390,33 @@ mod tests {
             .locate(&mut excluded);
         let alloc = excluded.findings[0].fixes[0].target.as_ref().unwrap();
         assert_eq!(alloc.file, ws.path().join("model.py"));
+    }
+
+    #[test]
+    fn a_jit_line_not_found_says_why() {
+        let ws = tempfile::tempdir().unwrap();
+        std::fs::write(ws.path().join("run.py"), "import jax\n\nstep(params)\n").unwrap();
+        let evidence = |file: &str| {
+            let mut f =
+                Finding::new(Code::JX005, Severity::Warning, "m").at(Some(loc(file, 3)), vec![]);
+            f.refine = Some(Refine::JitLine {
+                function: "step".into(),
+            });
+            let mut r = report(ws.path().join("c.xplane.pb"), vec![f]);
+            locator(Resolver::new(vec![ws.path().to_path_buf()], vec![])).locate(&mut r);
+            r.findings[0].evidence.last().unwrap().text.clone()
+        };
+        // The file is there and has no jax.jit for `step`.
+        assert_eq!(
+            evidence("/job/run.py"),
+            "no jax.jit line for `step` in run.py: the location is the call site of the jitted function"
+        );
+        // The file is not in the workspace.
+        assert!(
+            evidence("/job/elsewhere.py").starts_with("the program text was not found"),
+            "{}",
+            evidence("/job/elsewhere.py")
+        );
     }
 
     #[test]
