@@ -316,13 +316,18 @@ pub fn to_json(b: &Baseline) -> String {
 pub fn compare(reports: &mut [CaptureReport], base: &Baseline, opts: &CompareOptions) -> Outcome {
     let mut out = Outcome::default();
     let ks = keys(reports);
+    let found_keys: Vec<Option<&String>> = ks
+        .iter()
+        .zip(reports.iter())
+        .map(|(k, r)| baseline_key(base, k, r))
+        .collect();
     for k in base.captures.keys() {
-        if !ks.contains(k) {
+        if !found_keys.contains(&Some(k)) {
             out.missing_keys.push(k.clone());
         }
     }
-    for (k, r) in ks.iter().zip(reports.iter_mut()) {
-        let Some(entry) = base.captures.get(k) else {
+    for ((k, found), r) in ks.iter().zip(found_keys).zip(reports.iter_mut()) {
+        let Some(entry) = found.and_then(|f| base.captures.get(f)) else {
             out.new_keys.push(k.clone());
             continue;
         };
@@ -350,7 +355,7 @@ pub fn compare(reports: &mut [CaptureReport], base: &Baseline, opts: &CompareOpt
         }
         // Lines of this run the baseline did not have.
         for cur in now.iter().filter(|n| n.what == "line") {
-            if counterpart_back(cur, &entry.numbers, &now).is_none() {
+            if counterpart(cur, &entry.numbers, &now).is_none() {
                 components.push((None, cur));
             }
         }
@@ -384,8 +389,28 @@ fn grew(old: u64, cur: u64, opts: &CompareOptions) -> bool {
 }
 
 /// The baseline number a line of this run is about (the reverse of [`counterpart`]).
-fn counterpart_back<'a>(cur: &Number, before: &'a [Number], now: &[Number]) -> Option<&'a Number> {
-    counterpart(cur, before, now)
+/// The baseline's key for the report keyed `k` in this run. A lone snapshot is keyed `torch`
+/// and one of several `torch/<file name>`, so a key depends on the rest of the run: each finds
+/// the other when the baseline recorded the same file name, so a baseline recorded from several
+/// snapshots checks one of them alone, and the other way round.
+fn baseline_key<'b>(base: &'b Baseline, k: &str, r: &CaptureReport) -> Option<&'b String> {
+    if let Some((key, _)) = base.captures.get_key_value(k) {
+        return Some(key);
+    }
+    let name = file_name(&r.path);
+    let same_file = |e: &Entry| file_name(Path::new(&e.source)) == name;
+    if k == "torch" {
+        base.captures
+            .get_key_value(&format!("torch/{name}"))
+            .map(|(key, _)| key)
+    } else if k.strip_prefix("torch/") == Some(name.as_str()) {
+        base.captures
+            .get_key_value("torch")
+            .filter(|(_, e)| same_file(e))
+            .map(|(key, _)| key)
+    } else {
+        None
+    }
 }
 
 /// The number of this run that `old` is about.

@@ -347,3 +347,71 @@ fn bad_baselines_and_flags_are_one_line_errors() {
     assert_eq!(r.code, 2);
     assert!(!dir.join("out.json").exists());
 }
+
+/// A baseline recorded from several snapshots checks one of them alone (and the reverse): a lone
+/// snapshot is keyed `torch`, one of several `torch/<file name>`, and the two meet on the file
+/// name. `snap.pickle` is a small fixture before and one with 10× its live memory after (what
+/// is under test is the key, not the program), `other.pickle` the same on both sides.
+#[test]
+fn a_baseline_of_several_snapshots_checks_one_alone_and_the_reverse() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/torch");
+    let tmp = tempfile::tempdir().unwrap();
+    let (before, after) = (tmp.path().join("before"), tmp.path().join("after"));
+    for (dir, snap) in [
+        (&before, "pt011_step10.pickle"),
+        (&after, "pt002_retained_graph.pickle"),
+    ] {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::copy(fixtures.join(snap), dir.join("snap.pickle")).unwrap();
+        std::fs::copy(
+            fixtures.join("pt011_step20.pickle"),
+            dir.join("other.pickle"),
+        )
+        .unwrap();
+    }
+    let check = |base: &Path, files: &[&Path]| {
+        let mut args = vec!["--check"];
+        args.extend(files.iter().map(|f| arg(f)));
+        args.extend([
+            "--baseline",
+            arg(base),
+            "--max-growth",
+            "0.1%",
+            "--format",
+            "json",
+        ]);
+        let r = memlsp(&args, tmp.path());
+        (r.code, bl001(&r.json()))
+    };
+    let record = |files: &[&Path], out: &Path| {
+        let mut args = vec!["baseline"];
+        args.extend(files.iter().map(|f| arg(f)));
+        args.extend(["-o", arg(out)]);
+        let r = memlsp(&args, tmp.path());
+        assert_eq!(r.code, 0, "{}", r.stderr);
+    };
+    let (snap_before, other) = (before.join("snap.pickle"), before.join("other.pickle"));
+    let snap_after = after.join("snap.pickle");
+
+    // Recorded from two, checked alone: the leak's growth is found.
+    let two = tmp.path().join("two.json");
+    record(&[&snap_before, &other], &two);
+    let (code, found) = check(&two, &[&snap_after]);
+    assert_eq!(code, 1, "{found:?}");
+    assert!(
+        found.iter().any(|f| f.2.contains("live at the snapshot")),
+        "{found:?}"
+    );
+    // Unchanged, it passes.
+    assert_eq!(check(&two, &[&snap_before]).1, vec![]);
+
+    // Recorded alone, checked beside another snapshot: the same.
+    let one = tmp.path().join("one.json");
+    record(&[&snap_before], &one);
+    let (code, found) = check(&one, &[&snap_after, &after.join("other.pickle")]);
+    assert_eq!(code, 1, "{found:?}");
+    assert!(
+        found.iter().any(|f| f.2.contains("live at the snapshot")),
+        "{found:?}"
+    );
+}
