@@ -509,8 +509,9 @@ pub enum Step<'a> {
     Failed(&'a CaptureError),
 }
 
-/// `--check`'s analysis: every file on its own (not located yet: a baseline compares recorded
-/// paths), the unreadable ones kept as errors.
+/// `--check`'s analysis (the CLI's, the MCP tool's, a baseline's): every file on its own, then
+/// the rank files of one folder compared ([`compare_ranks_in`]); not located yet (a baseline
+/// compares recorded paths); the unreadable ones kept as errors.
 pub fn analyze_files(
     files: &[PathBuf],
     opts: &Options,
@@ -532,6 +533,7 @@ pub fn analyze_files(
             }
         }
     }
+    compare_ranks_in(&mut reports);
     (reports, errors)
 }
 

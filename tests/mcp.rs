@@ -387,3 +387,56 @@ fn diff_and_a_bad_baseline_on_the_fixtures() {
     assert_eq!(rows(got).len(), 2);
     assert_eq!(got["imbalance"], want["imbalance"]);
 }
+
+/// `check_baseline` runs `--check`'s pipeline: on a folder of ranks, the ranks are compared and
+/// the PT012 (rank skew) warnings fail it at `fail_on: warning`, as `memlsp --check` says.
+#[test]
+fn check_baseline_compares_the_ranks_of_a_folder_as_check_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ranks = tmp.path().join("ranks");
+    std::fs::create_dir_all(&ranks).unwrap();
+    for (r, n) in ["ctx128_fullstep", "ctx256_forward", "snapshot"]
+        .iter()
+        .enumerate()
+    {
+        let Some(src) = common::shared(&format!(
+            "torch_snapshots/real/kkaitlyn111__memory_{n}.pickle"
+        )) else {
+            return;
+        };
+        std::fs::copy(src, ranks.join(format!("rank{r}_snapshot.pickle"))).unwrap();
+    }
+    let base = tmp.path().join("memlsp-baseline.json");
+    let rec = common::memlsp(
+        &["baseline", common::arg(&ranks), "-o", common::arg(&base)],
+        tmp.path(),
+    );
+    assert_eq!(rec.code, 0, "{}", rec.stderr);
+    let cli = common::memlsp(
+        &[
+            "--check",
+            common::arg(&ranks),
+            "--baseline",
+            common::arg(&base),
+            "--format",
+            "json",
+        ],
+        tmp.path(),
+    );
+    let pt012 = cli.stdout.matches("\"PT012\"").count();
+    assert!(pt012 > 0, "{}", cli.stdout);
+
+    let mut mcp = Mcp::start(tmp.path());
+    mcp.request(
+        "initialize",
+        json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}),
+    );
+    mcp.notify("notifications/initialized", json!({}));
+    let r = mcp.call(
+        "check_baseline",
+        json!({"paths": [ranks], "baseline": base, "fail_on": "warning"}),
+    );
+    assert_eq!(r["structuredContent"]["passed"], false, "{r}");
+    let text = r["content"][0]["text"].as_str().unwrap();
+    assert_eq!(text.matches("PT012 (warning)").count(), pt012, "{text}");
+}

@@ -11,7 +11,6 @@ use crate::analyze::{Step, Verdict, analyze_files, collect_captures, verdict};
 use crate::error::CaptureError;
 use crate::findings::Severity;
 use crate::report::CaptureReport;
-use crate::source::locate::Locator;
 
 use super::{CheckFormat, CommonArgs, emit, github, sarif, text};
 use crate::present::json;
@@ -62,7 +61,6 @@ pub(super) fn run(args: CheckArgs) -> i32 {
     let files = collect(&paths, &mut errors);
     let opts = args.common.options(workspace.clone());
     let mut reports = analyse_all(&files, &opts, &mut errors);
-    crate::analyze::compare_ranks_in(&mut reports);
     if let Some((base, b)) = &base {
         let o = crate::baseline::compare(&mut reports, base, &b.options);
         eprintln!(
@@ -82,10 +80,7 @@ pub(super) fn run(args: CheckArgs) -> i32 {
             eprintln!("memlsp: {k}: in the baseline, but no capture of this run has that key");
         }
     }
-    let locator = Locator::new(&opts.locate, opts.analysis.frames.clone());
-    for r in &mut reports {
-        locator.locate(r);
-    }
+    crate::analyze::locate(&mut reports, &opts);
     let out = match args.format {
         CheckFormat::Text => text::check(&reports, errors.len()),
         CheckFormat::Json => json::render_document(&reports, &errors),
