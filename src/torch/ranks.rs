@@ -117,6 +117,59 @@ pub struct RankComparison {
     pub rows: Vec<RankRow>,
     /// Largest / smallest live bytes across ranks (None when a rank holds nothing).
     pub imbalance: Option<f64>,
+    /// Each listed site across the ranks, built once: PT012 asks it for every site of every
+    /// rank (1,024 ranks × 64 sites would otherwise scan every other rank's list each time).
+    #[serde(skip)]
+    across: std::collections::HashMap<String, Across>,
+}
+
+/// One site across the ranks: who lists it with how many bytes, and the median over all ranks
+/// (a rank that does not list it counted as 0).
+#[derive(Clone, Debug, PartialEq)]
+struct Across {
+    /// (row, bytes), by row.
+    held: Vec<(usize, u64)>,
+    median: u64,
+}
+
+impl Across {
+    fn of(rows: &[RankRow]) -> std::collections::HashMap<String, Across> {
+        let mut by: std::collections::HashMap<String, Across> = Default::default();
+        for (j, r) in rows.iter().enumerate() {
+            for s in &r.sites {
+                let a = by.entry(s.site.clone()).or_insert(Across {
+                    held: Vec::new(),
+                    median: 0,
+                });
+                // A site listed twice by one rank: its first entry, as a lookup would find.
+                if a.held.last().is_none_or(|h| h.0 != j) {
+                    a.held.push((j, s.bytes));
+                }
+            }
+        }
+        let n = rows.len();
+        for a in by.values_mut() {
+            let mut b: Vec<u64> = a.held.iter().map(|h| h.1).collect();
+            b.sort_unstable();
+            // Sorted over all ranks: the unlisted ranks' zeros first, then `b`.
+            let zeros = n - b.len();
+            let at = |k: usize| if k < zeros { 0 } else { b[k - zeros] };
+            a.median = if n % 2 == 1 {
+                at(n / 2)
+            } else {
+                (at(n / 2 - 1) + at(n / 2)) / 2
+            };
+        }
+        by
+    }
+
+    /// This site's bytes on row `j`, if that rank lists it.
+    fn on(&self, j: usize) -> Option<u64> {
+        self.held
+            .binary_search_by_key(&j, |h| h.0)
+            .ok()
+            .map(|k| self.held[k].1)
+    }
 }
 
 impl RankRow {
@@ -156,7 +209,16 @@ impl RankComparison {
     /// The comparison of the ranks whose rows are given, in rank order.
     pub fn with_rows(rows: Vec<RankRow>) -> RankComparison {
         let imbalance = imbalance(&rows);
-        RankComparison { rows, imbalance }
+        let across = if rows.len() < 2 {
+            Default::default()
+        } else {
+            Across::of(&rows)
+        };
+        RankComparison {
+            rows,
+            imbalance,
+            across,
+        }
     }
 
     /// Every rank holds about the same live bytes (within 5 %).
@@ -194,27 +256,20 @@ impl RankComparison {
         }
         let mut out = Vec::new();
         for s in &row.sites {
-            let mut per: Vec<(usize, Option<u64>)> = self
-                .rows
-                .iter()
-                .map(|r| {
-                    (
-                        r.rank,
-                        r.sites.iter().find(|x| x.site == s.site).map(|x| x.bytes),
-                    )
-                })
-                .collect();
-            let mut bytes: Vec<u64> = per.iter().map(|p| p.1.unwrap_or(0)).collect();
-            bytes.sort_unstable();
-            let median = if n % 2 == 1 {
-                bytes[n / 2]
-            } else {
-                (bytes[n / 2 - 1] + bytes[n / 2]) / 2
+            let Some(across) = self.across.get(&s.site) else {
+                continue;
             };
+            let median = across.median;
             let excess = s.bytes.saturating_sub(median);
             if excess < SKEW_MIN_BYTES || (s.bytes as f64) < SKEW_RATIO * median as f64 {
                 continue;
             }
+            let mut per: Vec<(usize, Option<u64>)> = self
+                .rows
+                .iter()
+                .enumerate()
+                .map(|(j, r)| (r.rank, across.on(j)))
+                .collect();
             let shown = |b: Option<u64>| b.map_or("below its listed sites".to_string(), fmt_bytes);
             per.sort_by_key(|p| std::cmp::Reverse(p.1.unwrap_or(0)));
             let listed: Vec<String> = per
@@ -310,5 +365,49 @@ mod tests {
         assert_eq!(skewed.imbalance, Some(1.5));
         let empty = cmp(vec![row(0), row(10)]);
         assert_eq!(empty.imbalance, None, "no ratio against an empty rank");
+    }
+
+    /// The median over an even number of ranks, one of which does not list the site (a 0).
+    #[test]
+    fn skew_is_measured_against_the_median_with_unlisted_ranks_as_zero() {
+        const MIB: u64 = 1 << 20;
+        let site = |bytes: u64| RankSite {
+            site: "m.py:7:f".into(),
+            file: Some("m.py".into()),
+            line: Some(7),
+            function: Some("f".into()),
+            bytes,
+        };
+        let ranks: Vec<RankRow> = [Some(1024 * MIB), Some(100 * MIB), None, Some(300 * MIB)]
+            .iter()
+            .enumerate()
+            .map(|(r, b)| RankRow {
+                rank: r,
+                sites: b.map(site).into_iter().collect(),
+                ..row(2048 * MIB)
+            })
+            .collect();
+        let cmp = RankComparison::with_rows(ranks);
+        // Sorted 0, 100, 300, 1024 MiB: the median is 200 MiB.
+        let f = cmp.skew(0);
+        assert_eq!(f.len(), 1);
+        assert_eq!(
+            f[0].message,
+            "rank 0 holds 824.00 MiB more at m.py:7 than the median rank (1.00 GiB vs 200.00 MiB across 4 ranks)"
+        );
+        assert_eq!(
+            f[0].evidence[0].text,
+            "live bytes at this site per rank, largest first: rank 0: 1.00 GiB, rank 3: 300.00 MiB, rank 1: 100.00 MiB, rank 2: below its listed sites"
+        );
+        assert!(
+            f[0].evidence[1]
+                .text
+                .starts_with("1 rank(s) do not list this site")
+        );
+        // Rank 3: 100 MiB over the median (≥ 64 MiB) and exactly 1.5× it: flagged. Rank 1 is
+        // below the median, rank 2 lists nothing.
+        assert_eq!(cmp.skew(3).len(), 1);
+        assert!(cmp.skew(1).is_empty());
+        assert!(cmp.skew(2).is_empty());
     }
 }
