@@ -15,7 +15,7 @@ use crate::report::{CaptureKind, CaptureReport, Engine};
 use crate::source::locate::Locator;
 use crate::source::workspace::{DEFAULT_CAPTURE_GLOBS, capture_globset, find_captures};
 use crate::torch::load::load_snapshot;
-use crate::torch::ranks::{RankComparison, RankRow};
+use crate::torch::ranks::{RankComparison, RankRow, number_in_name};
 use crate::{torch, xla};
 
 /// What kind of capture a file name denotes, if any (the same rule as the capture globs).
@@ -125,31 +125,19 @@ enum TorchGroups<'a> {
     None,
 }
 
-/// The number after `key` in a file name (`rank3_snapshot_step10.pickle`: rank 3, step 10).
-fn name_number(p: &Path, key: &str) -> Option<u64> {
-    let name = p.file_name()?.to_string_lossy().to_ascii_lowercase();
-    let i = name.find(key)?;
-    let digits: String = name[i + key.len()..]
-        .trim_start_matches(['_', '-'])
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect();
-    digits.parse().ok()
-}
-
 fn torch_groups<'a>(torch: &[&'a PathBuf]) -> TorchGroups<'a> {
     let ranked: Vec<&PathBuf> = torch
         .iter()
         .copied()
-        .filter(|p| name_number(p, "rank").is_some())
+        .filter(|p| number_in_name(p, "rank").is_some())
         .collect();
     if ranked.len() > 1 {
         // The latest step of each rank.
         let mut latest: std::collections::BTreeMap<u64, &PathBuf> = Default::default();
         for p in &ranked {
-            let r = name_number(p, "rank").unwrap_or(0);
+            let r = number_in_name(p, "rank").unwrap_or(0);
             let newer = latest.get(&r).is_none_or(|q| {
-                name_number(p, "step").unwrap_or(0) > name_number(q, "step").unwrap_or(0)
+                number_in_name(p, "step").unwrap_or(0) > number_in_name(q, "step").unwrap_or(0)
             });
             if newer {
                 latest.insert(r, p);
@@ -159,13 +147,13 @@ fn torch_groups<'a>(torch: &[&'a PathBuf]) -> TorchGroups<'a> {
         let rest = torch
             .iter()
             .copied()
-            .filter(|p| name_number(p, "rank").is_none())
+            .filter(|p| number_in_name(p, "rank").is_none())
             .collect();
         return TorchGroups::Ranks(ranks, rest);
     }
     let mut stepped: Vec<(u64, &PathBuf)> = torch
         .iter()
-        .filter_map(|p| Some((name_number(p, "step")?, *p)))
+        .filter_map(|p| Some((number_in_name(p, "step")?, *p)))
         .collect();
     if stepped.len() > 1 {
         stepped.sort();
@@ -173,7 +161,7 @@ fn torch_groups<'a>(torch: &[&'a PathBuf]) -> TorchGroups<'a> {
         let rest = torch
             .iter()
             .copied()
-            .filter(|p| name_number(p, "step").is_none())
+            .filter(|p| number_in_name(p, "step").is_none())
             .collect();
         return TorchGroups::Steps(first, last, rest);
     }
@@ -225,6 +213,11 @@ fn torch_report(path: &Path, out: torch::Output) -> CaptureReport {
 }
 
 fn torch_file(path: &Path, opts: &Options) -> Result<CaptureReport, CaptureError> {
+    Ok(torch_report(path, torch_output(path, opts)?))
+}
+
+/// One snapshot loaded, analysed and dropped: what the presenters need of it.
+fn torch_output(path: &Path, opts: &Options) -> Result<torch::Output, CaptureError> {
     let snap = load_snapshot(path, &opts.decode)?;
     checkpoint(path, opts)?;
     let a = torch::analyse(&snap, &opts.analysis);
@@ -232,7 +225,7 @@ fn torch_file(path: &Path, opts: &Options) -> Result<CaptureReport, CaptureError
     let out = torch::output(&snap, &a, &opts.analysis);
     // Freeing the snapshot and the analysis is part of the run.
     crate::timings::time("drop", || drop((a, snap)));
-    Ok(torch_report(path, out))
+    Ok(out)
 }
 
 fn xla_file(path: &Path, opts: &Options) -> Result<CaptureReport, CaptureError> {
@@ -258,20 +251,17 @@ pub fn analyze_ranks(
 ) -> Result<Vec<CaptureReport>, CaptureError> {
     let one = |p: &PathBuf| -> Result<torch::Output, CaptureError> {
         check_size(p, opts)?;
-        let snap = load_snapshot(p, &opts.decode)?;
-        checkpoint(p, opts)?;
-        let a = torch::analyse(&snap, &opts.analysis);
-        let out = torch::output(&snap, &a, &opts.analysis);
-        drop((a, snap));
+        let out = torch_output(p, opts);
+        // What this snapshot freed goes back before the next one peaks.
         crate::hugepages::trim_heap();
-        Ok(out)
+        out
     };
     let jobs = opts.jobs().min(paths.len()).max(1);
     let mut results: Vec<Option<Result<torch::Output, CaptureError>>> =
         (0..paths.len()).map(|_| None).collect();
     if jobs == 1 {
         for (i, p) in paths.iter().enumerate() {
-            progress(opts, i, paths.len(), p);
+            progress(i, paths.len(), p);
             let r = one(p);
             let failed = r.is_err();
             results[i] = Some(r);
@@ -288,7 +278,7 @@ pub fn analyze_ranks(
                     loop {
                         let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         let Some(p) = paths.get(i) else { break };
-                        progress(opts, i, paths.len(), p);
+                        progress(i, paths.len(), p);
                         let r = one(p);
                         let failed = r.is_err();
                         if let Ok(mut d) = done.lock() {
@@ -378,9 +368,8 @@ pub fn compare_ranks_in(reports: &mut [CaptureReport]) {
 
 /// `memlsp: rank 3/64 name` on stderr for runs of many snapshots, when stderr is a terminal
 /// (or `MEMLSP_PROGRESS=1`, for logs of batch jobs).
-fn progress(opts: &Options, i: usize, n: usize, p: &Path) {
+fn progress(i: usize, n: usize, p: &Path) {
     use std::io::IsTerminal;
-    let _ = opts;
     if n < 4 {
         return;
     }

@@ -167,17 +167,8 @@ fn hlo_name(module: &str) -> &str {
 
 /// A rank from the directory analysis, else from a file named `…rank<N>…` / `…rank_<N>…`.
 fn rank_of(r: &CaptureReport, t: &crate::torch::summary::Summary) -> Option<usize> {
-    if let Some(n) = t.rank {
-        return Some(n);
-    }
-    let name = file_name(&r.path).to_ascii_lowercase();
-    let i = name.find("rank")?;
-    let digits: String = name[i + 4..]
-        .trim_start_matches(['_', '-'])
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect();
-    digits.parse().ok()
+    t.rank
+        .or_else(|| crate::torch::ranks::rank_in_name(&r.path))
 }
 
 /// The last two components of a recorded path (`proj/model.py`): stable across checkouts.

@@ -7,9 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
-use crate::findings::Finding;
 use crate::report::{CaptureReport, Engine};
-use crate::source::locate::Locator;
 use crate::torch::ranks::{RankComparison, RankRow, RankSummary, rank_in_name};
 
 use super::{CommonArgs, ReportFormat, emit, json as js};
@@ -74,17 +72,31 @@ pub(super) fn run(args: CompareArgs) -> i32 {
     let cmp = std::sync::Arc::new(RankComparison::with_rows(rows));
     let workspace = super::absolute(".".as_ref());
     let opts = args.common.options(workspace);
-    let locator = Locator::new(&opts.locate, opts.analysis.frames.clone());
-    let mut reports: Vec<CaptureReport> = Vec::new();
-    for (i, r) in ranked.iter().enumerate() {
-        let mut findings: Vec<Finding> = cmp.skew(i);
-        for f in &mut findings {
-            f.scope = Some(format!("rank {}", cmp.rows[i].rank));
-        }
-        let mut report = rank_report(&r.path, &cmp, i, findings);
-        locator.locate(&mut report);
-        reports.push(report);
-    }
+    // One report per rank holding its PT012 findings; the engine part is the comparison only.
+    let blank = {
+        let snap = crate::torch::model::Snapshot::default();
+        let a = crate::torch::analyse(&snap, &Default::default());
+        crate::torch::summary::summarize(&snap, &a, 0)
+    };
+    let mut reports: Vec<CaptureReport> = ranked
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let mut findings = Vec::new();
+            cmp.annotate(i, &mut findings);
+            let mut summary = blank.clone();
+            summary.rank = Some(cmp.rows[i].rank);
+            summary.rank_comparison = Some(cmp.clone());
+            CaptureReport {
+                path: r.path.clone(),
+                engine: Engine::Torch(Box::new(summary)),
+                sites: Vec::new(),
+                findings,
+                shown_path: None,
+            }
+        })
+        .collect();
+    crate::analyze::locate(&mut reports, &opts);
     let out = match args.format {
         ReportFormat::Text => {
             let mut s = super::text::ranks_table(&cmp);
@@ -110,27 +122,6 @@ pub(super) fn run(args: CompareArgs) -> i32 {
     };
     emit(&out);
     0
-}
-
-/// A report holding one rank's PT012 findings (the engine part is the comparison only).
-fn rank_report(
-    path: &Path,
-    cmp: &std::sync::Arc<RankComparison>,
-    i: usize,
-    findings: Vec<Finding>,
-) -> CaptureReport {
-    let snap = crate::torch::model::Snapshot::default();
-    let a = crate::torch::analyse(&snap, &Default::default());
-    let mut summary = crate::torch::summary::summarize(&snap, &a, 0);
-    summary.rank = Some(cmp.rows[i].rank);
-    summary.rank_comparison = Some(cmp.clone());
-    CaptureReport {
-        path: path.to_path_buf(),
-        engine: Engine::Torch(Box::new(summary)),
-        sites: Vec::new(),
-        findings,
-        shown_path: None,
-    }
 }
 
 /// The PyTorch captures of one `report --format json` document.

@@ -195,9 +195,14 @@ impl RankRow {
 
 /// The rank number in a file name (`rank3_snapshot.pickle`, `snapshot_rank_12.pkl`).
 pub fn rank_in_name(p: &Path) -> Option<usize> {
+    number_in_name(p, "rank").and_then(|n| usize::try_from(n).ok())
+}
+
+/// The number after `key` in a file name (`rank3_snapshot_step10.pickle`: rank 3, step 10).
+pub fn number_in_name(p: &Path, key: &str) -> Option<u64> {
     let name = p.file_name()?.to_string_lossy().to_ascii_lowercase();
-    let i = name.find("rank")?;
-    let digits: String = name[i + 4..]
+    let i = name.find(key)?;
+    let digits: String = name[i + key.len()..]
         .trim_start_matches(['_', '-'])
         .chars()
         .take_while(char::is_ascii_digit)
