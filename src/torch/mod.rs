@@ -107,7 +107,7 @@ pub(crate) fn parallel() -> bool {
 }
 
 /// Traces with at least this many entries get the allocator replay on a second thread.
-const PARALLEL_FROM: usize = 200_000;
+pub(crate) const PARALLEL_FROM: usize = 200_000;
 
 /// The engine's output: the typed summary, the first `opts.top` sites, the findings.
 pub fn output(snap: &Snapshot, a: &Analysis, opts: &AnalysisOptions) -> Output {

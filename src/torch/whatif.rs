@@ -274,38 +274,35 @@ pub fn simulate(snap: &Snapshot, a: &Analysis, findings: &mut [Finding]) {
         .iter()
         .map(|j| traces.get(j.1 as usize).map_or(0, Vec::len))
         .sum();
-    let results: Vec<WhatIf> = if jobs.len() > 1 && entries >= 200_000 && crate::torch::parallel() {
+    let results: Vec<WhatIf> = if jobs.len() > 1
+        && entries >= crate::torch::PARALLEL_FROM
+        && crate::torch::parallel()
+    {
+        // Two workers take the next job until none is left (one, if the thread cannot start).
         let next = std::sync::atomic::AtomicUsize::new(0);
-        let slots: Vec<std::sync::Mutex<Option<WhatIf>>> =
-            jobs.iter().map(|_| std::sync::Mutex::new(None)).collect();
         let work = || {
+            let mut done = Vec::new();
             loop {
                 let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some((_, device, changes, _)) = jobs.get(k) else {
                     break;
                 };
-                let w = a.replays.what_if(snap, *device, changes);
-                if let Ok(mut s) = slots[k].lock() {
-                    *s = Some(w);
-                }
+                done.push((k, a.replays.what_if(snap, *device, changes)));
             }
+            done
         };
-        std::thread::scope(|sc| {
-            let _ = std::thread::Builder::new()
+        let mut done = std::thread::scope(|sc| {
+            let other = std::thread::Builder::new()
                 .name("memlsp-what-if".into())
                 .spawn_scoped(sc, work);
-            work();
+            let mut done = work();
+            if let Ok(h) = other {
+                done.extend(h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)));
+            }
+            done
         });
-        slots
-            .into_iter()
-            .zip(&jobs)
-            .map(|(s, (_, device, changes, _))| {
-                s.into_inner()
-                    .ok()
-                    .flatten()
-                    .unwrap_or_else(|| a.replays.what_if(snap, *device, changes))
-            })
-            .collect()
+        done.sort_unstable_by_key(|d| d.0);
+        done.into_iter().map(|d| d.1).collect()
     } else {
         jobs.iter()
             .map(|(_, device, changes, _)| a.replays.what_if(snap, *device, changes))
