@@ -274,40 +274,38 @@ pub fn simulate(snap: &Snapshot, a: &Analysis, findings: &mut [Finding]) {
         .iter()
         .map(|j| traces.get(j.1 as usize).map_or(0, Vec::len))
         .sum();
-    let results: Vec<WhatIf> = if jobs.len() > 1
-        && entries >= crate::torch::PARALLEL_FROM
-        && crate::torch::parallel()
-    {
-        // Two workers take the next job until none is left (one, if the thread cannot start).
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let work = || {
-            let mut done = Vec::new();
-            loop {
-                let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some((_, device, changes, _)) = jobs.get(k) else {
-                    break;
-                };
-                done.push((k, a.replays.what_if(snap, *device, changes)));
-            }
-            done
+    let results: Vec<WhatIf> =
+        if jobs.len() > 1 && entries >= crate::torch::PARALLEL_FROM && crate::torch::parallel() {
+            // Two workers take the next job until none is left (one, if the thread cannot start).
+            let next = std::sync::atomic::AtomicUsize::new(0);
+            let work = || {
+                let mut done = Vec::new();
+                loop {
+                    let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some((_, device, changes, _)) = jobs.get(k) else {
+                        break;
+                    };
+                    done.push((k, a.replays.what_if(snap, *device, changes)));
+                }
+                done
+            };
+            let mut done = std::thread::scope(|sc| {
+                let other = std::thread::Builder::new()
+                    .name("memlsp-what-if".into())
+                    .spawn_scoped(sc, work);
+                let mut done = work();
+                if let Ok(h) = other {
+                    done.extend(h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)));
+                }
+                done
+            });
+            done.sort_unstable_by_key(|d| d.0);
+            done.into_iter().map(|d| d.1).collect()
+        } else {
+            jobs.iter()
+                .map(|(_, device, changes, _)| a.replays.what_if(snap, *device, changes))
+                .collect()
         };
-        let mut done = std::thread::scope(|sc| {
-            let other = std::thread::Builder::new()
-                .name("memlsp-what-if".into())
-                .spawn_scoped(sc, work);
-            let mut done = work();
-            if let Ok(h) = other {
-                done.extend(h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)));
-            }
-            done
-        });
-        done.sort_unstable_by_key(|d| d.0);
-        done.into_iter().map(|d| d.1).collect()
-    } else {
-        jobs.iter()
-            .map(|(_, device, changes, _)| a.replays.what_if(snap, *device, changes))
-            .collect()
-    };
     for ((i, _, _, words), w) in jobs.iter().zip(results) {
         let f = &mut findings[*i];
         let Some(sim) = simulated(&w, words) else {

@@ -348,16 +348,6 @@ fn jx006_other_live_arrays(ctx: &Context) -> Option<Finding> {
     out
 }
 
-/// JX004: growth per execution.
-fn jx004_growth(ctx: &Context) -> Option<Finding> {
-    growth_finding(ctx)
-}
-
-/// JX005: no parameter donated although a state pytree goes in and a same-shaped one comes out.
-fn jx005_no_donation(ctx: &Context) -> Option<Finding> {
-    donation_finding(ctx)
-}
-
 /// JX002: forward activations kept for the backward pass.
 fn jx002_forward_kept(ctx: &Context) -> Option<Finding> {
     let p = ctx.plan;
@@ -1031,10 +1021,10 @@ fn counts(v: &[u64]) -> String {
     }
 }
 
-fn growth_finding(ctx: &Context) -> Option<Finding> {
+/// JX004: growth per execution.
+fn jx004_growth(ctx: &Context) -> Option<Finding> {
     let p = ctx.plan;
     let g = &ctx.growth;
-    let scope = Some(p.module.clone());
     // Measured: bytes in use at execution starts grow steadily (BFC captures).
     if g.starts.len() >= 3 && g.starts.windows(2).all(|w| w[1] > w[0]) {
         let first = g.starts[0];
@@ -1089,7 +1079,6 @@ fn growth_finding(ctx: &Context) -> Option<Finding> {
         f = f.fix(Fix::advice(
             "a larger pool only delays the OOM by a few steps",
         ));
-        f.scope = scope;
         f.refine = g.append_site.as_ref().map(|a| a.1.clone());
         return Some(f);
     }
@@ -1132,14 +1121,14 @@ fn growth_finding(ctx: &Context) -> Option<Finding> {
             .cost("a device-to-host copy per step")
             .preferred(),
         );
-        f.scope = scope;
         f.refine = g.append_site.as_ref().map(|a| a.1.clone());
         return Some(f);
     }
     None
 }
 
-fn donation_finding(ctx: &Context) -> Option<Finding> {
+/// JX005: no parameter donated although a state pytree goes in and a same-shaped one comes out.
+fn jx005_no_donation(ctx: &Context) -> Option<Finding> {
     let p = ctx.plan;
     let est = p.donation.as_ref()?;
     if p.non_aliased_output_bytes == 0 || est.args.is_empty() {
@@ -1300,7 +1289,6 @@ fn donation_finding(ctx: &Context) -> Option<Finding> {
     ))
     .preferred();
     f = f.fix(bounded(fix, lo, hi));
-    f.scope = Some(p.module.clone());
     Some(f)
 }
 
@@ -1328,7 +1316,7 @@ fn saves(sep: &str, ctx: &Context, lo: u64, hi: u64) -> String {
     }
 }
 
-/// [`fit_note`] for a saving between `lo` and `hi`.
+/// Whether the plan fits the measured capacity after a saving between `lo` and `hi`.
 fn fit_note_range(ctx: &Context, lo: u64, hi: u64) -> String {
     match ctx.capacity {
         Some(cap) => {

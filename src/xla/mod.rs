@@ -59,7 +59,7 @@ pub fn analyse(cap: &Capture, opts: &AnalysisOptions) -> Result<Output, CaptureE
     let chosen = select::select(&cap.file.path, &plans, &rt, opts.module.as_deref())?;
     let Some((plan, why)) = chosen else {
         return Ok(Output {
-            summary: summary::runtime_only(plans.len(), &rt, cap.versions.clone()),
+            summary: summary::runtime_only(&rt, cap.versions.clone()),
             sites: Vec::new(),
             findings: Vec::new(),
         });

@@ -231,20 +231,23 @@ pub struct Plan {
     /// Heap bytes before each event of the heap-simulator trace (the program order), then after
     /// the last: `heap_curve[peak_position + 1]` is the peak.
     pub heap_curve: Vec<u64>,
-    /// Heap bytes in use after each event of the heap-simulator trace (the replay's levels; the
-    /// heap peak is their maximum).
-    pub heap_levels: Vec<u64>,
     /// What donating the state parameters not yet donated would change (None when there is
     /// nothing to donate).
     pub donation: Option<super::donation::DonationEstimate>,
 }
 
 impl Plan {
+    /// Heap bytes in use after each event of the heap-simulator trace (the replay's levels; the
+    /// heap peak is their maximum): the curve without its first point.
+    pub fn heap_levels(&self) -> &[u64] {
+        self.heap_curve.get(1..).unwrap_or(&[])
+    }
+
     /// The heap peak with the schedule unchanged if each heap row of `shrink` needed that many
     /// fewer bytes over its whole life (inferred: XLA may schedule and fuse the changed
     /// program differently).
     pub fn heap_peak_if_shrunk(&self, shrink: &[(&PeakBuffer, u64)]) -> u64 {
-        let n = self.heap_levels.len();
+        let n = self.heap_levels().len();
         let mut delta = vec![0i128; n + 1];
         for (b, by) in shrink {
             let r = b.live_events.start.min(n)..b.live_events.end.min(n);
@@ -256,7 +259,7 @@ impl Plan {
         }
         let mut cut = 0i128;
         let mut peak = 0i128;
-        for (i, level) in self.heap_levels.iter().enumerate() {
+        for (i, level) in self.heap_levels().iter().enumerate() {
             cut += delta[i];
             peak = peak.max(*level as i128 - cut);
         }
@@ -438,9 +441,7 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
     // Root buffer -> event index at which it became live; closed into `live_ranges` when freed.
     let mut opened: FxHashMap<i64, usize> = FxHashMap::default();
     let mut live_ranges: FxHashMap<i64, Vec<std::ops::Range<usize>>> = FxHashMap::default();
-    let mut levels: Vec<u64> = Vec::new();
     if let Some(t) = trace.and_then(|ti| traces.get(ti)) {
-        levels.reserve(t.events.len());
         let mut live: Vec<i64> = Vec::new();
         let mut display: FxHashMap<i64, i64> = FxHashMap::default();
         let mut heap: i64 = 0;
@@ -449,10 +450,6 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
         for (pos, e) in t.events.iter().enumerate() {
             plan.heap_points += 1;
             plan.heap_curve.push(heap.max(0) as u64);
-            // The level after the previous event (the body may `continue`).
-            if pos > 0 {
-                levels.push(heap.max(0) as u64);
-            }
             if !bufs.contains_key(&e.buffer_id) {
                 continue;
             }
@@ -530,9 +527,6 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
             }
         }
         plan.heap_curve.push(heap.max(0) as u64);
-        if !t.events.is_empty() {
-            levels.push(heap.max(0) as u64);
-        }
         for (root, start) in opened.drain() {
             live_ranges
                 .entry(root)
@@ -542,7 +536,6 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
         plan.heap_points += 1;
         plan.heap_peak_bytes = peak.max(0) as u64;
     }
-    plan.heap_levels = levels;
 
     // Rows: the largest logical buffer of each indefinite allocation, then heap buffers.
     let row = |b: &Buf, heap: bool| -> PeakBuffer {
@@ -692,7 +685,8 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
         .and_then(|ti| traces.get(ti))
         .map(|t| t.events.as_slice())
         .unwrap_or(&[]);
-    plan.donation = super::donation::estimate(module, ba, color, events, &plan.heap_levels);
+    let donation = super::donation::estimate(module, ba, color, events, plan.heap_levels());
+    plan.donation = donation;
     for i in module.computations.iter().flat_map(|c| &c.instructions) {
         if i.name.contains(".remat") {
             plan.xla_remat_instructions += 1;

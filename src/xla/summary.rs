@@ -303,8 +303,9 @@ pub fn modules(plans: &[Plan], rt: &Runtime) -> Modules {
     )
 }
 
-/// A capture without HLO modules (TensorFlow, or JAX with `enable_hlo_proto=False`).
-pub fn runtime_only(plans: usize, rt: &Runtime, versions: Vec<(String, String)>) -> Summary {
+/// A capture without HLO modules (TensorFlow, or JAX with `enable_hlo_proto=False`): no plan,
+/// no module to report on.
+pub fn runtime_only(rt: &Runtime, versions: Vec<(String, String)>) -> Summary {
     let main = rt.main();
     Summary {
         module: None,
@@ -315,7 +316,7 @@ pub fn runtime_only(plans: usize, rt: &Runtime, versions: Vec<(String, String)>)
             peak_bytes_in_use: main.map(|a| a.peak_bytes_in_use),
             ..RuntimeSummary::default()
         },
-        modules: Modules::Count(plans),
+        modules: Modules::Count(0),
         versions,
         why: String::new(),
         between_last_two: Vec::new(),

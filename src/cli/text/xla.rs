@@ -6,15 +6,8 @@ use std::fmt::Write as _;
 use super::tag;
 use crate::findings::{Label, fmt_bytes};
 use crate::report::CaptureReport;
+use crate::xla::diagnose::pct;
 use crate::xla::summary::{Modules, Summary};
-
-fn pct(part: u64, whole: u64) -> f64 {
-    if whole == 0 {
-        0.0
-    } else {
-        part as f64 * 100.0 / whole as f64
-    }
-}
 
 pub(super) fn sections(w: &mut String, r: &CaptureReport, x: &Summary, top: usize) {
     let (Some(module), Some(p)) = (&x.module, &x.plan) else {
@@ -102,7 +95,9 @@ pub(super) fn sections(w: &mut String, r: &CaptureReport, x: &Summary, top: usiz
         };
         let at = match (&b.file, b.line, &b.via) {
             (Some(f), Some(l), _) => format!("{f}:{l}"),
-            (_, _, Some((via, f, l))) => format!("{f}:{l} (carried by {via}) [inferred]"),
+            (_, _, Some((via, f, l))) => {
+                format!("{f}:{l} (carried by {via}) {}", tag(Label::Inferred))
+            }
             _ => "(no source line)".into(),
         };
         let what = if b.heap { b.role_text } else { b.category };
