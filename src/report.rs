@@ -98,7 +98,7 @@ impl CaptureReport {
         match &self.engine {
             Engine::Torch(t) => match &t.rank_comparison {
                 Some(c) if c.imbalance.is_some_and(|x| x > 1.2) => format!(
-                    "{} (rank {} of {}; ranks imbalanced: {:.2}× live memory between fullest and emptiest)",
+                    "{} (rank {} of {}; ranks imbalanced: {:.2}× live memory between fullest and emptiest, measured)",
                     sentence.trim_end_matches('.'),
                     t.rank.unwrap_or(0),
                     c.rows.len(),
@@ -125,7 +125,7 @@ impl CaptureReport {
                 let o = &t.totals.memory;
                 if o.allocated_bytes == 0 {
                     return format!(
-                        "No live tensor memory in this snapshot ({} reserved, {} segments).",
+                        "No live tensor memory in this snapshot ({} reserved, {} segments, measured).",
                         fmt_bytes(o.reserved_bytes),
                         o.segment_count
                     );
@@ -144,7 +144,7 @@ impl CaptureReport {
                     None => String::new(),
                 };
                 format!(
-                    "{} live in {} reserved on {} device(s){}, no problem pattern found.",
+                    "{} live in {} reserved on {} device(s){} (measured), no problem pattern found.",
                     fmt_bytes(o.allocated_bytes),
                     fmt_bytes(o.reserved_bytes),
                     t.devices
@@ -157,7 +157,7 @@ impl CaptureReport {
             }
             Engine::Xla(x) => match &x.plan {
                 Some(p) => format!(
-                    "plan peaks at {} (heap {} + parameters/outputs {}); no memory problem found{}",
+                    "plan peaks at {} (heap {} + parameters/outputs {}, read); no memory problem found{}",
                     fmt_bytes(p.total_peak_bytes),
                     fmt_bytes(p.heap_peak_bytes),
                     fmt_bytes(p.indefinite_in_peak),
