@@ -460,6 +460,7 @@ fn finding(
     .bytes(
         cur.bytes.saturating_sub(old.bytes),
         (old.bytes > 0).then_some(pct),
+        cur.label,
     )
     .evidence(if old.bytes == 0 {
         Evidence::inferred(format!(

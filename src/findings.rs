@@ -609,6 +609,8 @@ pub struct Finding {
     pub stack: Vec<Location>,
     pub bytes: Option<u64>,
     pub percent: Option<f64>,
+    /// What kind of number `bytes` is (set with it).
+    pub bytes_label: Option<Label>,
     pub evidence: Vec<Evidence>,
     pub fixes: Vec<Fix>,
     /// Which rank / device / module the finding is about, for merging and messages.
@@ -627,6 +629,9 @@ impl Serialize for Finding {
         serialize_place(&mut m, self.location.as_ref())?;
         m.serialize_entry("bytes", &self.bytes)?;
         m.serialize_entry("percent", &self.percent)?;
+        if let Some(l) = self.bytes_label {
+            m.serialize_entry("bytes_label", &l)?;
+        }
         if let Some(scope) = &self.scope {
             m.serialize_entry("scope", scope)?;
         }
@@ -648,6 +653,7 @@ impl Finding {
             stack: Vec::new(),
             bytes: None,
             percent: None,
+            bytes_label: None,
             evidence: Vec::new(),
             fixes: Vec::new(),
             scope: None,
@@ -659,9 +665,11 @@ impl Finding {
         self.stack = stack;
         self
     }
-    pub fn bytes(mut self, bytes: u64, percent: Option<f64>) -> Self {
+    /// The bytes the finding is about, their share, and what kind of number they are.
+    pub fn bytes(mut self, bytes: u64, percent: Option<f64>, label: Label) -> Self {
         self.bytes = Some(bytes);
         self.percent = percent;
+        self.bytes_label = Some(label);
         self
     }
     pub fn evidence(mut self, e: Evidence) -> Self {

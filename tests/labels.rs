@@ -147,6 +147,25 @@ fn read_and_measured_numbers_are_what_the_label_says() {
         let measured = measured_set(&v);
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
         for f in &r.findings {
+            // The finding's own bytes, as the hover and hints show them with their label.
+            if let (Some(b), Some(l)) = (f.bytes, f.bytes_label) {
+                let allowed = match l {
+                    Label::Read => Some(&read),
+                    Label::Measured => Some(&measured),
+                    Label::Inferred | Label::Simulated => None,
+                };
+                if let Some(allowed) = allowed {
+                    lines += 1;
+                    if !allowed.contains(&fmt_bytes(b)) {
+                        failures.push(format!(
+                            "{name} {}: its bytes {} are no {} quantity",
+                            f.code,
+                            fmt_bytes(b),
+                            l.as_str()
+                        ));
+                    }
+                }
+            }
             for e in &f.evidence {
                 let allowed = match e.label {
                     Label::Read => &read,

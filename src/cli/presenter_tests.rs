@@ -46,7 +46,7 @@ fn fixture() -> (tempfile::TempDir, Locator, CaptureReport) {
         Some(culprit.clone()),
         vec![culprit.clone(), loc("/home/u/proj/run.py", 3, "main")],
     )
-    .bytes(1 << 30, Some(40.0))
+    .bytes(1 << 30, Some(40.0), Label::Measured)
     .evidence(Evidence::measured(
         "120 activation blocks from step 1 are still live at step 5",
     ))
@@ -65,7 +65,7 @@ fn fixture() -> (tempfile::TempDir, Locator, CaptureReport) {
         Severity::Error,
         "allocation of 2.00 GiB failed with 512.00 MiB free",
     )
-    .bytes(2 << 30, None)
+    .bytes(2 << 30, None, Label::Measured)
     .evidence(Evidence::measured("1 OOM event in the trace"));
     let snap = crate::torch::model::Snapshot::default();
     let a = crate::torch::analyse(&snap, &Default::default());

@@ -91,6 +91,7 @@ fn result(r: &CaptureReport, f: &Finding, index: usize, lines: &mut LineCache) -
             "severity": f.severity.as_str(),
             "capture": r.display_path(),
             "bytes": f.bytes,
+            "bytes_label": f.bytes_label.map(|l| l.as_str()),
             "percent": f.percent,
             "scope": f.scope,
             "evidence": f.evidence.iter().map(|e| json!({"label": e.label.as_str(), "text": e.text})).collect::<Vec<_>>(),

@@ -255,7 +255,7 @@ pub(crate) mod tests {
             Some(loc("/job/proj/train.py", 8, "step")),
             stack[1..].to_vec(),
         )
-        .bytes(1_288_490_188, Some(38.0))
+        .bytes(1_288_490_188, Some(38.0), crate::findings::Label::Measured)
         .evidence(Evidence::measured(
             "12 blocks allocated in backward stay live",
         ))

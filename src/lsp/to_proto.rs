@@ -145,6 +145,9 @@ pub fn diagnostic(
             if let Some(p) = f.percent {
                 what.push_str(&format!(" ({p:.0}%)"));
             }
+            if let Some(l) = f.bytes_label {
+                what.push_str(&format!(" {}", l.as_str()));
+            }
         }
         related.push(lsp::DiagnosticRelatedInformation {
             location: lsp::Location::new(cap, lsp::Range::default()),
@@ -223,12 +226,13 @@ pub fn hint_label(site: &Site) -> String {
 pub fn inlay_hint(ls: &LineSite, line0: u32, line_text: &str, enc: Encoding) -> lsp::InlayHint {
     let s = &ls.site;
     let mut tip = format!(
-        "{} in {} block{} ({:.1}% of {}), capture {}",
+        "{} in {} block{} ({:.1}% of {}) {}, capture {}",
         fmt_bytes(s.bytes),
         s.blocks,
         if s.blocks == 1 { "" } else { "s" },
         s.percent,
         s.percent_of.as_str(),
+        s.label.as_str(),
         capture_name(&ls.capture)
     );
     if let Some(scope) = &s.scope {
@@ -256,9 +260,12 @@ pub fn finding_hint(
     let f = &lf.finding;
     let label = crate::present::hint::finding_hint(f)?;
     let mut tip = format!(
-        "{} {}, capture {}",
+        "{} {}{}, capture {}",
         f.code,
         f.code.pattern(),
+        f.bytes_label
+            .map(|l| format!(" ({} bytes)", l.as_str()))
+            .unwrap_or_default(),
         lf.capture_name()
     );
     if let Some(scope) = &f.scope {
@@ -358,6 +365,9 @@ pub fn hover_markdown(entry: &LineEntry, filter: &FrameFilter, roots: &[PathBuf]
             md.push_str(&format!("**{}**", fmt_bytes(b)));
             if let Some(p) = f.percent {
                 md.push_str(&format!(" ({p:.1}%)"));
+            }
+            if let Some(l) = f.bytes_label {
+                md.push_str(&format!(" *{}*", l.as_str()));
             }
             md.push_str("\n\n");
         }

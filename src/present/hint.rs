@@ -69,7 +69,11 @@ mod tests {
 
     #[test]
     fn a_hint_says_what_the_line_holds_and_what_the_simulated_fix_saves() {
-        let f = Finding::new(Code::JX005, Severity::Warning, "m").bytes(72 << 20, None);
+        let f = Finding::new(Code::JX005, Severity::Warning, "m").bytes(
+            72 << 20,
+            None,
+            crate::findings::Label::Inferred,
+        );
         assert_eq!(finding_hint(&f).as_deref(), Some("72.00 MiB not donated"));
         let mut fix = Fix::new(
             "Accumulate `loss.detach()`",
@@ -85,7 +89,7 @@ mod tests {
             change: "detached".into(),
         });
         let f = Finding::new(Code::PT002, Severity::Warning, "m")
-            .bytes(576 << 20, None)
+            .bytes(576 << 20, None, crate::findings::Label::Inferred)
             .fix(fix);
         assert_eq!(
             finding_hint(&f).as_deref(),

@@ -5,7 +5,7 @@
 
 use rustc_hash::FxHashMap;
 
-use crate::findings::{Code, Evidence, Finding, Fix, Severity, fmt_bytes, fmt_signed_bytes};
+use crate::findings::{Code, Evidence, Finding, Fix, Label, Severity, fmt_bytes, fmt_signed_bytes};
 use crate::torch::Analysis;
 use crate::torch::model::{Snapshot, StackId};
 use crate::torch::patterns::culprit;
@@ -137,7 +137,11 @@ pub fn findings(after: &Snapshot, d: &Diff) -> Vec<Finding> {
             ),
         )
         .at(loc, stack)
-        .bytes(u64::try_from(g.byte_delta()).unwrap_or(0), None)
+        .bytes(
+            u64::try_from(g.byte_delta()).unwrap_or(0),
+            None,
+            Label::Measured,
+        )
         .evidence(Evidence::measured(format!(
             "live bytes {} → {} ({}), blocks {} → {} ({:+})",
             fmt_bytes(g.bytes_before),

@@ -4,7 +4,9 @@
 //! blocks or trace entries), read (a field of the file) or inferred (a role guess, a cause, an
 //! estimated saving). Expected retention is said to be expected.
 
-use crate::findings::{Code, Evidence, Finding, Fix, FixKind, Location, Severity, fmt_bytes};
+use crate::findings::{
+    Code, Evidence, Finding, Fix, FixKind, Label, Location, Severity, fmt_bytes,
+};
 use crate::site::SiteRole;
 use crate::torch::Analysis;
 use crate::torch::fragmentation::Verdict;
@@ -86,7 +88,7 @@ fn oom_findings(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
             ),
         )
         .at(loc.clone(), stack.clone())
-        .bytes(oom.size, None)
+        .bytes(oom.size, None, Label::Measured)
         .evidence(Evidence::read(format!(
             "trace entry #{} of device {}: action oom, size {} B, device_free {}",
             oom.index,
@@ -145,7 +147,7 @@ fn oom_findings(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
                 ),
             )
             .at(loc, stack)
-            .bytes(diag.request, None)
+            .bytes(diag.request, None, Label::Measured)
             .evidence(Evidence::read(format!(
                 "failed request {} B (oom entry #{})",
                 diag.request, diag.index
@@ -282,7 +284,7 @@ fn retained_per_step(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mu
             ),
         )
         .at(loc, stack)
-        .bytes(total, percent(total, allocated))
+        .bytes(total, percent(total, allocated), Label::Inferred)
         .evidence(Evidence::inferred(format!(
             "{} of the {} that forward allocated in the trace were never freed (forward = sites \
              whose stacks look like activations)",
@@ -376,7 +378,7 @@ fn retained_per_step(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mu
             ),
         )
         .at(loc, stack)
-        .bytes(s.retained_bytes, percent(s.retained_bytes, allocated))
+        .bytes(s.retained_bytes, percent(s.retained_bytes, allocated), Label::Measured)
         .evidence(Evidence::measured(format!(
             "{} allocations at {} in the trace, {} freed, {} still live (about {:.1} more per part of \
              the trace)",
@@ -439,7 +441,7 @@ fn batched_frees(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mut Ve
         ),
     )
     .at(loc, stack)
-    .bytes(b.bytes, percent(b.bytes, a.totals.overall.allocated))
+    .bytes(b.bytes, percent(b.bytes, a.totals.overall.allocated), Label::Measured)
     .evidence(Evidence::measured(format!(
         "trace entries #{}–#{} of device {}: {} frees with no allocation in between",
         b.start, b.end, t.device, b.frees
@@ -530,7 +532,7 @@ fn pending_frees(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
     };
     let mut f = Finding::new(Code::PT010, severity, message)
         .at(loc, st)
-        .bytes(waiting.max(delayed_bytes), None);
+        .bytes(waiting.max(delayed_bytes), None, Label::Measured);
     if snap_pending > 0 {
         f = f.evidence(Evidence::measured(format!(
             "{} B in active_pending_free blocks at snapshot time",
@@ -637,7 +639,7 @@ fn optimizer_state(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
         ),
     )
     .at(loc, stack)
-    .bytes(opt, percent(opt, allocated))
+    .bytes(opt, percent(opt, allocated), Label::Inferred)
     .evidence(Evidence::inferred(format!(
         "{blocks} live blocks ({} B) were allocated under torch/optim: optimizer state by the stack",
         opt
@@ -771,7 +773,7 @@ fn activation_pressure(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
     };
     let mut f = Finding::new(Code::PT005, severity, message)
         .at(loc, st)
-        .bytes(act, percent(act, set.bytes))
+        .bytes(act, percent(act, set.bytes), Label::Inferred)
         .evidence(Evidence::measured(format!(
             "{when} (before entry #{} of device {}): {} live",
             set.index,
@@ -860,7 +862,7 @@ fn ddp_replication(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
         ),
     )
     .at(loc, stack)
-    .bytes(model_state, percent(model_state, allocated))
+    .bytes(model_state, percent(model_state, allocated), Label::Inferred)
     .evidence(Evidence::measured(format!(
         "{} live in blocks allocated under torch.distributed / DDP's reducer",
         fmt_bytes(comm)
@@ -908,7 +910,7 @@ fn top_site(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
         ),
     )
     .at(loc, stack)
-    .bytes(s.bytes, p)
+    .bytes(s.bytes, p, Label::Measured)
     .evidence(Evidence::measured(format!(
         "{} active_allocated blocks, {} B ({} B requested)",
         s.blocks, s.bytes, s.requested_bytes

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::findings::{Code, Evidence, Finding, Location, Severity, fmt_bytes};
+use crate::findings::{Code, Evidence, Finding, Label, Location, Severity, fmt_bytes};
 use crate::torch::Analysis;
 use crate::torch::model::Snapshot;
 
@@ -303,7 +303,7 @@ impl RankComparison {
                     fmt_bytes(median)
                 ),
             )
-            .bytes(excess, None)
+            .bytes(excess, None, Label::Measured)
             .evidence(Evidence::measured(format!(
                 "live bytes at this site per rank, largest first: {}{more}",
                 listed.join(", ")

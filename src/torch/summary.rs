@@ -206,8 +206,8 @@ pub struct DeviceTimelineSummary {
     pub repeating_unfreed_sites: Vec<RepeatingSite>,
     pub oom_live: Vec<LiveSummary>,
     pub peak_live: Option<LiveSummary>,
-    /// The largest run of frees with no allocation in between (text only).
-    #[serde(skip)]
+    /// The largest run of frees with no allocation in between (PT007's bytes).
+    #[serde(rename = "largest_free_burst", skip_serializing_if = "Option::is_none")]
     pub burst: Option<BurstSummary>,
 }
 
@@ -266,7 +266,7 @@ pub struct LiveSite {
     pub blocks: u64,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Serialize)]
 pub struct BurstSummary {
     pub start: u64,
     pub end: u64,

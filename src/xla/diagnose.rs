@@ -4,7 +4,8 @@
 //! allocator and event counts are `measured`, roles, causes and savings are `inferred`.
 
 use crate::findings::{
-    self, Code, Evidence, Finding, Fix, FixKind, Location, Refine, Severity, fmt_bytes, fmt_range,
+    self, Code, Evidence, Finding, Fix, FixKind, Label, Location, Refine, Severity, fmt_bytes,
+    fmt_range,
 };
 
 use super::plan::{PeakBuffer, Plan, Role};
@@ -244,7 +245,7 @@ fn jx001_plan_exceeds_capacity(ctx: &Context) -> Option<Finding> {
                 fmt_bytes(cap)
             ),
         )
-        .bytes(p.total_peak_bytes, None)
+        .bytes(p.total_peak_bytes, None, Label::Read)
         .evidence(Evidence::read(format!(
             "plan: parameters {} + outputs not aliased {} + heap peak {} (total {})",
             fmt_bytes(p.parameter_bytes),
@@ -311,7 +312,7 @@ fn jx006_other_live_arrays(ctx: &Context) -> Option<Finding> {
                             .unwrap_or_default()
                     ),
                 )
-                .bytes(others, Some(pct(others, cap)))
+                .bytes(others, Some(pct(others, cap)), Label::Measured)
                 .evidence(Evidence::measured(format!(
                     "bytes in use at the last execution start: {}",
                     fmt_bytes(in_use)
@@ -386,7 +387,7 @@ fn jx002_forward_kept(ctx: &Context) -> Option<Finding> {
                 ),
             )
             .at(loc.clone(), stack.clone())
-            .bytes(*bytes, Some(pct(*bytes, heap)))
+            .bytes(*bytes, Some(pct(*bytes, heap)), Label::Inferred)
             .evidence(Evidence::read(format!(
                 "{} buffer(s) live at the heap peak from this line: {}",
                 rows.len(),
@@ -735,7 +736,7 @@ fn jx003_backward_dominates(ctx: &Context) -> Option<Finding> {
             ),
         )
         .at(loc, stack)
-        .bytes(bwd, Some(pct(bwd, heap)))
+        .bytes(bwd, Some(pct(bwd, heap)), Label::Inferred)
         .evidence(Evidence::inferred(
             "role from the JAX name stack (`transpose(`)",
         ))
@@ -825,7 +826,7 @@ fn f32_copies(ctx: &Context) -> Option<Finding> {
         ),
     )
     .at(loc, stack)
-    .bytes(bytes, Some(pct(bytes, heap)));
+    .bytes(bytes, Some(pct(bytes, heap)), Label::Inferred);
     for r in &rows {
         f = f.evidence(Evidence::read(format!(
             "{}: {} # {} — {} live at the heap peak",
@@ -928,7 +929,7 @@ fn jx009_top_buffers(ctx: &Context) -> Vec<Finding> {
             ),
         )
         .at(loc, stack)
-        .bytes(b.size, Some(share))
+        .bytes(b.size, Some(share), Label::Read)
         .evidence(Evidence::read(format!(
             "{}: {} # {}",
             b.instruction, b.shape, b.op_name
@@ -1052,7 +1053,7 @@ fn jx004_growth(ctx: &Context) -> Option<Finding> {
             g.append_site.as_ref().map(|a| a.0.clone()),
             g.append_site.iter().map(|a| a.0.clone()).collect(),
         )
-        .bytes(per, None)
+        .bytes(per, None, Label::Measured)
         .evidence(Evidence::measured(format!(
             "bytes in use at execution starts: {}",
             series(&g.starts)
@@ -1100,7 +1101,7 @@ fn jx004_growth(ctx: &Context) -> Option<Finding> {
             g.append_site.as_ref().map(|a| a.0.clone()),
             g.append_site.iter().map(|a| a.0.clone()).collect(),
         )
-        .bytes(per, None)
+        .bytes(per, None, Label::Inferred)
         .evidence(Evidence::measured(format!(
             "$<unknown> append events after each execution: {}",
             counts(&g.appends_per_gap)
@@ -1230,7 +1231,7 @@ fn jx005_no_donation(ctx: &Context) -> Option<Finding> {
         ),
     )
     .at(loc.clone(), loc.iter().cloned().collect())
-    .bytes(lo, Some(pct(lo, p.total_peak_bytes)))
+    .bytes(lo, Some(pct(lo, p.total_peak_bytes)), Label::Inferred)
     .evidence(Evidence::read(aliased))
     .evidence(Evidence::inferred(format!(
         "{} parameter(s) have an output of the same shape and dtype: donated, those outputs ({}) are written into the parameters' buffers{}",
