@@ -207,5 +207,11 @@ fn rank_skew_is_a_diagnostic_on_the_line_with_the_ranks_in_its_hover() {
         md.contains("**PT012 rank skew**") && md.contains("rank 0: ") && md.contains("rank 1: "),
         "{md}"
     );
+    // The excess over the median, with what kind of number it is.
+    let excess = md
+        .lines()
+        .find(|l| l.starts_with("**") && l.contains("iB**"))
+        .unwrap_or_else(|| panic!("no bytes line: {md}"));
+    assert!(excess.ends_with(" *measured*"), "{excess}");
     lsp.shutdown();
 }
