@@ -211,15 +211,17 @@ fn changes_for(
             ))
         }
         Code::PT010 => {
+            // The allocation each free request is about (one trace entry frees one block).
+            let freed: FxHashMap<usize, usize> = lives
+                .values()
+                .flatten()
+                .filter_map(|l| Some((l.free_requested?, l.alloc)))
+                .collect();
             let mut c = Vec::new();
             for p in &t.pending {
-                let life = lives
-                    .values()
-                    .flatten()
-                    .find(|l| l.free_requested == Some(p.index as usize));
-                if let Some(l) = life {
+                if let Some(&alloc) = freed.get(&(p.index as usize)) {
                     c.push(Change::FreeEarly {
-                        allocs: vec![l.alloc],
+                        allocs: vec![alloc],
                         at: (p.index as usize).saturating_add(1),
                     });
                 }
