@@ -11,10 +11,6 @@ use crate::torch::model::{BlockState, Snapshot};
 use crate::torch::timeline::Timeline;
 use crate::torch::totals::Totals;
 
-/// Requests up to this size (after rounding) come from the small pool's 2 MiB segments
-/// (PyTorch's `kSmallSize`); larger ones from the large pool.
-const SMALL_SIZE: u64 = 1 << 20;
-
 /// What caused one OOM, as far as the allocator state shows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {
@@ -132,21 +128,11 @@ pub fn diagnose(snap: &Snapshot, totals: &Totals, timeline: &Timeline) -> Vec<Oo
             m.inactive
         };
         let largest_any = m.largest_inactive.unwrap_or(0);
-        // Only a cached block of the request's pool and stream can serve it: a small request
-        // fails while large-pool pieces sit inactive, and the other way round.
-        let small = oom.size <= SMALL_SIZE;
+        // Only a cached block of the request's pool and stream can serve it.
         let largest = snap
             .segments
             .iter()
-            .filter(|s| {
-                s.device == oom.device
-                    && s.stream == oom.stream
-                    && match s.segment_type.as_deref() {
-                        Some("small") => small,
-                        Some("large") => !small,
-                        _ => true,
-                    }
-            })
+            .filter(|s| s.device == oom.device && s.serves(oom.stream, oom.size))
             .flat_map(|s| s.blocks.iter())
             .filter(|b| b.state == BlockState::Inactive)
             .map(|b| b.size)

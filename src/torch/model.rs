@@ -82,6 +82,25 @@ pub struct Segment {
     pub blocks: Vec<Block>,
 }
 
+/// Requests up to this size (after rounding) come from the small pool's 2 MiB segments
+/// (PyTorch's `kSmallSize`); larger ones from the large pool.
+pub const SMALL_SIZE: u64 = 1 << 20;
+
+impl Segment {
+    /// Whether this segment's blocks can serve a request of `size` bytes on `stream`: only a
+    /// segment of the request's pool and stream can (a small request fails while large-pool
+    /// pieces sit inactive, and the other way round). A segment of unknown type may be either.
+    pub fn serves(&self, stream: u64, size: u64) -> bool {
+        let small = size <= SMALL_SIZE;
+        self.stream == stream
+            && match self.segment_type.as_deref() {
+                Some("small") => small,
+                Some("large") => !small,
+                _ => true,
+            }
+    }
+}
+
 /// `device_traces[d][i].action`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Action {
@@ -292,6 +311,35 @@ impl Snapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_segment_serves_requests_of_its_pool_and_stream() {
+        let seg = |ty: Option<&str>| Segment {
+            device: 0,
+            address: 0,
+            total_size: 2 << 20,
+            allocated_size: 0,
+            active_size: 0,
+            requested_size: 0,
+            stream: 7,
+            segment_type: ty.map(str::to_string),
+            is_expandable: false,
+            pool_id: None,
+            stack: None,
+            blocks: Vec::new(),
+        };
+        let (small, large) = (SMALL_SIZE, SMALL_SIZE + 512);
+        assert!(seg(Some("small")).serves(7, small) && !seg(Some("small")).serves(7, large));
+        assert!(seg(Some("large")).serves(7, large) && !seg(Some("large")).serves(7, small));
+        assert!(
+            seg(None).serves(7, small) && seg(None).serves(7, large),
+            "unknown: either"
+        );
+        assert!(
+            !seg(Some("small")).serves(0, small),
+            "another stream's cache"
+        );
+    }
 
     #[test]
     fn trace_entries_stay_small_and_keep_their_optional_fields() {

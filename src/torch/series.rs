@@ -10,7 +10,7 @@ use rustc_hash::FxHashMap;
 use serde::Serialize;
 
 use crate::findings::Location;
-use crate::torch::model::{Action, BlockState, Segment, Snapshot, TraceEntry};
+use crate::torch::model::{Action, BlockState, SMALL_SIZE, Segment, Snapshot, TraceEntry};
 use crate::torch::replay::{self, At};
 use crate::torch::stacks::{SiteKey, StackIndex, location, stack_locations};
 
@@ -258,26 +258,26 @@ pub fn state_panels(
 
 /// The failed request of `oom` against the free blocks of its pool and stream in `segs`.
 fn failed_request(segs: &[Segment], oom: &TraceEntry) -> FailedRequest {
-    let small = oom.size <= SMALL_REQUEST;
     let free: Vec<u64> = segs
         .iter()
-        .filter(|g| g.stream == oom.stream && (g.segment_type.as_deref() == Some("small")) == small)
+        .filter(|g| g.serves(oom.stream, oom.size))
         .flat_map(|g| g.blocks.iter())
         .filter(|b| b.state == BlockState::Inactive)
         .map(|b| b.size)
         .collect();
     FailedRequest {
         bytes: oom.size,
-        pool: if small { "small" } else { "large" },
+        pool: if oom.size <= SMALL_SIZE {
+            "small"
+        } else {
+            "large"
+        },
         stream: oom.stream,
         largest_free_bytes: free.iter().copied().max().unwrap_or(0),
         pool_free_bytes: free.iter().sum(),
         device_free: oom.device_free(),
     }
 }
-
-/// Requests up to this size go to the small pool (PyTorch's `kSmallSize`).
-const SMALL_REQUEST: u64 = 1 << 20;
 
 /// The series of every device with a trace.
 pub fn compute(snap: &Snapshot, stacks: &StackIndex, live_start: &[(i64, i64)]) -> Vec<Series> {

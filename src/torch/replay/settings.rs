@@ -5,7 +5,7 @@ use serde::Serialize;
 use crate::torch::model::AllocatorSettings;
 
 /// Requests up to 1 MiB come from the small pool.
-pub const SMALL_SIZE: u64 = 1 << 20;
+pub use crate::torch::model::SMALL_SIZE;
 /// Every block size is a multiple of 512 B.
 pub const MIN_BLOCK: u64 = 512;
 /// Small-pool segments (and small expandable pages) are 2 MiB.
