@@ -280,10 +280,9 @@ pub fn record(reports: &[CaptureReport]) -> Baseline {
 pub fn parse(path: &Path, text: &str) -> Result<Baseline, String> {
     let b: Baseline = serde_json::from_str(text).map_err(|e| {
         format!(
-            "{}: line {} column {}: not a memlsp baseline ({e}); write one with `memlsp baseline PATH… -o {}`",
+            "{}: at byte {}: not a memlsp baseline ({e}); write one with `memlsp baseline PATH… -o {}`",
             path.display(),
-            e.line(),
-            e.column(),
+            crate::error::json_error_offset(text.as_bytes(), &e),
             path.display()
         )
     })?;

@@ -91,3 +91,17 @@ impl fmt::Display for CaptureError {
 }
 
 impl std::error::Error for CaptureError {}
+
+/// The byte offset in `bytes` of a JSON parse error (serde reports 1-based line and column).
+pub fn json_error_offset(bytes: &[u8], e: &serde_json::Error) -> u64 {
+    let mut line = 1;
+    for (i, &b) in bytes.iter().enumerate() {
+        if line == e.line() {
+            return (i + e.column().saturating_sub(1)) as u64;
+        }
+        if b == b'\n' {
+            line += 1;
+        }
+    }
+    bytes.len() as u64
+}

@@ -321,7 +321,7 @@ fn bad_baselines_and_flags_are_one_line_errors() {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/torch/pt002_retained_graph.pickle");
     std::fs::write(dir.join("bad.json"), "{\"captures\": 3}").unwrap();
     memlsp(&["--check", arg(&fixture), "--baseline", "bad.json"], dir)
-        .assert_one_line_error("not a memlsp baseline");
+        .assert_one_line_error("bad.json: at byte 13: not a memlsp baseline");
     memlsp(
         &["--check", arg(&fixture), "--baseline", "missing.json"],
         dir,

@@ -249,7 +249,8 @@ fn compare_refuses_what_is_not_a_summary() {
     std::fs::write(tmp.path().join("b.json"), "not json").unwrap();
     memlsp(&["compare", "a.json", "a.json"], tmp.path())
         .assert_one_line_error("not a `memlsp report --format json` summary");
-    memlsp(&["compare", "b.json", "a.json"], tmp.path()).assert_one_line_error("not JSON");
+    memlsp(&["compare", "b.json", "a.json"], tmp.path())
+        .assert_one_line_error("b.json: at byte 1: not JSON");
 }
 
 /// The code blocks of docs/RANKS.md under `heading`, in order, as (language, body).

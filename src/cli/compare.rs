@@ -130,10 +130,9 @@ fn read_summary(f: &Path) -> Result<Vec<Ranked>, String> {
         std::fs::read_to_string(f).map_err(|e| format!("{}: cannot read ({e})", f.display()))?;
     let doc: Value = serde_json::from_str(&text).map_err(|e| {
         format!(
-            "{}: line {} column {}: not JSON ({e}); pass the output of `memlsp report SNAPSHOT --format json`",
+            "{}: at byte {}: not JSON ({e}); pass the output of `memlsp report SNAPSHOT --format json`",
             f.display(),
-            e.line(),
-            e.column()
+            crate::error::json_error_offset(text.as_bytes(), &e)
         )
     })?;
     let caps = doc["captures"].as_array().ok_or_else(|| {

@@ -211,7 +211,7 @@ fn decode_pickle(
 /// Parse the JSON form into the same object graph the pickle VM produces.
 fn tree_from_json(path: &Path, bytes: &[u8]) -> Result<Tree<'static>, CaptureError> {
     let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| {
-        let offset = line_col_to_offset(bytes, e.line(), e.column());
+        let offset = crate::error::json_error_offset(bytes, &e);
         let kind = if e.is_eof() {
             ErrorKind::Truncated
         } else {
@@ -304,19 +304,6 @@ fn tree_from_json(path: &Path, bytes: &[u8]) -> Result<Tree<'static>, CaptureErr
     }
     tree.root = out.pop().unwrap_or(Val::NONE);
     Ok(tree)
-}
-
-fn line_col_to_offset(bytes: &[u8], line: usize, col: usize) -> u64 {
-    let mut l = 1;
-    for (i, &b) in bytes.iter().enumerate() {
-        if l == line {
-            return (i + col.saturating_sub(1)) as u64;
-        }
-        if b == b'\n' {
-            l += 1;
-        }
-    }
-    bytes.len() as u64
 }
 
 /// Converts trace-entry dicts to [`TraceEntry`]s while the pickle is decoded, so millions of
