@@ -461,6 +461,11 @@ impl Simulated {
     /// `peak 596.17 MiB → 88.11 MiB (simulated)`, or what became of the OOM: the words every
     /// presenter shows after a fix's title.
     pub fn summary(&self) -> String {
+        format!("{} (simulated)", self.outcome())
+    }
+
+    /// [`Simulated::summary`] without its label, for presenters that label it their way.
+    pub fn outcome(&self) -> String {
         let peak = if self.peak_allocated_after == self.peak_allocated_before {
             format!(
                 "peak unchanged at {}",
@@ -474,9 +479,9 @@ impl Simulated {
             )
         };
         match self.oom_avoided {
-            Some(true) => format!("the OOM would not happen; {peak} (simulated)"),
-            Some(false) => format!("the OOM would still happen; {peak} (simulated)"),
-            None => format!("{peak} (simulated)"),
+            Some(true) => format!("the OOM would not happen; {peak}"),
+            Some(false) => format!("the OOM would still happen; {peak}"),
+            None => peak,
         }
     }
 }
@@ -486,6 +491,15 @@ impl Simulated {
 pub struct FixTarget {
     pub file: PathBuf,
     pub line: u32,
+}
+
+/// How a fix's estimated saving (always inferred) is stated after its title.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SavingNote {
+    /// The title already says the amount: only the label is added.
+    InTitle,
+    /// `~1.00 GiB`, or a range `1.00–2.00 GiB` (a bound from the plan).
+    Amount(String),
 }
 
 /// One way to act on a finding, with what it is expected to save.
@@ -561,6 +575,22 @@ impl Fix {
             preferred: false,
         }
     }
+    /// What a presenter says about the saving; none for a fix that saves nothing stated.
+    pub fn saving_note(&self) -> Option<SavingNote> {
+        let amount = match (self.saving_range, self.saving_bytes.filter(|b| *b > 0)) {
+            (Some((lo, hi)), _) => fmt_range(lo, hi),
+            (None, Some(b)) => fmt_bytes(b),
+            (None, None) => return None,
+        };
+        Some(if self.title.contains(&amount) {
+            SavingNote::InTitle
+        } else if self.saving_range.is_some() {
+            SavingNote::Amount(amount)
+        } else {
+            SavingNote::Amount(format!("~{amount}"))
+        })
+    }
+
     pub fn saving(mut self, bytes: u64) -> Self {
         self.saving_bytes = Some(bytes);
         self
@@ -745,6 +775,29 @@ pub fn fmt_signed_bytes(bytes: i128) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_saving_is_stated_once_with_its_amount_or_left_to_the_title() {
+        let fix = |title: &str| Fix::new(title, FixKind::Advice);
+        assert_eq!(
+            fix("detach it").saving(1 << 30).saving_note(),
+            Some(SavingNote::Amount("~1.00 GiB".into()))
+        );
+        assert_eq!(
+            fix("donate it: saves 1.00 GiB")
+                .saving(1 << 30)
+                .saving_note(),
+            Some(SavingNote::InTitle)
+        );
+        assert_eq!(
+            fix("checkpoint")
+                .saving_range(1 << 30, 3 << 29)
+                .saving_note(),
+            Some(SavingNote::Amount("1.00–1.50 GiB".into()))
+        );
+        assert_eq!(fix("a smaller pool").saving(0).saving_note(), None);
+        assert_eq!(fix("look").saving_note(), None);
+    }
 
     #[test]
     fn bytes_are_formatted_in_binary_units() {

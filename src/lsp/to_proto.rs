@@ -12,7 +12,7 @@ use tower_lsp_server::ls_types as lsp;
 use tower_lsp_server::ls_types::Uri;
 
 use crate::findings::Location;
-use crate::findings::{self, Severity, fmt_bytes, fmt_range};
+use crate::findings::{self, SavingNote, Severity, fmt_bytes};
 use crate::frames::{FrameFilter, FrameKind};
 use crate::lsp::index::{LineEntry, LineFinding, LineSite, capture_name};
 use crate::report::PercentOf;
@@ -379,20 +379,16 @@ pub fn hover_markdown(entry: &LineEntry, filter: &FrameFilter, roots: &[PathBuf]
         }
         for fix in &f.fixes {
             md.push_str(&format!("- fix: {}", fix.title));
-            if let Some(r) = fix.saving_range.map(|(lo, hi)| fmt_range(lo, hi)) {
-                if !fix.title.contains(&r) {
-                    md.push_str(&format!(" (saves {r}, *inferred*)"));
-                }
-            } else if let Some(s) = fix.saving_bytes.map(fmt_bytes) {
-                if !fix.title.contains(&s) {
-                    md.push_str(&format!(" (saves about {s}, *inferred*)"));
-                }
+            match fix.saving_note() {
+                Some(SavingNote::InTitle) => md.push_str(" (*inferred*)"),
+                Some(SavingNote::Amount(a)) => md.push_str(&format!(" (saves {a}, *inferred*)")),
+                None => {}
             }
             if let Some(sim) = &fix.simulated {
                 md.push_str(&format!(
                     "\n  - *simulated*: {} — {}",
                     sim.change,
-                    sim.summary().trim_end_matches(" (simulated)")
+                    sim.outcome()
                 ));
             }
             md.push('\n');

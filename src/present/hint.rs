@@ -1,7 +1,7 @@
 //! The few words a finding shows at the end of its own line (an editor's inlay hint): what it
 //! holds, and what its fix saves when that was simulated or bounded (never a guess).
 
-use crate::findings::{Code, Finding, fmt_bytes};
+use crate::findings::{Code, Finding, fmt_bytes, fmt_range};
 
 /// `retains 576.00 MiB · fix saves 512.00 MiB of peak (simulated)`, or `None` for the codes whose
 /// line already carries the site's share (`38% live memory`).
@@ -54,11 +54,7 @@ fn saving(f: &Finding) -> Option<String> {
     }
     f.fixes.iter().find_map(|x| {
         let (lo, hi) = x.saving_range?;
-        Some(if lo == hi {
-            format!("saves {} (inferred)", fmt_bytes(lo))
-        } else {
-            format!("saves {}–{} (inferred)", fmt_bytes(lo), fmt_bytes(hi))
-        })
+        Some(format!("saves {} (inferred)", fmt_range(lo, hi)))
     })
 }
 

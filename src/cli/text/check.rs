@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use crate::findings::{Finding, Fix, Severity, fmt_bytes, fmt_range};
+use crate::findings::{Finding, Fix, SavingNote, Severity};
 use crate::report::CaptureReport;
 
 /// `--check --format text`: one block per finding, then a summary line.
@@ -56,19 +56,11 @@ fn finding(out: &mut String, r: &CaptureReport, f: &Finding) {
 /// ` (saves ~1.00 GiB, inferred; cost: …)` after a fix title, or nothing.
 pub(crate) fn fix_notes(x: &Fix) -> String {
     let mut notes = Vec::new();
-    if let Some((lo, hi)) = x.saving_range {
-        if x.title.contains(&fmt_range(lo, hi)) {
-            notes.push("saving inferred".to_string());
-        } else {
-            notes.push(format!("saves {}, inferred", fmt_range(lo, hi)));
-        }
-    } else if let Some(s) = x.saving_bytes {
-        // Titles often state the saving already; the label is what must not go missing.
-        if x.title.contains(&fmt_bytes(s)) {
-            notes.push("saving inferred".to_string());
-        } else {
-            notes.push(format!("saves ~{}, inferred", fmt_bytes(s)));
-        }
+    // Titles often state the saving already; the label is what must not go missing.
+    match x.saving_note() {
+        Some(SavingNote::InTitle) => notes.push("saving inferred".to_string()),
+        Some(SavingNote::Amount(a)) => notes.push(format!("saves {a}, inferred")),
+        None => {}
     }
     if let Some(c) = &x.cost {
         notes.push(format!("cost: {c}"));

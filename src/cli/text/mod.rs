@@ -10,7 +10,7 @@ mod xla;
 
 use std::fmt::Write;
 
-use crate::findings::{Finding, Kind, Label, fmt_bytes, fmt_range};
+use crate::findings::{Finding, Kind, Label, SavingNote, fmt_bytes};
 use crate::report::{CaptureReport, Engine};
 
 pub(super) use check::{check, fix_notes};
@@ -110,18 +110,10 @@ fn next_steps(s: &mut String, r: &CaptureReport) {
         for fix in &f.fixes {
             n += 1;
             // Savings are estimates: labelled, and said once; a bound from the plan as a range.
-            let saving = match (fix.saving_range, fix.saving_bytes.filter(|b| *b > 0)) {
-                (Some((lo, hi)), _) if fix.title.contains(&fmt_range(lo, hi)) => {
-                    format!(" {}", tag(Label::Inferred))
-                }
-                (Some((lo, hi)), _) => {
-                    format!(" — saves {} {}", fmt_range(lo, hi), tag(Label::Inferred))
-                }
-                (None, Some(b)) if fix.title.contains(&fmt_bytes(b)) => {
-                    format!(" {}", tag(Label::Inferred))
-                }
-                (None, Some(b)) => format!(" — saves ~{} {}", fmt_bytes(b), tag(Label::Inferred)),
-                (None, None) => String::new(),
+            let saving = match fix.saving_note() {
+                Some(SavingNote::InTitle) => format!(" {}", tag(Label::Inferred)),
+                Some(SavingNote::Amount(a)) => format!(" — saves {a} {}", tag(Label::Inferred)),
+                None => String::new(),
             };
             let cost = fix
                 .cost
@@ -135,7 +127,7 @@ fn next_steps(s: &mut String, r: &CaptureReport) {
                     "      {} {}: {}; reserved {} → {}",
                     tag(Label::Simulated),
                     sim.change,
-                    sim.summary().trim_end_matches(" (simulated)"),
+                    sim.outcome(),
                     fmt_bytes(sim.peak_reserved_before),
                     fmt_bytes(sim.peak_reserved_after)
                 );
