@@ -892,7 +892,7 @@ impl Owner {
 
         let mut next: HashMap<PathBuf, Vec<lsp::Diagnostic>> = HashMap::new();
         for (file, fe) in &index.files {
-            let diags = self.file_diagnostics(file, fe);
+            let diags = self.file_diagnostics(file, fe, self.text_of(file).as_deref());
             if !diags.is_empty() {
                 next.insert(file.clone(), diags);
             }
@@ -977,18 +977,18 @@ impl Owner {
         self.moved.clear();
         let files: Vec<PathBuf> = self.bases.keys().cloned().collect();
         for f in files {
-            self.remap(&f);
+            let now = self.text_of(&f).unwrap_or_default();
+            self.remap(&f, &now);
         }
     }
 
-    /// Where the indexed lines of `file` are in its current text (buffer or disk).
-    fn remap(&mut self, file: &Path) {
+    /// Where the indexed lines of `file` are in its current text `now` (buffer or disk).
+    fn remap(&mut self, file: &Path, now: &str) {
         let Some(base) = self.bases.get(file) else {
             self.moved.remove(file);
             return;
         };
-        let now = self.text_of(file).unwrap_or_default();
-        let map = LineMap::between(&base.text, &now);
+        let map = LineMap::between(&base.text, now);
         if map.is_identity() {
             self.moved.remove(file);
         } else {
@@ -999,9 +999,18 @@ impl Owner {
     /// The diagnostics of one workspace file against its current text (buffer or disk). A
     /// finding whose fix is already in the text (the user applied the quick fix) is left out:
     /// the capture predates the edit.
-    fn file_diagnostics(&self, file: &Path, fe: &FileEntry) -> Vec<lsp::Diagnostic> {
+    fn file_diagnostics(
+        &self,
+        file: &Path,
+        fe: &FileEntry,
+        text: Option<&str>,
+    ) -> Vec<lsp::Diagnostic> {
         let enc = self.caps().encoding;
-        let text = self.text_of(file);
+        // One scan of the text for every finding's "is the fix already there" check (a scanner
+        // panic costs the check, not the server).
+        let src = text.and_then(|t| {
+            std::panic::catch_unwind(|| crate::source::python::Source::new(t)).ok()
+        });
         let file_str = file.to_string_lossy();
         let moved = self.moved.get(file);
         let mut diags = Vec::new();
@@ -1010,13 +1019,11 @@ impl Owner {
             let Some(now) = moved.map_or(Some(*line), |m| m.new_line(*line)) else {
                 continue;
             };
-            let lt = text
-                .as_deref()
-                .and_then(|t| to_proto::line_of(t, now.saturating_sub(1)));
+            let lt = text.and_then(|t| to_proto::line_of(t, now.saturating_sub(1)));
             for lf in &le.findings {
-                let fixed = text
-                    .as_deref()
-                    .is_some_and(|t| fix_applied(&lf.finding, &file_str, t, now));
+                let fixed = src
+                    .as_ref()
+                    .is_some_and(|s| fix_applied(&lf.finding, &file_str, s, now));
                 if !fixed {
                     diags.push(to_proto::diagnostic(lf, now, lt, enc));
                 }
@@ -1034,9 +1041,10 @@ impl Owner {
             return;
         };
         let before = self.moved.get(file).cloned();
-        self.remap(file);
+        let text = self.text_of(file);
+        self.remap(file, text.as_deref().unwrap_or_default());
         let lines_moved = before != self.moved.get(file).cloned();
-        let diags = self.file_diagnostics(file, fe);
+        let diags = self.file_diagnostics(file, fe, text.as_deref());
         let old = self.published.get(file).cloned().unwrap_or_default();
         if diags == old && !lines_moved {
             return;
@@ -1078,11 +1086,16 @@ fn contained(analyse: impl FnOnce() -> Result<CaptureReport, CaptureError>) -> O
 
 /// True when one of the finding's edit fixes reports that the line already has it (`loss` is
 /// already `loss.detach()`, `jax.jit` already donates, …).
-fn fix_applied(f: &crate::findings::Finding, file: &str, text: &str, line: u32) -> bool {
+fn fix_applied(
+    f: &crate::findings::Finding,
+    file: &str,
+    src: &crate::source::python::Source,
+    line: u32,
+) -> bool {
     f.fixes.iter().any(|fix| {
         !matches!(fix.kind, crate::findings::FixKind::Advice)
             && std::panic::catch_unwind(AssertUnwindSafe(|| {
-                crate::source::edits::edits_for(&fix.kind, file, text, line)
+                crate::source::edits::edits_in(&fix.kind, file, src, line)
             }))
             .is_ok_and(|r| r.is_err_and(|why| why.already_applied()))
     })

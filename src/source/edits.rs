@@ -22,16 +22,26 @@ pub fn edits_for(
     text: &str,
     line: u32,
 ) -> Result<Vec<TextEdit>, NoEdit> {
-    let src = Source::new(text);
+    edits_in(kind, file, &Source::new(text), line)
+}
+
+/// [`edits_for`] on a file already scanned (the server checks every finding of a file against
+/// one scan of its text).
+pub(crate) fn edits_in(
+    kind: &FixKind,
+    file: &str,
+    src: &Source,
+    line: u32,
+) -> Result<Vec<TextEdit>, NoEdit> {
     let at = |line: u32| src.line_index(line);
     let edits = match kind {
         FixKind::Advice => return Err(NoEdit("advice only: there is no local edit".into())),
-        FixKind::AllocConf { value } => alloc_conf(&src, value)?,
-        FixKind::DetachAccumulated { item } => detach_accumulated(&src, at(line)?, *item)?,
-        FixKind::DetachCpuAppend => wrap_append(&src, at(line)?, Wrap::DetachCpu)?,
-        FixKind::DeviceGetAppend => wrap_append(&src, at(line)?, Wrap::DeviceGet)?,
-        FixKind::DonateArgnums { argnums, .. } => donate_argnums(&src, at(line)?, argnums)?,
-        FixKind::JaxCheckpoint => jax_checkpoint(&src, at(line)?)?,
+        FixKind::AllocConf { value } => alloc_conf(src, value)?,
+        FixKind::DetachAccumulated { item } => detach_accumulated(src, at(line)?, *item)?,
+        FixKind::DetachCpuAppend => wrap_append(src, at(line)?, Wrap::DetachCpu)?,
+        FixKind::DeviceGetAppend => wrap_append(src, at(line)?, Wrap::DeviceGet)?,
+        FixKind::DonateArgnums { argnums, .. } => donate_argnums(src, at(line)?, argnums)?,
+        FixKind::JaxCheckpoint => jax_checkpoint(src, at(line)?)?,
     };
     Ok(edits.into_iter().map(|e| src.text_edit(file, e)).collect())
 }
