@@ -1008,9 +1008,8 @@ impl Owner {
         let enc = self.caps().encoding;
         // One scan of the text for every finding's "is the fix already there" check (a scanner
         // panic costs the check, not the server).
-        let src = text.and_then(|t| {
-            std::panic::catch_unwind(|| crate::source::python::Source::new(t)).ok()
-        });
+        let src = text
+            .and_then(|t| std::panic::catch_unwind(|| crate::source::python::Source::new(t)).ok());
         let file_str = file.to_string_lossy();
         let moved = self.moved.get(file);
         let mut diags = Vec::new();

@@ -59,7 +59,12 @@ pub enum CaptureFramework {
 pub fn training_loop_at(text: &str, line: u32) -> Option<CaptureFramework> {
     let src = Source::new(text);
     let idx = src.line_index(line).ok()?;
-    let (_, end) = loop_body(&src, idx)?;
+    training_loop(&src, idx).map(|(framework, _, _)| framework)
+}
+
+/// [`training_loop_at`] on a scanned file: the framework, the body's indent and last line.
+fn training_loop<'a>(src: &Source<'a>, idx: usize) -> Option<(CaptureFramework, &'a str, usize)> {
+    let (body_indent, end) = loop_body(src, idx)?;
     let body: String = (idx + 1..=end)
         .map(|i| src.line_text(i))
         .collect::<Vec<_>>()
@@ -70,10 +75,10 @@ pub fn training_loop_at(text: &str, line: u32) -> Option<CaptureFramework> {
         })
     };
     if imports("torch") && (body.contains(".backward(") || body.contains(".step(")) {
-        return Some(CaptureFramework::Torch);
+        return Some((CaptureFramework::Torch, body_indent, end));
     }
     if imports("jax") && (body.contains("step(") || body.contains("_jit(")) {
-        return Some(CaptureFramework::Jax);
+        return Some((CaptureFramework::Jax, body_indent, end));
     }
     None
 }
@@ -113,7 +118,11 @@ fn loop_body<'a>(src: &Source<'a>, idx: usize) -> Option<(&'a str, usize)> {
 
 /// "Record a memory capture here": start `memlsp_capture` before the loop at 1-based `line`,
 /// step it at the end of each iteration, stop it after the loop (and import it).
-pub fn record_capture(file: &str, text: &str, line: u32) -> Result<Vec<TextEdit>, NoEdit> {
+pub fn record_capture(
+    file: &str,
+    text: &str,
+    line: u32,
+) -> Result<(CaptureFramework, Vec<TextEdit>), NoEdit> {
     let src = Source::new(text);
     if text.contains("memlsp_capture.") {
         return Err(NoEdit(
@@ -121,13 +130,12 @@ pub fn record_capture(file: &str, text: &str, line: u32) -> Result<Vec<TextEdit>
         ));
     }
     let idx = src.line_index(line)?;
-    let framework = training_loop_at(text, line).ok_or_else(|| {
+    let (framework, body_indent, last) = training_loop(&src, idx).ok_or_else(|| {
         NoEdit(format!(
             "line {line} is not the header of a training loop (a for/while loop whose body calls \
              .backward()/.step() or a jitted step)"
         ))
     })?;
-    let (body_indent, last) = loop_body(&src, idx).ok_or_else(|| NoEdit("no loop body".into()))?;
     let indent = src.indent(idx);
     let start = match framework {
         CaptureFramework::Torch => format!(
@@ -152,7 +160,10 @@ pub fn record_capture(file: &str, text: &str, line: u32) -> Result<Vec<TextEdit>
         ),
     ];
     edits.sort_by_key(|e| e.start);
-    Ok(edits.into_iter().map(|e| src.text_edit(file, e)).collect())
+    Ok((
+        framework,
+        edits.into_iter().map(|e| src.text_edit(file, e)).collect(),
+    ))
 }
 
 /// How to wrap an expression.
@@ -553,7 +564,7 @@ mod tests {
         let text = "import torch\n\ndef train(model, opt, loader):\n    for x, y in loader:\n        loss = model(x).sum()\n        loss.backward()\n        opt.step()\n\n    return model\n";
         assert_eq!(training_loop_at(text, 4), Some(CaptureFramework::Torch));
         assert_eq!(training_loop_at(text, 5), None, "not on a body line");
-        let edits = record_capture("t.py", text, 4).unwrap();
+        let (_, edits) = record_capture("t.py", text, 4).unwrap();
         let out = apply_all(text, &edits);
         assert_eq!(
             out,
@@ -567,7 +578,7 @@ mod tests {
     fn record_a_capture_around_a_jax_loop_at_the_end_of_the_file() {
         let text = "import jax\nstep_jit = jax.jit(step)\nfor i in range(5):\n    params, loss = step_jit(params, batch)";
         assert_eq!(training_loop_at(text, 3), Some(CaptureFramework::Jax));
-        let out = apply_all(text, &record_capture("t.py", text, 3).unwrap());
+        let out = apply_all(text, &record_capture("t.py", text, 3).unwrap().1);
         assert!(out.ends_with("    params, loss = step_jit(params, batch)\n    _memlsp_capture.step()\n_memlsp_capture.stop()"), "{out}");
         assert!(out.contains("_memlsp_capture = memlsp_capture.jax(\"memlsp-captures\", steps=(2, 4))\n_memlsp_capture.start()\nfor i in range(5):"), "{out}");
         // Only torch itself makes a loop with `.step(` a torch training loop.

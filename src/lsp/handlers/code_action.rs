@@ -131,11 +131,8 @@ fn record_capture(
     p: &CodeActionParams,
 ) -> Vec<CodeActionOrCommand> {
     let line = p.range.start.line.saturating_add(1);
-    let Some(framework) = edits::training_loop_at(text, line) else {
-        return Vec::new();
-    };
     let file = path.to_string_lossy().into_owned();
-    let Ok(e) = edits::record_capture(&file, text, line) else {
+    let Ok((framework, e)) = edits::record_capture(&file, text, line) else {
         return Vec::new();
     };
     let what = match framework {
