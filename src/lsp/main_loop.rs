@@ -846,7 +846,6 @@ impl Owner {
                 inlay_hints: self.settings.inlay_hints,
                 inlay_min_percent: self.settings.inlay_min_percent,
                 inlay_min_bytes: self.settings.inlay_min_bytes,
-                roots: self.roots.clone(),
                 frames: self.settings.options().analysis.frames,
                 encoding: caps.encoding,
                 moved: self.moved.clone(),

@@ -92,7 +92,6 @@ pub struct View {
     pub inlay_hints: bool,
     pub inlay_min_percent: f64,
     pub inlay_min_bytes: u64,
-    pub roots: Vec<PathBuf>,
     pub frames: FrameFilter,
     pub encoding: to_proto::Encoding,
     /// Files edited since their findings were placed: where each indexed line is now.

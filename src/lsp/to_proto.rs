@@ -286,17 +286,17 @@ pub fn finding_hint(
 /// The allocation stack as hover Markdown: one line per user frame, each a link to the file
 /// and line (`file:///…#L8`, which VS Code and Neovim's `gx` open); framework and native frames
 /// folded into a count.
-fn stack_block(frames: &[Location], filter: &FrameFilter, roots: &[PathBuf]) -> String {
+fn stack_block(frames: &[Location], filter: &FrameFilter) -> String {
     let mut out = String::new();
     let mut folded = 0usize;
     let mut folded_native = 0usize;
     for fr in frames {
         match filter.classify(&fr.file) {
             FrameKind::User => {
-                let link = fr.local().and_then(|p| Some((p, uri(p)?))).map(|(p, u)| {
+                let link = fr.local().and_then(uri).map(|u| {
                     format!(
                         "[{}:{}]({}#L{})",
-                        md_escape(&relative(p, roots)),
+                        md_escape(fr.shown()),
                         fr.line,
                         u.as_str(),
                         fr.line
@@ -335,16 +335,7 @@ fn md_escape(s: &str) -> String {
 
 /// Markdown hover for a line: each finding, then the sites, each with its stack and evidence.
 /// `path` relative to the workspace root that holds it, else as is.
-fn relative(path: &Path, roots: &[PathBuf]) -> String {
-    roots
-        .iter()
-        .find_map(|r| path.strip_prefix(r).ok())
-        .unwrap_or(path)
-        .to_string_lossy()
-        .into_owned()
-}
-
-pub fn hover_markdown(entry: &LineEntry, filter: &FrameFilter, roots: &[PathBuf]) -> String {
+pub fn hover_markdown(entry: &LineEntry, filter: &FrameFilter) -> String {
     let mut md = String::new();
     for lf in &entry.findings {
         let f = &lf.finding;
@@ -395,7 +386,7 @@ pub fn hover_markdown(entry: &LineEntry, filter: &FrameFilter, roots: &[PathBuf]
         }
         if !lf.frames.is_empty() {
             md.push_str("\nAllocation stack (innermost first):\n\n");
-            md.push_str(&stack_block(&lf.frames, filter, roots));
+            md.push_str(&stack_block(&lf.frames, filter));
         }
         md.push_str(&format!("\n[{}]({})\n\n---\n\n", f.code, f.code.docs_url()));
     }
@@ -430,7 +421,7 @@ pub fn hover_markdown(entry: &LineEntry, filter: &FrameFilter, roots: &[PathBuf]
         }
         if !ls.frames.is_empty() {
             md.push_str("\nAllocation stack (innermost first):\n\n");
-            md.push_str(&stack_block(&ls.frames, filter, roots));
+            md.push_str(&stack_block(&ls.frames, filter));
         }
         md.push_str("\n---\n\n");
     }
@@ -567,7 +558,7 @@ mod conversion_tests {
             lsp::InlayHintLabel::String(s) => assert_eq!(s, "38% live memory"),
             other => panic!("label {other:?}"),
         }
-        let md = hover_markdown(line, &FrameFilter::default(), &[PathBuf::from("/ws")]);
+        let md = hover_markdown(line, &FrameFilter::default());
         assert!(
             md.contains(
                 "**PT002 retained autograd graph** (warning), capture `step_100.pickle`, rank 0"

@@ -16,7 +16,7 @@ pub fn hover(view: &View, path: &Path, p: &HoverParams) -> Option<Hover> {
     Some(Hover {
         contents: HoverContents::Markup(MarkupContent {
             kind: MarkupKind::Markdown,
-            value: to_proto::hover_markdown(entry, &view.frames, &view.roots),
+            value: to_proto::hover_markdown(entry, &view.frames),
         }),
         range: None,
     })
