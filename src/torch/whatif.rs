@@ -363,7 +363,7 @@ fn settings_for_oom(snap: &Snapshot, replays: &replay::Replays, device: i64, f: 
         } else {
             continue;
         };
-        let w = replays.what_if(snap, device, &changes);
+        let w = replays.setting_what_if(snap, device, &changes);
         fix.simulated = simulated(
             &w,
             "the recorded requests replayed with this allocator setting",

@@ -355,11 +355,19 @@ struct Validation {
     out: run::Outcome,
 }
 
-/// One device's prepared state and validation replay, each computed once.
+/// One device's allocator-setting trials (PT008): the advice, and each trial's what-if for the
+/// fixes that offer a setting.
+struct SettingRuns {
+    advice: OomSettingsAdvice,
+    runs: Vec<(Vec<Change>, WhatIf)>,
+}
+
+/// One device's prepared state, validation replay and setting trials, each computed once.
 #[derive(Default)]
 struct DeviceCache {
     prepared: OnceLock<Arc<Prepared>>,
     validation: OnceLock<Arc<Validation>>,
+    settings: OnceLock<Arc<SettingRuns>>,
 }
 
 /// The replays of one snapshot, shared by every analysis that needs them: each device's
@@ -376,9 +384,6 @@ pub struct Replays {
 #[derive(Default)]
 struct ReplayCache {
     devices: std::sync::Mutex<rustc_hash::FxHashMap<i64, Arc<DeviceCache>>>,
-    /// What-ifs that only change allocator settings (PT008 tries each setting, then its fixes
-    /// ask for the same ones again), by device and change list.
-    settings_only: std::sync::Mutex<rustc_hash::FxHashMap<(i64, String), WhatIf>>,
 }
 
 use std::sync::{Arc, OnceLock};
@@ -458,37 +463,8 @@ impl Replays {
         capture_of(snap, devices)
     }
 
-    /// [`what_if`], from the cache.
+    /// [`what_if`], on the shared prepared state and validation.
     pub fn what_if(&self, snap: &Snapshot, device: i64, changes: &[Change]) -> WhatIf {
-        let settings_only = changes.iter().all(|c| {
-            matches!(
-                c,
-                Change::ExpandableSegments(_)
-                    | Change::MaxSplitSizeMb(_)
-                    | Change::RoundupPower2Divisions(_)
-            )
-        });
-        if !settings_only {
-            return self.what_if_uncached(snap, device, changes);
-        }
-        let key = (device, format!("{changes:?}"));
-        if let Some(w) = self
-            .inner
-            .settings_only
-            .lock()
-            .ok()
-            .and_then(|m| m.get(&key).cloned())
-        {
-            return w;
-        }
-        let w = self.what_if_uncached(snap, device, changes);
-        if let Ok(mut m) = self.inner.settings_only.lock() {
-            m.insert(key, w.clone());
-        }
-        w
-    }
-
-    fn what_if_uncached(&self, snap: &Snapshot, device: i64, changes: &[Change]) -> WhatIf {
         let p = self.prepared(snap, device);
         what_if_prepared(
             trace_of(snap, device),
@@ -500,7 +476,28 @@ impl Replays {
 
     /// [`advise_settings_for_oom`], from the cache.
     pub fn advise_settings_for_oom(&self, snap: &Snapshot, device: i64) -> OomSettingsAdvice {
-        let trace = trace_of(snap, device);
+        self.setting_runs(snap, device).advice.clone()
+    }
+
+    /// The what-if of one allocator setting: the advice's own trial when it ran one (each PT008
+    /// fix asks for a setting the advice tried), else a replay.
+    pub fn setting_what_if(&self, snap: &Snapshot, device: i64, changes: &[Change]) -> WhatIf {
+        let runs = self.setting_runs(snap, device);
+        match runs.runs.iter().find(|(c, _)| c == changes) {
+            Some((_, w)) => w.clone(),
+            None => self.what_if(snap, device, changes),
+        }
+    }
+
+    fn setting_runs(&self, snap: &Snapshot, device: i64) -> Arc<SettingRuns> {
+        self.cache(device)
+            .settings
+            .get_or_init(|| Arc::new(self.try_settings(snap, device)))
+            .clone()
+    }
+
+    fn try_settings(&self, snap: &Snapshot, device: i64) -> SettingRuns {
+        let mut runs = Vec::new();
         let mut a = OomSettingsAdvice {
             device,
             simulated: false,
@@ -509,12 +506,12 @@ impl Replays {
             smallest_max_split_size_mb: None,
             note: None,
         };
-        if !trace.iter().any(|e| e.action == Action::Oom) {
+        if !self.prepared(snap, device).has_oom {
             a.note = Some("no oom entry in this device's trace".into());
-            return a;
+            return SettingRuns { advice: a, runs };
         }
-        let mut trial = |setting: String, changes: &[Change]| -> Option<bool> {
-            let w = self.what_if(snap, device, changes);
+        let mut trial = |setting: String, changes: Vec<Change>| -> Option<bool> {
+            let w = self.what_if(snap, device, &changes);
             if !w.simulated {
                 a.note = w.note;
                 return None;
@@ -525,27 +522,28 @@ impl Replays {
                 avoids_oom: avoids,
                 peak_reserved_after: w.peak_reserved_after,
             });
+            runs.push((changes, w));
             Some(avoids)
         };
-        let Some(exp) = trial(
+        let exp = trial(
             "expandable_segments:True".into(),
-            &[Change::ExpandableSegments(true)],
-        ) else {
-            return a;
-        };
-        a.expandable_segments_avoids = Some(exp);
-        for mb in MAX_SPLIT_TRIALS_MB {
-            if trial(
-                format!("max_split_size_mb:{mb}"),
-                &[Change::MaxSplitSizeMb(mb)],
-            ) == Some(true)
-                && a.smallest_max_split_size_mb.is_none()
-            {
-                a.smallest_max_split_size_mb = Some(mb);
+            vec![Change::ExpandableSegments(true)],
+        );
+        if let Some(exp) = exp {
+            a.expandable_segments_avoids = Some(exp);
+            for mb in MAX_SPLIT_TRIALS_MB {
+                if trial(
+                    format!("max_split_size_mb:{mb}"),
+                    vec![Change::MaxSplitSizeMb(mb)],
+                ) == Some(true)
+                    && a.smallest_max_split_size_mb.is_none()
+                {
+                    a.smallest_max_split_size_mb = Some(mb);
+                }
             }
+            a.simulated = true;
         }
-        a.simulated = true;
-        a
+        SettingRuns { advice: a, runs }
     }
 
     /// [`recorded_states`], from the cache: the prepared state is shared; the validation replay
