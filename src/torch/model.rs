@@ -296,6 +296,14 @@ impl Snapshot {
         ids.iter().filter_map(move |&f| self.frames.get(f as usize))
     }
 
+    /// The trace of `device` (empty when it has none).
+    pub fn trace(&self, device: i64) -> &[TraceEntry] {
+        self.device_traces
+            .as_ref()
+            .and_then(|t| usize::try_from(device).ok().and_then(|d| t.get(d)))
+            .map_or(&[], Vec::as_slice)
+    }
+
     /// Sorted union of segment devices and trace indices (ORACLE.md §2 `devices`).
     pub fn devices(&self) -> Vec<i64> {
         let mut d: Vec<i64> = self.segments.iter().map(|s| s.device).collect();

@@ -212,11 +212,7 @@ pub fn state_panels(
 ) -> Vec<StatePanel> {
     let mut out = Vec::new();
     for s in series.iter().filter(|s| validated.contains(&s.device)) {
-        let trace = snap
-            .device_traces
-            .as_ref()
-            .and_then(|t| usize::try_from(s.device).ok().and_then(|d| t.get(d)))
-            .map_or(&[][..], Vec::as_slice);
+        let trace = snap.trace(s.device);
         let oom = trace.iter().position(|e| e.action == Action::Oom);
         let mut want: Vec<(Moment, usize, At)> = Vec::new();
         if let Some((i, _)) = s.peak {

@@ -146,7 +146,7 @@ pub struct OomSettingsAdvice {
 /// The `max_split_size_mb` values [`advise_settings_for_oom`] tries.
 pub const MAX_SPLIT_TRIALS_MB: [u64; 5] = [32, 64, 128, 256, 512];
 
-/// Everything a device's replays share (the trace itself is the snapshot's: [`trace_of`]).
+/// Everything a device's replays share (the trace itself is the snapshot's: `Snapshot::trace`).
 struct Prepared {
     device: i64,
     settings: Settings,
@@ -163,15 +163,8 @@ struct Prepared {
 }
 
 /// The trace of `device` (empty when it has none).
-fn trace_of(snap: &Snapshot, device: i64) -> &[TraceEntry] {
-    snap.device_traces
-        .as_ref()
-        .and_then(|t| usize::try_from(device).ok().and_then(|d| t.get(d)))
-        .map_or(&[], Vec::as_slice)
-}
-
 fn prepare(snap: &Snapshot, device: i64) -> Prepared {
-    let trace = trace_of(snap, device);
+    let trace = snap.trace(device);
     let segments: Vec<_> = snap
         .segments
         .iter()
@@ -433,7 +426,7 @@ impl Replays {
             .validation
             .get_or_init(|| {
                 let (replay, mut out) = crate::timings::time("replay: validation", || {
-                    validate_with(trace_of(snap, device), &p, &mut run::Quiet)
+                    validate_with(snap.trace(device), &p, &mut run::Quiet)
                 });
                 out.events = Vec::new();
                 out.live_end = Vec::new();
@@ -467,7 +460,7 @@ impl Replays {
     pub fn what_if(&self, snap: &Snapshot, device: i64, changes: &[Change]) -> WhatIf {
         let p = self.prepared(snap, device);
         what_if_prepared(
-            trace_of(snap, device),
+            snap.trace(device),
             &p,
             || self.validation(snap, device),
             changes,

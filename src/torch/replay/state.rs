@@ -10,7 +10,7 @@ use rustc_hash::FxHashMap;
 
 use super::model::{Malloc, Model, SegEvent, SegKind, St};
 use super::run::{AddrOf, Done, NONE, Observer, Op, OpKind};
-use super::{Prepared, Replays, trace_of, validate_with};
+use super::{Prepared, Replays, validate_with};
 use crate::torch::model::{Action, Block, BlockState, Segment, Snapshot, StackId, TraceEntry};
 
 /// A point of the recorded run.
@@ -47,7 +47,7 @@ pub(super) fn recorded_states_prepared(
         .iter()
         .map(|a| match *a {
             At::After(n) => n.saturating_add(1),
-            At::BeforeRequest(n) => request_start(trace_of(snap, device), p, n),
+            At::BeforeRequest(n) => request_start(snap.trace(device), p, n),
         })
         .collect();
     let mut order: Vec<usize> = (0..positions.len()).collect();
@@ -60,7 +60,7 @@ pub(super) fn recorded_states_prepared(
         next: 0,
         states: vec![Vec::new(); positions.len()],
     };
-    let (r, _) = validate_with(trace_of(snap, device), p, &mut cap);
+    let (r, _) = validate_with(snap.trace(device), p, &mut cap);
     r.validated.then_some(cap.states)
 }
 
@@ -131,7 +131,7 @@ pub(super) fn state_at_capacity_prepared(
     capacity: u64,
 ) -> Option<Snapshot> {
     let device = p.device;
-    let trace = trace_of(snap, device);
+    let trace = snap.trace(device);
     let mut run = CapacityRun {
         trace,
         capacity,
@@ -240,7 +240,7 @@ impl Observer for CapacityRun<'_> {
 /// own; a block live at the first entry has its stack at the end, or that of the entry that
 /// frees it.
 fn alloc_info(snap: &Snapshot, p: &Prepared) -> Vec<(u64, Option<StackId>)> {
-    let trace = trace_of(snap, p.device);
+    let trace = snap.trace(p.device);
     let mut info: Vec<(u64, Option<StackId>)> = vec![(0, None); p.plan.arefs];
     let end_stack: FxHashMap<u64, Option<StackId>> = snap
         .segments
