@@ -10,6 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
+#[path = "support/child.rs"]
+mod child;
+
 fn main() {
     let args: Vec<String> = std::env::args()
         .skip(1)
@@ -55,31 +58,16 @@ fn main() {
 /// One `memlsp report FILE --format html -o OUT` in its own process: seconds and peak RSS.
 fn render(file: &Path, out: &Path) -> (f64, u64) {
     let t0 = Instant::now();
-    let child = Command::new(env!("CARGO_BIN_EXE_memlsp"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_memlsp"))
         .arg("report")
         .arg(file)
         .args(["--format", "html", "-o"])
         .arg(out)
         .spawn()
         .expect("run memlsp");
-    let (status, rss) = wait_rss(child);
+    let (status, rss) = child::wait_with_rss(&mut child);
     assert!(status, "memlsp report failed");
     (t0.elapsed().as_secs_f64(), rss)
-}
-
-#[cfg(target_os = "linux")]
-fn wait_rss(child: std::process::Child) -> (bool, u64) {
-    let pid = child.id() as libc::pid_t;
-    let mut status = 0;
-    // SAFETY: rusage is plain data; wait4 fills it for our own child.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
-    (r == pid && status == 0, ru.ru_maxrss as u64 * 1024)
-}
-
-#[cfg(not(target_os = "linux"))]
-fn wait_rss(mut child: std::process::Child) -> (bool, u64) {
-    (child.wait().map(|s| s.success()).unwrap_or(false), 0)
 }
 
 fn open(opener: &Path, page: &Path) -> Option<(u64, f64)> {

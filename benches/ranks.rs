@@ -12,6 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
+#[path = "support/child.rs"]
+mod child;
+
 fn main() {
     let args: Vec<String> = std::env::args()
         .skip(1)
@@ -82,19 +85,14 @@ fn fill(dir: &Path, n: usize, src: &Path, link: bool) -> PathBuf {
 }
 
 /// Run memlsp to completion: seconds and peak RSS.
-#[allow(clippy::zombie_processes)] // reaped by wait4, which also gives its rusage
 fn run(args: &[&str]) -> (f64, u64) {
     let t0 = Instant::now();
-    let child = Command::new(env!("CARGO_BIN_EXE_memlsp"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_memlsp"))
         .args(args)
         .stdout(std::process::Stdio::null())
         .spawn()
         .expect("memlsp");
-    let pid = child.id() as libc::pid_t;
-    let mut status = 0;
-    // SAFETY: rusage is plain data; wait4 fills it for our own child.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
-    assert!(r == pid && status == 0, "memlsp {args:?} failed");
-    (t0.elapsed().as_secs_f64(), ru.ru_maxrss as u64 * 1024)
+    let (ok, rss) = child::wait_with_rss(&mut child);
+    assert!(ok, "memlsp {args:?} failed");
+    (t0.elapsed().as_secs_f64(), rss)
 }

@@ -21,6 +21,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
+#[path = "support/child.rs"]
+mod child;
+
 const DEFAULT_SOURCE: &str =
     "NiuHuangxiaozi__16edf316_forward_and_backward_memory_snapshot_150.pickle";
 
@@ -304,7 +307,7 @@ fn report_in_child(memlsp: &Path, file: &Path) -> Run {
     if let Some(mut e) = child.stderr.take() {
         let _ = e.read_to_end(&mut err);
     }
-    let (ok, child_rss) = wait_with_rss(&mut child);
+    let (ok, child_rss) = child::wait_with_rss(&mut child);
     let secs = t.elapsed().as_secs_f64();
     let text = String::from_utf8_lossy(&err);
     assert!(ok, "memlsp report failed: {text}");
@@ -333,23 +336,6 @@ fn report_in_child(memlsp: &Path, file: &Path) -> Run {
         }
     }
     run
-}
-
-/// Wait for `child`: success, and its peak RSS as the kernel counted it (ru_maxrss).
-#[cfg(target_os = "linux")]
-fn wait_with_rss(child: &mut std::process::Child) -> (bool, u64) {
-    let mut status = 0;
-    // SAFETY: plain syscall on our own child's pid, with out-pointers to locals.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    let pid = child.id() as libc::pid_t;
-    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-    let ok = r == pid && libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
-    (ok, usage.ru_maxrss as u64 * 1024)
-}
-
-#[cfg(not(target_os = "linux"))]
-fn wait_with_rss(child: &mut std::process::Child) -> (bool, u64) {
-    (child.wait().is_ok_and(|s| s.success()), 0)
 }
 
 fn python_load(file: &Path) -> Run {
