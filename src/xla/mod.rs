@@ -79,29 +79,28 @@ pub fn analyse(cap: &Capture, opts: &AnalysisOptions) -> Result<Output, CaptureE
     let ctx = diagnose::Context {
         plan,
         rt: &rt,
-        execs: execs.clone(),
+        execs,
         capacity: rt.main().map(|a| a.capacity_bytes),
         device_memory: rt.device_memory,
         call_site: plan.call_site.first().map(|f| f.location()),
         growth,
-        live_at_last: live_at_last.clone(),
+        live_at_last,
         pick: &pick,
         cpu: cap.versions.iter().any(|(k, _)| k == "cpu_version")
             && !cap.versions.iter().any(|(k, _)| k == "gpu_version"),
     };
     let findings = diagnose::diagnose(&ctx);
     let sites = sites::sites(plan, &opts.frames, opts.top);
-    let mut summary = summary::summarize(summary::Parts {
+    let summary = summary::summarize(summary::Parts {
         plan,
         plans: &plans,
         rt: &rt,
         versions: cap.versions.clone(),
         why,
         between_last_two,
-        live_at_last,
+        live_at_last: ctx.live_at_last,
         pictures: opts.pictures,
     });
-    summary.call_site = plan.call_site.iter().map(|f| f.location()).collect();
     Ok(Output {
         summary,
         sites,

@@ -357,6 +357,6 @@ pub fn summarize(p: Parts) -> Summary {
             Vec::new()
         },
         peak_position: p.plan.peak_position as u64,
-        call_site: Vec::new(),
+        call_site: p.plan.call_site.iter().map(|f| f.location()).collect(),
     }
 }
