@@ -32,6 +32,8 @@ pub struct Locator {
     /// Which frames are the user's (the entry script of an allocator setting).
     frames: FrameFilter,
     texts: RefCell<HashMap<PathBuf, Option<Arc<str>>>>,
+    /// Recorded paths already resolved (each costs file-system checks), for the whole run.
+    resolved: RefCell<HashMap<String, Option<Resolved>>>,
     /// Rank comparisons already shown: (as analysed, as shown).
     ranks: RefCell<Vec<(Arc<RankComparison>, Arc<RankComparison>)>>,
 }
@@ -54,6 +56,7 @@ impl Locator {
             resolver,
             frames,
             texts: RefCell::new(HashMap::new()),
+            resolved: RefCell::new(HashMap::new()),
             ranks: RefCell::new(Vec::new()),
         }
     }
@@ -117,18 +120,24 @@ impl Locator {
     }
 
     fn resolve_all<'a>(&self, locs: impl Iterator<Item = &'a mut Location>) {
-        let mut cache: HashMap<String, Option<Resolved>> = HashMap::new();
         for l in locs {
-            l.resolved = cache
-                .entry(l.file.clone())
-                .or_insert_with(|| {
-                    self.resolver.resolve(&l.file).map(|local| Resolved {
-                        shown: self.resolver.relative(&local),
-                        local,
-                    })
-                })
-                .clone();
+            l.resolved = self.resolve(&l.file);
         }
+    }
+
+    /// The local file of a recorded path, resolved once per run.
+    fn resolve(&self, recorded: &str) -> Option<Resolved> {
+        if let Some(r) = self.resolved.borrow().get(recorded) {
+            return r.clone();
+        }
+        let r = self.resolver.resolve(recorded).map(|local| Resolved {
+            shown: self.resolver.relative(&local),
+            local,
+        });
+        self.resolved
+            .borrow_mut()
+            .insert(recorded.to_string(), r.clone());
+        r
     }
 
     /// Make a JAX finding's line exact from the program text.
@@ -185,7 +194,7 @@ impl Locator {
         let Some((recorded, line)) = target else {
             return;
         };
-        let Some(local) = self.resolver.resolve(&recorded) else {
+        let Some(Resolved { local, .. }) = self.resolve(&recorded) else {
             return;
         };
         if let Some(text) = self.read(&local) {
@@ -208,7 +217,11 @@ impl Locator {
         if !recorded.ends_with(".py") {
             return None;
         }
-        let mut candidates: Vec<PathBuf> = self.resolver.resolve(recorded).into_iter().collect();
+        let mut candidates: Vec<PathBuf> = self
+            .resolve(recorded)
+            .map(|r| r.local)
+            .into_iter()
+            .collect();
         candidates.push(PathBuf::from(recorded));
         if let Some(name) = Path::new(recorded).file_name() {
             let mut d = capture.parent();
