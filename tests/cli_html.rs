@@ -196,3 +196,46 @@ fn every_shared_capture_gets_a_self_contained_page_with_the_oracle_peaks() {
     // Every one of those timelines validates; one records an OOM (Constructor-Sun, device 1).
     assert_eq!((peak_states, oom_states), (28, 1), "peak and OOM states");
 }
+
+/// The sites of the memory-over-time picture are located like the report's: with the program
+/// in the workspace, each band names the workspace file (the editor's webview opens it on a
+/// click) and its stack shows workspace paths.
+#[test]
+fn the_timeline_bands_point_at_workspace_files() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("page.html");
+    let r = common::memlsp(
+        &[
+            "report",
+            "fixtures/torch/pt002_retained_graph.pickle",
+            "--format",
+            "html",
+            "-o",
+            common::arg(&out),
+        ],
+        repo,
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let data = page_data(&std::fs::read_to_string(&out).unwrap());
+    let bands = data["captures"][0]["torch"]["devices"][0]["bands"]
+        .as_array()
+        .unwrap();
+    let script = repo.join("fixtures/torch/train_leak.py");
+    let located: Vec<&Value> = bands.iter().filter(|b| b["at"]["local"] == true).collect();
+    assert!(!located.is_empty(), "{bands:#?}");
+    for b in &located {
+        assert_eq!(b["at"]["shown"], "fixtures/torch/train_leak.py", "{b}");
+        assert_eq!(
+            Path::new(b["at"]["file"].as_str().unwrap()),
+            script.as_path()
+        );
+        assert!(
+            b["stack"].as_array().unwrap().iter().any(|f| f
+                .as_str()
+                .unwrap()
+                .starts_with("fixtures/torch/train_leak.py:")),
+            "{b}"
+        );
+    }
+}

@@ -73,12 +73,8 @@ fn torch(r: &CaptureReport, t: &crate::torch::summary::Summary) -> Value {
                 "entries": s.entries,
                 "bands": s.bands.iter().map(|b| json!({
                     "kind": b.kind,
-                    "at": b.location.as_ref().map(|l| {
-                        // The band's site as the report located it (sites carry resolved paths).
-                        let located = r.sites.iter().filter_map(|x| x.location.as_ref()).find(|x| x.same_place(l));
-                        place(located.unwrap_or(l))
-                    }),
-                    "stack": b.stack.iter().map(|l| format!("{}:{} {}", l.file, l.line, l.function)).collect::<Vec<_>>(),
+                    "at": b.location.as_ref().map(place),
+                    "stack": b.stack.iter().map(|l| format!("{}:{} {}", l.shown(), l.line, l.function)).collect::<Vec<_>>(),
                     "bytes_at_peak": b.bytes_at_peak,
                 })).collect::<Vec<_>>(),
                 "columns": s.columns.iter().map(|c| json!([c.first, c.last, c.at, c.total_min, c.total_max, c.reserved, c.values, c.time_us])).collect::<Vec<_>>(),

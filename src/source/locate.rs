@@ -90,11 +90,15 @@ impl Locator {
     pub fn locate(&self, report: &mut CaptureReport) {
         let capture = std::path::absolute(&report.path).unwrap_or_else(|_| report.path.clone());
         report.shown_path = Some(self.resolver.relative(&capture));
-        // The other ranks' snapshots, shown the way this one is: once per comparison, which
-        // every rank's report shares.
         if let crate::report::Engine::Torch(t) = &mut report.engine {
+            // The other ranks' snapshots, shown the way this one is: once per comparison, which
+            // every rank's report shares.
             if let Some(c) = &mut t.rank_comparison {
                 *c = self.shown_ranks(c);
+            }
+            // The sites of the memory-over-time picture.
+            for b in t.series.iter_mut().flat_map(|s| s.bands.iter_mut()) {
+                self.resolve_all(b.location.iter_mut().chain(b.stack.iter_mut()));
             }
         }
         for f in &mut report.findings {
