@@ -158,7 +158,7 @@ fn check(path: &Path, oracle_text: &str) -> Vec<String> {
     // user frames; memlsp skips them for the model line behind (DESIGN.md), so on a compiled
     // model's snapshot the sites regroup: the same blocks and bytes in all, no generated site.
     let sites = &o["allocation_sites"];
-    if has_generated_frames(path) {
+    if common::has_generated_frames(path) {
         let total = |v: &Value| -> (u64, u64) {
             v["by_kind"]
                 .as_object()
@@ -240,15 +240,6 @@ fn check(path: &Path, oracle_text: &str) -> Vec<String> {
 
 fn u64_of(v: &Value) -> u64 {
     v.as_u64().unwrap_or(0)
-}
-
-/// Whether the snapshot's frames include code a compiler wrote (Inductor's cache folders).
-fn has_generated_frames(path: &Path) -> bool {
-    let snap = memlsp::torch::load::load_snapshot(path, &Default::default()).unwrap();
-    let filter = memlsp::frames::FrameFilter::default();
-    snap.frames
-        .iter()
-        .any(|f| filter.classify(&f.filename) == memlsp::frames::FrameKind::Generated)
 }
 
 #[test]

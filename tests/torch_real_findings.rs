@@ -73,7 +73,7 @@ fn real_snapshots_raise_warnings_only_where_memory_went_wrong() {
         }
         // The hint names the oracle's largest user-attributed site (a compiled model's sites
         // regroup on its own lines instead: `compiled_models_aggregate_on_the_model_lines`).
-        if compiled(path) {
+        if common::has_generated_frames(path) {
             continue;
         }
         let oracle: Value = serde_json::from_slice(
@@ -102,14 +102,6 @@ fn real_snapshots_raise_warnings_only_where_memory_went_wrong() {
         "warnings on healthy snapshots:\n{}",
         problems.join("\n")
     );
-}
-
-fn compiled(path: &std::path::Path) -> bool {
-    let filter = memlsp::frames::FrameFilter::default();
-    let snap = memlsp::torch::load::load_snapshot(path, &Default::default()).unwrap();
-    snap.frames
-        .iter()
-        .any(|f| filter.classify(&f.filename) == memlsp::frames::FrameKind::Generated)
 }
 
 /// Compiled models (`torch.compile`): no site or finding lands on Inductor's generated files; the

@@ -77,3 +77,12 @@ impl ReportExt for memlsp::report::CaptureReport {
             .unwrap_or(serde_json::Value::Null)
     }
 }
+
+/// Whether a snapshot's frames include code a compiler wrote (Inductor's cache folders).
+pub fn has_generated_frames(path: &Path) -> bool {
+    let snap = memlsp::torch::load::load_snapshot(path, &Default::default()).unwrap();
+    let filter = memlsp::frames::FrameFilter::default();
+    snap.frames
+        .iter()
+        .any(|f| filter.classify(&f.filename) == memlsp::frames::FrameKind::Generated)
+}
