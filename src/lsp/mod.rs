@@ -106,6 +106,21 @@ pub struct View {
 }
 
 impl View {
+    /// The diagnostic the editor shows for `code` on 0-based `line0` of `file`, if any (a fix
+    /// already in the text withdraws its finding's diagnostic; hints, lenses and actions follow).
+    pub fn published(
+        &self,
+        file: &Path,
+        line0: u32,
+        code: crate::findings::Code,
+    ) -> Option<&tower_lsp_server::ls_types::Diagnostic> {
+        let code = tower_lsp_server::ls_types::NumberOrString::String(code.to_string());
+        self.diagnostics
+            .get(file)?
+            .iter()
+            .find(|d| d.range.start.line == line0 && d.code.as_ref() == Some(&code))
+    }
+
     /// Where indexed line `line` (1-based) of `file` is in the current text; `None` when that
     /// line was edited or deleted (its findings are withdrawn until the text comes back).
     pub fn current_line(&self, file: &Path, line: u32) -> Option<u32> {

@@ -323,7 +323,12 @@ impl LanguageServer for Backend {
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         handlers::timeline::page(&view, &capture)
                     }))
-                    .unwrap_or_else(|_| Err("memlsp.timeline: rendering the page failed; please report this with the capture".into()))
+                    .unwrap_or_else(|_| {
+                        Err(format!(
+                            "memlsp.timeline: {}: rendering the page failed; please report this with the capture",
+                            capture.display()
+                        ))
+                    })
                 });
                 match job.await {
                     Ok(Ok(v)) => Ok(Some(v)),

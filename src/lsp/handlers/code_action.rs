@@ -27,18 +27,12 @@ pub fn code_actions(
     let mut out = record_capture(view, path, text, p);
     let path = path.to_path_buf();
     let text = text.to_string();
-    let published = view.diagnostics.get(&path);
     let first = p.range.start.line.saturating_add(1);
     let last = p.range.end.line.saturating_add(1).max(first);
     for (line, _, entry) in view.lines_in(&path, first, last) {
         for lf in &entry.findings {
             let f = &lf.finding;
-            let diag = published.and_then(|ds| {
-                ds.iter().find(|d| {
-                    d.range.start.line + 1 == line
-                        && d.code == Some(NumberOrString::String(f.code.to_string()))
-                })
-            });
+            let diag = view.published(&path, line - 1, f.code);
             for fix in &f.fixes {
                 // "Add loss.detach() — peak 23.1 → 11.8 GiB (simulated)"
                 let title = match &fix.simulated {

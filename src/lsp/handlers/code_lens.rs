@@ -19,7 +19,6 @@ pub fn code_lenses(view: &View, path: &Path) -> Vec<CodeLens> {
     if !view.code_lens {
         return Vec::new();
     }
-    let shown = view.diagnostics.get(path);
     let uri = to_proto::uri(path).map(|u| u.as_str().to_string());
     let mut out = Vec::new();
     for (line, _, entry) in view.lines_in(path, 1, u32::MAX) {
@@ -27,13 +26,7 @@ pub fn code_lenses(view: &View, path: &Path) -> Vec<CodeLens> {
         // One lens per capture whose finding the editor shows on this line.
         let mut captures = BTreeSet::new();
         for lf in &entry.findings {
-            let published = shown.is_some_and(|ds| {
-                ds.iter().any(|d| {
-                    d.range.start.line == line0
-                        && d.code == Some(NumberOrString::String(lf.finding.code.to_string()))
-                })
-            });
-            if published {
+            if view.published(path, line0, lf.finding.code).is_some() {
                 captures.insert(lf.capture.clone());
             }
         }

@@ -29,15 +29,8 @@ pub fn inlay_hints(view: &View, path: &Path, text: &str, p: &InlayHintParams) ->
             out.push(to_proto::inlay_hint(site, line0, lt, view.encoding));
         }
         // Only the findings the editor shows (a fix already in the text withdraws its finding).
-        let shown = view.diagnostics.get(path);
         for lf in &entry.findings {
-            let published = shown.is_some_and(|ds| {
-                ds.iter().any(|d| {
-                    d.range.start.line == line0
-                        && d.code == Some(NumberOrString::String(lf.finding.code.to_string()))
-                })
-            });
-            if published {
+            if view.published(path, line0, lf.finding.code).is_some() {
                 if let Some(h) = to_proto::finding_hint(lf, line0, lt, view.encoding) {
                     out.push(h);
                 }
