@@ -353,17 +353,9 @@ fn donate_argnums(src: &Source, idx: usize, argnums: &[u32]) -> Result<Vec<Edit>
     )))
 }
 
+/// `(0,)`, `(0, 1)`: argnums as a Python tuple.
 fn tuple_text(nums: &[u32]) -> String {
-    match nums {
-        [one] => format!("({one},)"),
-        _ => format!(
-            "({})",
-            nums.iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    }
+    format!("({})", crate::xla::diagnose::argnums_tuple(nums))
 }
 
 fn donate_into(
