@@ -208,31 +208,15 @@ impl Settings {
 
     /// The baseline file, absolute (relative paths from the first root).
     pub fn baseline_path(&self, roots: &[PathBuf]) -> Option<PathBuf> {
-        let f = self.baseline_file.as_ref()?;
-        let first = roots
-            .first()
-            .map(PathBuf::as_path)
-            .unwrap_or(Path::new("."));
-        let expanded = f.replace("${workspaceFolder}", &first.to_string_lossy());
-        let p = PathBuf::from(expanded);
-        Some(if p.is_absolute() { p } else { first.join(p) })
+        Some(workspace_path(self.baseline_file.as_ref()?, roots))
     }
 
     /// `pathMappings` with `${workspaceFolder}` expanded and relative local paths joined to the
     /// first root.
     pub fn mappings(&self, roots: &[PathBuf]) -> Vec<(String, PathBuf)> {
-        let first = roots
-            .first()
-            .map(PathBuf::as_path)
-            .unwrap_or(Path::new("."));
         self.path_mappings
             .iter()
-            .map(|(recorded, local)| {
-                let expanded = local.replace("${workspaceFolder}", &first.to_string_lossy());
-                let p = PathBuf::from(expanded);
-                let p = if p.is_absolute() { p } else { first.join(p) };
-                (recorded.clone(), p)
-            })
+            .map(|(recorded, local)| (recorded.clone(), workspace_path(local, roots)))
             .collect()
     }
 }
@@ -242,6 +226,16 @@ fn string_list(v: &Value) -> Option<Vec<String>> {
         .iter()
         .map(|x| x.as_str().map(str::to_string))
         .collect()
+}
+
+/// A setting's path with `${workspaceFolder}` expanded, relative paths joined to the first root.
+fn workspace_path(setting: &str, roots: &[PathBuf]) -> PathBuf {
+    let first = roots
+        .first()
+        .map(PathBuf::as_path)
+        .unwrap_or(Path::new("."));
+    let p = PathBuf::from(setting.replace("${workspaceFolder}", &first.to_string_lossy()));
+    if p.is_absolute() { p } else { first.join(p) }
 }
 
 #[cfg(test)]
