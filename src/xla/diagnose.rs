@@ -116,14 +116,7 @@ fn shapes(rows: &[&PeakBuffer]) -> String {
 /// Square trailing dimensions ≥ 512 after at least one more (`[…, H, S, S]`): an attention
 /// score / probability matrix (a `[rows, features]` matrix that happens to be square is not).
 fn is_square_tail(shape: &str) -> Option<u64> {
-    let dims: Vec<u64> = shape
-        .split('[')
-        .nth(1)?
-        .split(']')
-        .next()?
-        .split(',')
-        .filter_map(|d| d.trim().parse().ok())
-        .collect();
+    let dims = dims_in_order(shape);
     let n = dims.len();
     (n >= 3 && dims[n - 1] == dims[n - 2] && dims[n - 1] >= 512).then(|| dims[n - 1])
 }
@@ -482,16 +475,14 @@ fn jx002_forward_kept(ctx: &Context) -> Option<Finding> {
             if let Some(m) = microbatch_fix(ctx) {
                 f = f.fix(m);
             }
-            let square_rows: Vec<&&PeakBuffer> = rows
+            // (bytes, S) of the rows whose shape ends in S×S.
+            let square_rows: Vec<(u64, u64)> = rows
                 .iter()
-                .filter(|b| is_square_tail(&unstacked(b)).is_some())
+                .filter_map(|b| Some((b.size, is_square_tail(&unstacked(b))?)))
                 .collect();
-            let square: u64 = square_rows.iter().map(|b| b.size).sum();
+            let square: u64 = square_rows.iter().map(|r| r.0).sum();
             if square > 0 {
-                let s = square_rows
-                    .iter()
-                    .find_map(|b| is_square_tail(&unstacked(b)))
-                    .unwrap_or(0);
+                let s = square_rows.first().map_or(0, |r| r.1);
                 f = f.evidence(Evidence::inferred(format!(
                     "{} of them are S×S attention matrices (S = {s}): B·H·S·S per layer",
                     fmt_bytes(square)
@@ -508,7 +499,7 @@ fn jx002_forward_kept(ctx: &Context) -> Option<Finding> {
                     hi,
                 ));
                 // Flash attention: the S×S buffers leave the plan, blocks of them stay.
-                let block = square_rows.iter().map(|b| b.size).max().unwrap_or(0);
+                let block = square_rows.iter().map(|r| r.0).max().unwrap_or(0);
                 f = f.fix(bounded(
                     Fix::advice(
                         "chunked / fused (flash) attention — only once you confirm the B·H·S·S buffers leave the plan (memory_analysis())",
@@ -766,13 +757,8 @@ fn jx003_backward_dominates(ctx: &Context) -> Option<Finding> {
 /// Element type and dimensions of `f32[16384,512]{1,0}` (dimensions sorted, so a transposed
 /// copy matches).
 fn dims_of(shape: &str) -> Option<(&str, Vec<u64>)> {
-    let (ty, rest) = shape.split_once('[')?;
-    let mut dims: Vec<u64> = rest
-        .split(']')
-        .next()?
-        .split(',')
-        .filter_map(|d| d.trim().parse().ok())
-        .collect();
+    let (ty, _) = shape.split_once('[')?;
+    let mut dims = dims_in_order(shape);
     dims.sort_unstable();
     Some((ty.trim(), dims))
 }
