@@ -108,14 +108,16 @@ pub struct PlanSummary {
     pub total_allocation_bytes: u64,
     pub peak_instruction: String,
     pub roles: Roles,
-    /// The first 25 rows of "buffers at peak".
-    pub buffers_at_peak: Vec<BufferRow>,
+    /// Every row at the peak, largest first (the JSON's `buffers_at_peak`: the first 25).
+    #[serde(rename = "buffers_at_peak", serialize_with = "first_25")]
+    pub rows: Vec<BufferRow>,
     /// Indefinite bytes xprof adds to the peak.
     #[serde(skip)]
     pub indefinite_in_peak: u64,
-    /// Every row at the peak, largest first.
-    #[serde(skip)]
-    pub rows: Vec<BufferRow>,
+}
+
+fn first_25<S: serde::Serializer>(rows: &[BufferRow], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(rows.iter().take(25))
 }
 
 /// Heap bytes at the peak by role (inferred from the name stack).
@@ -214,7 +216,6 @@ fn row(b: &PeakBuffer) -> BufferRow {
 /// The plan's numbers and its rows at the peak.
 pub fn plan(p: &Plan) -> PlanSummary {
     let role = |k: &str| p.roles.get(k).copied().unwrap_or(0);
-    let rows: Vec<BufferRow> = p.at_peak.iter().map(row).collect();
     PlanSummary {
         parameter_bytes: p.parameter_bytes,
         donated_bytes: p.donated_bytes,
@@ -232,9 +233,8 @@ pub fn plan(p: &Plan) -> PlanSummary {
             workspace: role("workspace"),
             other: role("other"),
         },
-        buffers_at_peak: rows.iter().take(25).cloned().collect(),
+        rows: p.at_peak.iter().map(row).collect(),
         indefinite_in_peak: p.indefinite_in_peak,
-        rows,
     }
 }
 
