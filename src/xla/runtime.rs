@@ -61,7 +61,8 @@ impl EvKind {
 pub struct MemEvent {
     pub t_ps: i64,
     pub alloc: bool,
-    pub allocator: String,
+    /// Index into the runtime's allocator names (one `String` per name, not per event).
+    allocator: u32,
     pub bytes_allocated: u64,
     pub bytes_available: u64,
     pub bytes_reserved: u64,
@@ -133,6 +134,10 @@ pub struct Runtime {
     pub executions: Vec<Execution>,
     pub retries: Vec<RetryWait>,
     mem: Vec<MemEvent>,
+    /// Names of the allocators seen in `mem` (`MemEvent::allocator` indexes it).
+    allocator_names: Vec<String>,
+    allocator_ids: FxHashMap<String, u32>,
+    last_allocator: Option<u32>,
     line_names: Vec<String>,
     /// Host event spans per line that allocate device memory, for attribution.
     spans: Vec<Span>,
@@ -167,7 +172,7 @@ fn num(v: RawValue) -> u64 {
 pub fn read(cap: &Capture, plans: &[Plan]) -> Result<Runtime, CaptureError> {
     let mut rt = Runtime::default();
     // Ops per (program id, run id) on CPU threads, kernels per program id on devices.
-    let mut op_runs: FxHashMap<(i64, i64), (i64, u64)> = FxHashMap::default();
+    let mut op_runs = OpRuns::default();
     let mut kernels: FxHashMap<i64, Vec<i64>> = FxHashMap::default();
     let mut kernels_by_name: FxHashMap<String, Vec<i64>> = FxHashMap::default();
 
@@ -192,6 +197,7 @@ pub fn read(cap: &Capture, plans: &[Plan]) -> Result<Runtime, CaptureError> {
     for v in kernels.values_mut().chain(kernels_by_name.values_mut()) {
         v.sort_unstable();
     }
+    let op_runs = op_runs.merged();
     attribute_executions(&mut rt, plans, &op_runs, &kernels, &kernels_by_name);
     let mut alloc_spans: Vec<usize> = (0..rt.spans.len())
         .filter(|&i| matches!(rt.spans[i].kind, SpanKind::Exec(_) | SpanKind::DevicePut))
@@ -202,11 +208,44 @@ pub fn read(cap: &Capture, plans: &[Plan]) -> Result<Runtime, CaptureError> {
     Ok(rt)
 }
 
+/// Runs of consecutive ops of one execution, `((program id, run id), first start, ops)`, as the
+/// walk finds them: one execution's ops are spread over several threads (lines), so a key comes
+/// back once per line. Kept in a list and merged once at the end instead of hashed per run: a
+/// 1 GB capture has hundreds of thousands of executions, and a map of them falls out of the
+/// caches (it was a tenth of the report's time there).
+#[derive(Default)]
+struct OpRuns(Vec<((i64, i64), i64, u64)>);
+
+impl OpRuns {
+    /// One `(first start, program id, ops)` per (program id, run id), sorted.
+    fn merged(mut self) -> Vec<(i64, i64, u64)> {
+        // Stable sort: it finds the stretches already in order (a line's runs of one program
+        // come in run-id order) and merges them.
+        self.0.sort_by_key(|r| r.0);
+        let mut out: Vec<(i64, i64, u64)> = Vec::new();
+        let mut last: Option<(i64, i64)> = None;
+        for (key, first, n) in self.0 {
+            match out.last_mut() {
+                Some(o) if last == Some(key) => {
+                    o.0 = o.0.min(first);
+                    o.2 += n;
+                }
+                _ => {
+                    out.push((first, key.0, n));
+                    last = Some(key);
+                }
+            }
+        }
+        out.sort_unstable();
+        out
+    }
+}
+
 fn host_plane(
     cap: &Capture,
     plane: &Plane,
     rt: &mut Runtime,
-    op_runs: &mut FxHashMap<(i64, i64), (i64, u64)>,
+    op_runs: &mut OpRuns,
 ) -> Result<(), CaptureError> {
     let sid = |n: &str| plane.stat_id(n).unwrap_or(i64::MIN);
     let (s_alloc_name, s_index, s_ordinal) = (
@@ -278,7 +317,7 @@ fn host_plane(
                 let mut m = MemEvent {
                     t_ps: t,
                     alloc: name == "MemoryAllocation",
-                    allocator: String::new(),
+                    allocator: 0,
                     bytes_allocated: 0,
                     bytes_available: 0,
                     bytes_reserved: 0,
@@ -289,9 +328,10 @@ fn host_plane(
                     line: li,
                 };
                 let mut index = None;
+                let mut allocator = "";
                 ev.stats(|id, v| {
                     if id == s_alloc_name {
-                        m.allocator = plane.str_of(&v).unwrap_or("").to_string();
+                        allocator = plane.str_of(&v).unwrap_or("");
                     } else if id == s_index || id == s_ordinal {
                         index = v.int();
                     } else if id == s_ba {
@@ -314,9 +354,11 @@ fn host_plane(
                         };
                     }
                 });
-                if m.allocator.is_empty() {
-                    m.allocator = index.map(|i| i.to_string()).unwrap_or_default();
-                }
+                m.allocator = if allocator.is_empty() {
+                    rt.intern_allocator(&index.map(|i| i.to_string()).unwrap_or_default())
+                } else {
+                    rt.intern_allocator(allocator)
+                };
                 rt.mem.push(m);
             }
             EvKind::Retry => {
@@ -395,10 +437,8 @@ fn host_plane(
                             *n += 1;
                         }
                         acc => {
-                            if let Some((key, first, n)) = acc.take() {
-                                let e = op_runs.entry(key).or_insert((first, 0));
-                                e.0 = e.0.min(first);
-                                e.1 += n;
+                            if let Some(run) = acc.take() {
+                                op_runs.0.push(run);
                             }
                             *acc = Some(((p, r), t, 1));
                         }
@@ -407,10 +447,8 @@ fn host_plane(
             }
         }
     })?;
-    if let Some((key, first, n)) = run_acc {
-        let e = op_runs.entry(key).or_insert((first, 0));
-        e.0 = e.0.min(first);
-        e.1 += n;
+    if let Some(run) = run_acc {
+        op_runs.0.push(run);
     }
     // Outermost execution events only (some nest the same name).
     exec_raw.sort_by_key(|&(l, s, e)| (l, s, -e));
@@ -483,14 +521,11 @@ fn count_in(v: Option<&Vec<i64>>, from: i64, to: i64) -> u64 {
 fn attribute_executions(
     rt: &mut Runtime,
     plans: &[Plan],
-    op_runs: &FxHashMap<(i64, i64), (i64, u64)>,
+    runs: &[(i64, i64, u64)],
     kernels: &FxHashMap<i64, Vec<i64>>,
     kernels_by_name: &FxHashMap<String, Vec<i64>>,
 ) {
     let by_pid: FxHashMap<u64, &Plan> = plans.iter().map(|p| (p.program_id, p)).collect();
-    let mut runs: Vec<(i64, i64, u64)> =
-        op_runs.iter().map(|(&(p, _), &(t, n))| (t, p, n)).collect();
-    runs.sort_unstable();
     let mut used = vec![false; runs.len()];
     let n = rt.executions.len();
     // (line, start, end, name) of module-naming events and jit dispatches, sorted.
@@ -649,19 +684,17 @@ fn is_device_pool(name: &str) -> bool {
 
 fn summarize_allocators(rt: &mut Runtime) {
     rt.mem.sort_by_key(|m| m.t_ps);
-    let mut by: Vec<AllocatorSummary> = Vec::new();
+    // One summary per interned name, in the order the names were seen; sorted by name below.
+    let mut by: Vec<AllocatorSummary> = rt
+        .allocator_names
+        .iter()
+        .map(|n| AllocatorSummary {
+            name: n.clone(),
+            ..Default::default()
+        })
+        .collect();
     for m in &rt.mem {
-        let s = match by.iter_mut().position(|a| a.name == m.allocator) {
-            Some(i) => &mut by[i],
-            None => {
-                by.push(AllocatorSummary {
-                    name: m.allocator.clone(),
-                    ..Default::default()
-                });
-                let last = by.len() - 1;
-                &mut by[last]
-            }
-        };
+        let s = &mut by[m.allocator as usize];
         s.events += 1;
         let in_use = m.bytes_reserved.saturating_add(m.bytes_allocated);
         if in_use > s.peak_bytes_in_use || s.events == 1 {
@@ -672,6 +705,7 @@ fn summarize_allocators(rt: &mut Runtime) {
         }
         s.lifetime_peak_bytes = s.lifetime_peak_bytes.max(m.peak_bytes_in_use);
     }
+    by.retain(|a| a.events > 0);
     by.sort_by(|a, b| a.name.cmp(&b.name));
     rt.main_allocator = by.iter().position(|a| is_device_pool(&a.name)).or_else(|| {
         by.iter()
@@ -680,7 +714,7 @@ fn summarize_allocators(rt: &mut Runtime) {
             .map(|(i, _)| i)
     });
     rt.allocators = by;
-    if let Some(main) = rt.main_allocator.map(|i| rt.allocators[i].name.clone()) {
+    if let Some(main) = rt.main_id() {
         let events: Vec<&MemEvent> = rt.mem.iter().filter(|m| m.allocator == main).collect();
         for e in &mut rt.executions {
             let k = events.partition_point(|m| m.t_ps < e.start_ps);
@@ -706,6 +740,35 @@ impl Runtime {
         self.main_allocator.and_then(|i| self.allocators.get(i))
     }
 
+    /// The interned name of the device pool, as [`MemEvent`]s carry it.
+    fn main_id(&self) -> Option<u32> {
+        let name = &self.main()?.name;
+        self.allocator_names
+            .iter()
+            .position(|n| n == name)
+            .map(|i| i as u32)
+    }
+
+    /// The index of an allocator name (consecutive events mostly name the same one).
+    fn intern_allocator(&mut self, name: &str) -> u32 {
+        if let Some(last) = self.last_allocator
+            && self.allocator_names[last as usize] == name
+        {
+            return last;
+        }
+        let id = match self.allocator_ids.get(name) {
+            Some(&i) => i,
+            None => {
+                let i = self.allocator_names.len() as u32;
+                self.allocator_names.push(name.to_string());
+                self.allocator_ids.insert(name.to_string(), i);
+                i
+            }
+        };
+        self.last_allocator = Some(id);
+        id
+    }
+
     /// Executions of `module`, in time order.
     pub fn executions_of<'a>(
         &'a self,
@@ -724,7 +787,7 @@ impl Runtime {
 
     /// Device-pool buffers live at `t_ps`, grouped by the host event that allocated them.
     pub fn live_at(&self, t_ps: i64) -> Vec<LiveGroup> {
-        let Some(main) = self.main() else {
+        let Some(main) = self.main_id() else {
             return Vec::new();
         };
         let mut live: FxHashMap<u64, &MemEvent> = FxHashMap::default();
@@ -733,7 +796,7 @@ impl Runtime {
         for m in self
             .mem
             .iter()
-            .filter(|m| m.allocator == main.name && m.t_ps < t_ps)
+            .filter(|m| m.allocator == main && m.t_ps < t_ps)
         {
             if m.alloc {
                 live.insert(m.addr, m);
@@ -841,16 +904,39 @@ impl Runtime {
     /// `requested_bytes` equals a Temporary allocation size of the plan (the join key between
     /// compile-time plan and runtime, XPLANE_FORMAT.md §4).
     pub fn temp_allocation(&self, e: &Execution, temp_sizes: &[u64]) -> Option<&MemEvent> {
-        let main = &self.main()?.name;
+        let main = self.main_id()?;
         let k = self.mem.partition_point(|m| m.t_ps < e.start_ps);
         self.mem[k..]
             .iter()
             .take_while(|m| m.t_ps <= e.end_ps)
             .find(|m| {
                 m.alloc
-                    && &m.allocator == main
+                    && m.allocator == main
                     && m.requested_bytes > 0
                     && temp_sizes.contains(&m.requested_bytes)
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OpRuns;
+
+    #[test]
+    fn op_runs_merge_one_execution_across_threads() {
+        // Program 7 runs 1 and 2 on two threads, program 3 run 1 in between; thread 2 saw run 1
+        // of program 7 start earlier than thread 1 did.
+        let runs = OpRuns(vec![
+            ((7, 1), 100, 4),
+            ((3, 1), 150, 2),
+            ((7, 2), 200, 5),
+            ((7, 1), 90, 3),
+            ((7, 2), 210, 1),
+        ]);
+        assert_eq!(
+            runs.merged(),
+            vec![(90, 7, 7), (150, 3, 2), (200, 7, 6)],
+            "one row per (program, run): earliest start, ops summed, sorted by start"
+        );
     }
 }
