@@ -154,16 +154,17 @@ impl Action {
     }
 }
 
-/// One entry of a device's trace (oldest first). 48 bytes: a large snapshot holds millions, so
+/// One entry of a device's trace (oldest first). 40 bytes: a large snapshot holds millions, so
 /// the optional fields are flags rather than `Option`s; read them with the accessors.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TraceEntry {
-    /// Block / segment address (0 for `oom` and `snapshot`).
+    /// Block / segment address (0 for `snapshot`). An `oom` entry's `device_free` is kept here,
+    /// as torch's own trace entry keeps it (its pickle writes the field as `device_free` instead
+    /// of `addr`); read it with [`TraceEntry::device_free`].
     pub addr: u64,
     pub size: u64,
     pub stream: u64,
     time_us: i64,
-    device_free: u64,
     /// `u32::MAX`: none.
     stack: u32,
     pub action: Action,
@@ -181,7 +182,6 @@ impl TraceEntry {
             size,
             stream,
             time_us: 0,
-            device_free: 0,
             stack: u32::MAX,
             action,
             has: 0,
@@ -193,7 +193,7 @@ impl TraceEntry {
     }
     /// `oom` only: bytes free according to cudaMemGetInfo.
     pub fn device_free(&self) -> Option<u64> {
-        (self.has & HAS_DEVICE_FREE != 0).then_some(self.device_free)
+        (self.action == Action::Oom && self.has & HAS_DEVICE_FREE != 0).then_some(self.addr)
     }
     /// `None` when the entry has no `frames` key (or an empty one).
     pub fn stack(&self) -> Option<StackId> {
@@ -203,9 +203,23 @@ impl TraceEntry {
         self.time_us = t.unwrap_or(0);
         self.has = (self.has & !HAS_TIME) | if t.is_some() { HAS_TIME } else { 0 };
     }
+    /// `oom` entries only (torch records `device_free` for nothing else; on another action the
+    /// value is not kept). Set the action first.
     pub fn set_device_free(&mut self, f: Option<u64>) {
-        self.device_free = f.unwrap_or(0);
-        self.has = (self.has & !HAS_DEVICE_FREE) | if f.is_some() { HAS_DEVICE_FREE } else { 0 };
+        if self.action != Action::Oom {
+            return;
+        }
+        match f {
+            Some(v) => {
+                self.addr = v;
+                self.has |= HAS_DEVICE_FREE;
+            }
+            None if self.has & HAS_DEVICE_FREE != 0 => {
+                self.addr = 0;
+                self.has &= !HAS_DEVICE_FREE;
+            }
+            None => {}
+        }
     }
     /// Stack ids are below `u32::MAX` (the loader refuses more stacks).
     pub fn set_stack(&mut self, s: Option<StackId>) {
@@ -351,7 +365,7 @@ mod tests {
 
     #[test]
     fn trace_entries_stay_small_and_keep_their_optional_fields() {
-        assert_eq!(std::mem::size_of::<TraceEntry>(), 48);
+        assert_eq!(std::mem::size_of::<TraceEntry>(), 40);
         let e = TraceEntry::new(Action::Oom, 0, 4096, 7);
         assert_eq!(
             (e.time_us(), e.device_free(), e.stack()),
@@ -364,6 +378,15 @@ mod tests {
         assert_eq!(e.time_us(), Some(i64::MIN));
         assert_eq!(e.device_free(), Some(0), "zero bytes free is not 'unknown'");
         assert_eq!(e.stack(), Some(3));
+        let e = e.with_device_free(Some(u64::MAX));
+        assert_eq!(
+            (e.device_free(), e.size, e.stream),
+            (Some(u64::MAX), 4096, 7)
+        );
+        assert_eq!(e.with_device_free(None).device_free(), None);
+        // Only an OOM records free device memory; an alloc's address is never overwritten.
+        let a = TraceEntry::new(Action::Alloc, 0x7f00_0000_0000, 512, 0).with_device_free(Some(1));
+        assert_eq!((a.addr, a.device_free()), (0x7f00_0000_0000, None));
         let snap = Snapshot {
             other_actions: vec!["user_defined".into()],
             ..Snapshot::default()
