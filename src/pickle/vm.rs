@@ -112,6 +112,9 @@ pub fn decode_streaming<'a>(
     };
     crate::hugepages::advise_spare(&vm.memo);
     vm.run()?;
+    crate::timings::count("pickle memo slots", vm.memo.len() as u64);
+    crate::timings::count("pickle nodes", vm.tree.nodes.len() as u64);
+    crate::timings::count("pickle pool items", vm.tree.pool.len() as u64);
     Ok(vm.tree)
 }
 
@@ -119,7 +122,9 @@ const MARK: Val = Val::NONE; // never read back: marks are positions in `marks`
 const MAX_SHAPES: usize = 1 << 16;
 const MAX_SHAPE_KEYS: usize = 64;
 
-const PROGRESS_STEP: usize = 8 << 20;
+/// Input bytes between two calls of the sink's progress (cancel checks, and the snapshot loader
+/// giving back the mapped pages already decoded: they count in the peak until then).
+const PROGRESS_STEP: usize = 2 << 20;
 
 struct Vm<'a, 's> {
     sink: Option<&'s mut dyn Sink>,

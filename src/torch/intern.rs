@@ -260,12 +260,17 @@ impl Worker {
         while self.traces.len() <= list {
             // The first device list holds nearly all of a large file: reserve for it up front
             // (untouched capacity costs no memory) so growing it never copies hundreds of MB.
-            let cap = if self.traces.is_empty() {
-                self.first_capacity
-            } else {
-                0
-            };
-            let buf: Vec<TraceEntry> = Vec::with_capacity(cap);
+            // The reservation is an upper bound; where the system refuses that much address
+            // space, a quarter of it (growing past that copies, but works).
+            let mut buf: Vec<TraceEntry> = Vec::new();
+            if self.traces.is_empty() {
+                let cap = self
+                    .first_capacity
+                    .min(self.max_events.unwrap_or(usize::MAX));
+                if buf.try_reserve_exact(cap).is_err() {
+                    let _ = buf.try_reserve_exact(cap / 4);
+                }
+            }
             crate::hugepages::advise_spare(&buf);
             self.traces.push((buf.into(), 0));
         }

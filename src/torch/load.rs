@@ -147,7 +147,10 @@ fn decode_pickle(
         pipeline: Some(Pipeline::new(
             threaded,
             opts.max_trace_events,
-            bytes.len() / 64,
+            // At most one trace entry per 24 bytes: the smallest entry torch writes (action,
+            // addr, size, stream and an empty frames list as memo references) takes more. The
+            // shared-lists shape has 60 bytes an entry, the realistic one 157.
+            bytes.len() / 24,
             runs,
         )),
         list_by_val: FxHashMap::default(),
