@@ -256,6 +256,9 @@ pub fn analyze_ranks(
         crate::hugepages::trim_heap();
         out
     };
+    if paths.len() > 1 {
+        crate::hugepages::tune_allocator();
+    }
     let jobs = opts.jobs().min(paths.len()).max(1);
     let mut results: Vec<Option<Result<torch::Output, CaptureError>>> =
         (0..paths.len()).map(|_| None).collect();

@@ -1,11 +1,17 @@
 use memlsp::cli::Run;
 
 fn main() {
-    memlsp::hugepages::tune_allocator();
     let code = match memlsp::cli::run() {
         Run::Exit(code) => code,
-        Run::Lsp => served(memlsp::lsp::run_stdio()),
-        Run::Mcp => served(memlsp::mcp::run_stdio()),
+        // A server analyses capture after capture for hours: keep its heap from fragmenting.
+        Run::Lsp => {
+            memlsp::hugepages::tune_allocator();
+            served(memlsp::lsp::run_stdio())
+        }
+        Run::Mcp => {
+            memlsp::hugepages::tune_allocator();
+            served(memlsp::mcp::run_stdio())
+        }
     };
     std::process::exit(code);
 }
