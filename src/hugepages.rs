@@ -51,3 +51,22 @@ pub fn tune_allocator() {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
     }
 }
+
+/// Is this process's address space capped (`ulimit -v`, as some clusters set)? Then reserving
+/// generously up front, free elsewhere since untouched pages cost nothing, uses up the cap.
+pub fn address_space_limited() -> bool {
+    #[cfg(unix)]
+    {
+        let mut r = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes the limit into `r`, a valid rlimit.
+        let ok = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut r) } == 0;
+        ok && r.rlim_cur != libc::RLIM_INFINITY
+    }
+    #[cfg(not(unix))]
+    {
+        false
+    }
+}

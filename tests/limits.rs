@@ -255,3 +255,37 @@ fn a_fifo_named_like_a_capture_is_refused_not_waited_on() {
         );
     }
 }
+
+#[test]
+fn a_capped_address_space_still_gets_the_whole_report() {
+    // Clusters often run jobs under `ulimit -v`; memlsp then reserves its trace for a likelier
+    // entry count instead of an upper bound (`hugepages::address_space_limited`). The report a
+    // user reads there is the same, to the byte.
+    let Some(file) = common::shared(
+        "torch_snapshots/real/sidsoc12__8169e1e6_mem_snapshot_ctx128_fp32_train.pickle",
+    ) else {
+        return;
+    };
+    let dir = file.parent().unwrap();
+    let name = file.file_name().unwrap().to_str().unwrap();
+    let plain = common::memlsp(&["report", name, "--format", "json"], dir);
+    assert_eq!(plain.code, 0, "{}", plain.stderr);
+    let capped = std::process::Command::new("sh")
+        .args([
+            "-c",
+            "ulimit -v 2000000 && exec \"$0\" report \"$1\" --format json",
+            env!("CARGO_BIN_EXE_memlsp"),
+            name,
+        ])
+        .current_dir(dir)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(
+        capped.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&capped.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&capped.stdout), plain.stdout);
+}

@@ -149,8 +149,13 @@ fn decode_pickle(
             opts.max_trace_events,
             // At most one trace entry per 24 bytes: the smallest entry torch writes (action,
             // addr, size, stream and an empty frames list as memo references) takes more. The
-            // shared-lists shape has 60 bytes an entry, the realistic one 157.
-            bytes.len() / 24,
+            // shared-lists shape has 60 bytes an entry, the realistic one 157. Under a cap on
+            // the address space, a likelier count (growing past it copies).
+            if crate::hugepages::address_space_limited() {
+                bytes.len() / 64
+            } else {
+                bytes.len() / 24
+            },
             runs,
         )),
         list_by_val: FxHashMap::default(),
