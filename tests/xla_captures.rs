@@ -321,3 +321,69 @@ fn truncated_and_garbage_files_are_errors_with_offsets() {
     let e = memlsp::analyze::run_file(&cut, &Options::default()).unwrap_err();
     assert_eq!(e.kind, ErrorKind::Invalid, "{e}");
 }
+
+/// Protobuf lets a line carry its header (id, name, timestamp) after its events; no profiler
+/// writes one, and memlsp walks a line once assuming the header comes first. Real captures
+/// rewritten that way (each line's header moved behind its events, each plane's lines behind
+/// its metadata) must read exactly as the originals.
+#[test]
+fn lines_whose_header_follows_their_events_read_the_same() {
+    use memlsp::xla::pb::profiler::{XLine, XPlane, XSpace};
+    use prost::Message;
+    for rel in [
+        "jax_cpu_captures/e_attention_big/e_attention_big.xplane.pb",
+        "jax-real-captures/xprof_demo_gpu_multi_worker/34.83.195.179_6003.xplane.pb",
+    ] {
+        let Some(src) = common::shared(rel) else {
+            return;
+        };
+        let bytes = std::fs::read(&src).unwrap();
+        let space = XSpace::decode(&bytes[..]).unwrap();
+        let mut moved = 0;
+        let mut out = XSpace {
+            planes: Vec::new(),
+            ..space.clone()
+        }
+        .encode_to_vec();
+        for plane in &space.planes {
+            let mut p = XPlane {
+                lines: Vec::new(),
+                ..plane.clone()
+            }
+            .encode_to_vec();
+            for line in &plane.lines {
+                let mut l = XLine {
+                    id: 0,
+                    name: String::new(),
+                    timestamp_ns: 0,
+                    ..line.clone()
+                }
+                .encode_to_vec();
+                if !line.events.is_empty() && !line.name.is_empty() {
+                    moved += 1;
+                }
+                prost::encoding::int64::encode(1, &line.id, &mut l);
+                prost::encoding::string::encode(2, &line.name, &mut l);
+                prost::encoding::int64::encode(3, &line.timestamp_ns, &mut l);
+                prost::encoding::bytes::encode(3, &l, &mut p);
+            }
+            prost::encoding::bytes::encode(1, &p, &mut out);
+        }
+        assert!(moved > 0, "{rel}: no named line with events to rewrite");
+        assert_eq!(
+            XSpace::decode(&out[..]).unwrap(),
+            space,
+            "the rewrite keeps the capture's content"
+        );
+        let name = src.file_name().unwrap().to_str().unwrap();
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        std::fs::write(a.path().join(name), &bytes).unwrap();
+        std::fs::write(b.path().join(name), &out).unwrap();
+        let as_written = common::memlsp(&["report", name, "--format", "json"], a.path());
+        let late = common::memlsp(&["report", name, "--format", "json"], b.path());
+        assert_eq!(as_written.code, 0, "{}", as_written.stderr);
+        assert_eq!(late.code, 0, "{}", late.stderr);
+        assert!(as_written.stdout.contains("\"executions\""), "{rel}");
+        assert_eq!(late.stdout, as_written.stdout, "{rel}");
+    }
+}

@@ -170,6 +170,20 @@ fn num(v: RawValue) -> u64 {
 
 /// Walk the event planes once and build the runtime view.
 pub fn read(cap: &Capture, plans: &[Plan]) -> Result<Runtime, CaptureError> {
+    match read_planes(cap, plans) {
+        // A line whose header follows its events (no profiler writes one): read again, each
+        // line header first.
+        Err(e)
+            if e.message == crate::xla::space::LATE_HEADER && !cap.file.walks_lines_exactly() =>
+        {
+            cap.file.walk_lines_exactly();
+            read_planes(cap, plans)
+        }
+        r => r,
+    }
+}
+
+fn read_planes(cap: &Capture, plans: &[Plan]) -> Result<Runtime, CaptureError> {
     let mut rt = Runtime::default();
     // Ops per (program id, run id) on CPU threads, kernels per program id on devices.
     let mut op_runs = OpRuns::default();
