@@ -197,3 +197,30 @@ fn corrupted_bytes_never_panic() {
         "refused {refused}, reported {reported}"
     );
 }
+
+/// Planes are mapped where the SIGBUS guard is installed (the CLI and the servers): a capture
+/// that a new profile overwrites while it is analysed reads as zeros past its new end, and the
+/// analysis says so instead of reporting what the zeros decoded to.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_capture_truncated_under_its_mapping_is_reported_as_truncated() {
+    memlsp::sigbus::install();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("grads_kept.xplane.pb");
+    std::fs::copy(fixture("grads_kept"), &path).unwrap();
+    let cap = memlsp::xla::Capture::open(&path).unwrap();
+    assert!(
+        memlsp::xla::analyse(&cap, &Default::default()).is_ok(),
+        "the intact copy analyses"
+    );
+    std::fs::File::create(&path).unwrap(); // truncated, as `open(path, "wb")` does
+    let e = match memlsp::xla::analyse(&cap, &Default::default()) {
+        Ok(_) => panic!("a truncated capture analysed as if intact"),
+        Err(e) => e,
+    };
+    assert_eq!(e.kind, memlsp::error::ErrorKind::Truncated, "{e}");
+    assert!(
+        e.to_string().contains("truncated while it was being read"),
+        "{e}"
+    );
+}

@@ -54,6 +54,22 @@ pub struct Output {
 
 /// Analyse an opened capture: choose the module, read the runtime view, diagnose.
 pub fn analyse(cap: &Capture, opts: &AnalysisOptions) -> Result<Output, CaptureError> {
+    let faults = crate::sigbus::rescued();
+    let out = analyse_planes(cap, opts);
+    if crate::sigbus::rescued() != faults {
+        // A mapped plane lost its file underneath (pages read as zeros): nothing read holds.
+        return Err(CaptureError::new(
+            &cap.file.path,
+            crate::error::ErrorKind::Truncated,
+            None,
+            "the file was truncated while it was being read",
+            "it is being rewritten (a new capture?); read it again once the write is done",
+        ));
+    }
+    out
+}
+
+fn analyse_planes(cap: &Capture, opts: &AnalysisOptions) -> Result<Output, CaptureError> {
     let plans = plan::plans(cap, 0)?;
     let rt = runtime::read(cap, &plans)?;
     let chosen = select::select(&cap.file.path, &plans, &rt, opts.module.as_deref())?;

@@ -230,13 +230,41 @@ impl SpaceFile {
 
     /// Load one plane's bytes and decode its metadata.
     pub fn load(&self, idx: &PlaneIndex) -> Result<Plane, CaptureError> {
-        let mut bytes = vec![0u8; idx.len as usize];
-        self.file
-            .read_exact_at(&mut bytes, idx.start)
-            .map_err(|e| self.io(e))?;
+        let bytes = match self.map(idx) {
+            Some(m) => PlaneBytes::Mapped(m),
+            None => {
+                let mut bytes = vec![0u8; idx.len as usize];
+                self.file
+                    .read_exact_at(&mut bytes, idx.start)
+                    .map_err(|e| self.io(e))?;
+                PlaneBytes::Read(bytes)
+            }
+        };
         let mut plane = Plane::parse(&self.path, bytes, idx.start)?;
         plane.exact = self.walks_lines_exactly();
         Ok(plane)
+    }
+
+    /// A large plane mapped instead of copied into memory: no anonymous gigabyte, no copy, and
+    /// the walk reads the page cache directly. As for snapshots (`torch::load`): small planes
+    /// are read unless the SIGBUS guard is installed (a mapped file truncated underneath would
+    /// otherwise kill the process); `xla::analyse` voids an analysis that met a truncation.
+    fn map(&self, idx: &PlaneIndex) -> Option<memmap2::Mmap> {
+        if idx.len <= MAP_FROM && !crate::sigbus::installed() {
+            return None;
+        }
+        // SAFETY: read-only and private to the plane; a truncation underneath reads as zeros
+        // (SIGBUS guard) and is reported by `xla::analyse`.
+        let map = unsafe {
+            memmap2::MmapOptions::new()
+                .offset(idx.start)
+                .len(usize::try_from(idx.len).ok()?)
+                .map(&self.file)
+        }
+        .ok()?;
+        #[cfg(unix)]
+        let _ = map.advise(memmap2::Advice::Sequential);
+        Some(map)
     }
 
     /// From now on, loaded planes find each line's header before walking its events (after a
@@ -280,10 +308,29 @@ pub enum StatValue {
     Ref(u64),
 }
 
+/// Planes at least this large are mapped even without the SIGBUS guard (as snapshots are).
+const MAP_FROM: u64 = 256 << 20;
+
+/// A plane's bytes, read or mapped ([`SpaceFile::load`]).
+enum PlaneBytes {
+    Read(Vec<u8>),
+    Mapped(memmap2::Mmap),
+}
+
+impl std::ops::Deref for PlaneBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            PlaneBytes::Read(v) => v,
+            PlaneBytes::Mapped(m) => m,
+        }
+    }
+}
+
 /// One decoded plane: metadata owned, lines kept as byte ranges for a later walk.
 pub struct Plane {
     pub name: String,
-    bytes: Vec<u8>,
+    bytes: PlaneBytes,
     base: u64,
     /// Byte ranges of the `XLine` messages within `bytes`.
     lines: Vec<(usize, usize)>,
@@ -297,7 +344,7 @@ pub struct Plane {
 }
 
 impl Plane {
-    fn parse(path: &Path, bytes: Vec<u8>, base: u64) -> Result<Plane, CaptureError> {
+    fn parse(path: &Path, bytes: PlaneBytes, base: u64) -> Result<Plane, CaptureError> {
         let mut name = String::new();
         let mut lines = Vec::new();
         let mut event_meta = FxHashMap::default();
