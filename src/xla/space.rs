@@ -51,6 +51,8 @@ pub struct SpaceFile {
     file: File,
     pub len: u64,
     pub planes: Vec<PlaneIndex>,
+    /// Modification time when opened ([`SpaceFile::changed_on_disk`]).
+    modified: Option<std::time::SystemTime>,
     /// Planes loaded from now on walk each line twice, header first ([`Plane::for_each_event_on`]).
     exact_lines: std::sync::atomic::AtomicBool,
 }
@@ -78,8 +80,10 @@ impl SpaceFile {
                 "the profiler may still be writing it; re-run after stop_trace()",
             ));
         }
+        let modified = file.metadata().and_then(|m| m.modified()).ok();
         let mut sf = SpaceFile {
             path: path.to_path_buf(),
+            modified,
             exact_lines: std::sync::atomic::AtomicBool::new(false),
             file,
             len,
@@ -265,6 +269,16 @@ impl SpaceFile {
         #[cfg(unix)]
         let _ = map.advise(memmap2::Advice::Sequential);
         Some(map)
+    }
+
+    /// Has the file been rewritten or truncated since it was opened (its length or modification
+    /// time differs, or it is gone)? Tells whether a SIGBUS absorbed during an analysis can be
+    /// this file's: the guard's count is process-wide.
+    pub fn changed_on_disk(&self) -> bool {
+        match std::fs::metadata(&self.path) {
+            Ok(m) => m.len() != self.len || m.modified().ok() != self.modified,
+            Err(_) => true,
+        }
     }
 
     /// From now on, loaded planes find each line's header before walking its events (after a
