@@ -324,11 +324,34 @@ pub enum StatValue {
 
 /// Planes at least this large are mapped even without the SIGBUS guard (as snapshots are).
 const MAP_FROM: u64 = 256 << 20;
+/// A walk of a mapped plane gives back what it walked every this many bytes.
+const RELEASE_STEP: usize = 8 << 20;
 
 /// A plane's bytes, read or mapped ([`SpaceFile::load`]).
 enum PlaneBytes {
     Read(Vec<u8>),
     Mapped(memmap2::Mmap),
+}
+
+impl PlaneBytes {
+    /// Give back the pages of `[from, to)` (mapped bytes only): already walked, they are read
+    /// again from the page cache if a later walk needs them, so a plane's walk holds a few MiB
+    /// of it instead of all of it.
+    fn release(&self, from: usize, to: usize) {
+        #[cfg(unix)]
+        if let PlaneBytes::Mapped(m) = self
+            && to > from
+            && to <= m.len()
+        {
+            // SAFETY: a private read-only file mapping: DONTNEED only drops clean pages, which
+            // the next access reads from the file again.
+            let _ = unsafe {
+                m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, from, to - from)
+            };
+        }
+        #[cfg(not(unix))]
+        let _ = (from, to);
+    }
 }
 
 impl std::ops::Deref for PlaneBytes {
@@ -469,11 +492,12 @@ impl Plane {
         want: impl Fn(&str) -> bool,
         mut f: impl FnMut(&LineInfo<'p>, &RawEvent<'p>),
     ) -> Result<(), CaptureError> {
+        let mut released = 0usize;
         for &(s, e) in &self.lines {
             let body = &self.bytes[s..e];
             let base = self.base + s as u64;
             if !self.exact {
-                Self::walk_line_once(path, body, base, &want, &mut f)?;
+                self.walk_line_once(path, body, base, &want, &mut f, &mut released)?;
                 continue;
             }
             // Header first (it may follow the events on the wire), then the events, without
@@ -515,11 +539,13 @@ impl Plane {
     /// after an event would have changed what the events were given: that is a [`LATE_HEADER`]
     /// error, and the capture is read again with exact walks.
     fn walk_line_once<'p>(
+        &'p self,
         path: &Path,
         body: &'p [u8],
         base: u64,
         want: &impl Fn(&str) -> bool,
         f: &mut impl FnMut(&LineInfo<'p>, &RawEvent<'p>),
+        released: &mut usize,
     ) -> Result<(), CaptureError> {
         let mut line = LineInfo::default();
         let mut seen_name = false;
@@ -556,6 +582,13 @@ impl Plane {
                     if let Value::Len(b, off) = v {
                         let ev = RawEvent::parse(b, off).map_err(|e| wire_error(path, e))?;
                         f(&line, &ev);
+                        // Behind the walk, a MiB of slack: the pages already walked go back.
+                        let at = off.saturating_sub(self.base) as usize;
+                        if at >= *released + RELEASE_STEP {
+                            let upto = at - (1 << 20);
+                            self.bytes.release(*released, upto);
+                            *released = upto;
+                        }
                     }
                 }
                 _ => {}
