@@ -33,6 +33,18 @@ pub struct CaptureError {
 }
 
 impl CaptureError {
+    /// A mapped capture lost pages under its mapping while it was read (`sigbus::Watch::lost`):
+    /// they read as zeros, so nothing read from it holds.
+    pub fn truncated_while_read(path: &Path) -> CaptureError {
+        CaptureError::new(
+            path,
+            ErrorKind::Truncated,
+            None,
+            "the file was truncated while it was being read",
+            "it is being rewritten (a new dump or profile?); read it again once the write is done",
+        )
+    }
+
     pub fn new(
         path: &Path,
         kind: ErrorKind,

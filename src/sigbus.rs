@@ -27,6 +27,48 @@ pub fn rescued() -> u64 {
     RESCUED.load(Ordering::Relaxed)
 }
 
+/// Without the guard, files (or planes) up to this size are read into memory; larger ones, and
+/// every one when the guard is installed, are memory-mapped.
+pub const READ_INTO_MEMORY_UP_TO: u64 = 256 << 20;
+
+/// Map `len` bytes of a capture rather than read them ([`READ_INTO_MEMORY_UP_TO`]).
+pub fn should_map(len: u64) -> bool {
+    len > READ_INTO_MEMORY_UP_TO || installed()
+}
+
+/// A mapped file's length and modification time when it was opened, and the faults absorbed by
+/// then: tells whether a fault absorbed during the read can be this file's (the count is
+/// process-wide; the server reads several captures at once).
+#[derive(Clone, Debug)]
+pub struct Watch {
+    faults: u64,
+    len: Option<u64>,
+    modified: Option<std::time::SystemTime>,
+}
+
+impl Watch {
+    pub fn new(file: &std::fs::File) -> Watch {
+        let meta = file.metadata().ok();
+        Watch {
+            faults: rescued(),
+            len: meta.as_ref().map(|m| m.len()),
+            modified: meta.and_then(|m| m.modified().ok()),
+        }
+    }
+
+    /// Did the file at `path` lose pages under its mapping since [`Watch::new`]? A fault was
+    /// absorbed and the file changed (length, modification time, or gone).
+    pub fn lost(&self, path: &std::path::Path) -> bool {
+        if rescued() == self.faults {
+            return false;
+        }
+        match std::fs::metadata(path) {
+            Ok(m) => Some(m.len()) != self.len || m.modified().ok() != self.modified,
+            Err(_) => true,
+        }
+    }
+}
+
 /// Install the handler (once, before any analysis runs).
 #[cfg(target_os = "linux")]
 pub fn install() {

@@ -19,12 +19,6 @@ use crate::torch::model::{
 
 use crate::options::DecodeOptions;
 
-/// Without the SIGBUS guard (`crate::sigbus`, installed by the CLI and the server on Linux),
-/// snapshots up to this size are read into memory; larger ones, and every snapshot when the guard
-/// is installed, are memory-mapped (and their pages released as the decoder passes them, which
-/// keeps peak memory near the model's own size).
-const READ_INTO_MEMORY_UP_TO: u64 = 256 << 20;
-
 /// Read and decode a snapshot file (`.pickle`/`.pkl` or the JSON form).
 pub fn load_snapshot(path: &Path, opts: &DecodeOptions) -> Result<Snapshot, CaptureError> {
     let file = std::fs::File::open(path).map_err(|e| CaptureError::io(path, &e))?;
@@ -41,7 +35,9 @@ pub fn load_snapshot(path: &Path, opts: &DecodeOptions) -> Result<Snapshot, Capt
             "a snapshot being written is retried when it changes; otherwise re-run _dump_snapshot()",
         ));
     }
-    if len <= READ_INTO_MEMORY_UP_TO && !crate::sigbus::installed() {
+    // Mapped pages are released as the decoder passes them, which keeps peak memory near the
+    // model's own size.
+    if !crate::sigbus::should_map(len) {
         // Read, not mapped: a mapped file that another process truncates while it is decoded
         // raises SIGBUS and kills the whole process (the language server included), and torch
         // re-dumps a snapshot in place (truncate, then write). A file that shrinks while read here
@@ -60,17 +56,11 @@ pub fn load_snapshot(path: &Path, opts: &DecodeOptions) -> Result<Snapshot, Capt
         Ok(map) => {
             #[cfg(unix)]
             let _ = map.advise(memmap2::Advice::Sequential);
-            let faults = crate::sigbus::rescued();
+            let watch = crate::sigbus::Watch::new(&file);
             let decoded = decode_inner(path, &map, opts, Some(&map));
-            if crate::sigbus::rescued() != faults {
+            if watch.lost(path) {
                 // Pages past the new end of the file read as zeros: whatever was decoded is void.
-                return Err(CaptureError::new(
-                    path,
-                    ErrorKind::Truncated,
-                    None,
-                    "the file was truncated while it was being read",
-                    "it is being rewritten (a new _dump_snapshot?); read it again once the write is done",
-                ));
+                return Err(CaptureError::truncated_while_read(path));
             }
             decoded
         }

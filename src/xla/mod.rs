@@ -54,18 +54,10 @@ pub struct Output {
 
 /// Analyse an opened capture: choose the module, read the runtime view, diagnose.
 pub fn analyse(cap: &Capture, opts: &AnalysisOptions) -> Result<Output, CaptureError> {
-    let faults = crate::sigbus::rescued();
     let out = analyse_planes(cap, opts);
-    if crate::sigbus::rescued() != faults && cap.file.changed_on_disk() {
+    if cap.file.watch.lost(&cap.file.path) {
         // A mapped plane lost its file underneath (pages read as zeros): nothing read holds.
-        // (The guard counts faults of the whole process: another file's do not void this one.)
-        return Err(CaptureError::new(
-            &cap.file.path,
-            crate::error::ErrorKind::Truncated,
-            None,
-            "the file was truncated while it was being read",
-            "it is being rewritten (a new capture?); read it again once the write is done",
-        ));
+        return Err(CaptureError::truncated_while_read(&cap.file.path));
     }
     out
 }

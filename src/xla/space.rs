@@ -51,8 +51,9 @@ pub struct SpaceFile {
     file: File,
     pub len: u64,
     pub planes: Vec<PlaneIndex>,
-    /// Modification time when opened ([`SpaceFile::changed_on_disk`]).
-    modified: Option<std::time::SystemTime>,
+    /// The file as opened: a fault absorbed under a mapped plane is this file's only if it
+    /// changed since (`xla::analyse`).
+    pub watch: crate::sigbus::Watch,
     /// Planes loaded from now on walk each line twice, header first ([`Plane::for_each_event_on`]).
     exact_lines: std::sync::atomic::AtomicBool,
 }
@@ -80,10 +81,9 @@ impl SpaceFile {
                 "the profiler may still be writing it; re-run after stop_trace()",
             ));
         }
-        let modified = file.metadata().and_then(|m| m.modified()).ok();
         let mut sf = SpaceFile {
             path: path.to_path_buf(),
-            modified,
+            watch: crate::sigbus::Watch::new(&file),
             exact_lines: std::sync::atomic::AtomicBool::new(false),
             file,
             len,
@@ -250,11 +250,12 @@ impl SpaceFile {
     }
 
     /// A large plane mapped instead of copied into memory: no anonymous gigabyte, no copy, and
-    /// the walk reads the page cache directly. As for snapshots (`torch::load`): small planes
-    /// are read unless the SIGBUS guard is installed (a mapped file truncated underneath would
-    /// otherwise kill the process); `xla::analyse` voids an analysis that met a truncation.
+    /// the walk reads the page cache directly. As for snapshots ([`crate::sigbus::should_map`]):
+    /// small planes are read unless the SIGBUS guard is installed (a mapped file truncated
+    /// underneath would otherwise kill the process); `xla::analyse` voids an analysis that met
+    /// a truncation.
     fn map(&self, idx: &PlaneIndex) -> Option<memmap2::Mmap> {
-        if idx.len <= MAP_FROM && !crate::sigbus::installed() {
+        if !crate::sigbus::should_map(idx.len) {
             return None;
         }
         // SAFETY: read-only and private to the plane; a truncation underneath reads as zeros
@@ -269,16 +270,6 @@ impl SpaceFile {
         #[cfg(unix)]
         let _ = map.advise(memmap2::Advice::Sequential);
         Some(map)
-    }
-
-    /// Has the file been rewritten or truncated since it was opened (its length or modification
-    /// time differs, or it is gone)? Tells whether a SIGBUS absorbed during an analysis can be
-    /// this file's: the guard's count is process-wide.
-    pub fn changed_on_disk(&self) -> bool {
-        match std::fs::metadata(&self.path) {
-            Ok(m) => m.len() != self.len || m.modified().ok() != self.modified,
-            Err(_) => true,
-        }
     }
 
     /// From now on, loaded planes find each line's header before walking its events (after a
@@ -322,8 +313,6 @@ pub enum StatValue {
     Ref(u64),
 }
 
-/// Planes at least this large are mapped even without the SIGBUS guard (as snapshots are).
-const MAP_FROM: u64 = 256 << 20;
 /// A walk of a mapped plane gives back what it walked every this many bytes.
 const RELEASE_STEP: usize = 8 << 20;
 
