@@ -698,7 +698,8 @@ fn is_device_pool(name: &str) -> bool {
 
 fn summarize_allocators(rt: &mut Runtime) {
     rt.mem.sort_by_key(|m| m.t_ps);
-    // One summary per interned name, in the order the names were seen; sorted by name below.
+    // One summary per interned name (each has an event), in the order the names were seen;
+    // sorted by name below.
     let mut by: Vec<AllocatorSummary> = rt
         .allocator_names
         .iter()
@@ -719,7 +720,6 @@ fn summarize_allocators(rt: &mut Runtime) {
         }
         s.lifetime_peak_bytes = s.lifetime_peak_bytes.max(m.peak_bytes_in_use);
     }
-    by.retain(|a| a.events > 0);
     by.sort_by(|a, b| a.name.cmp(&b.name));
     rt.main_allocator = by.iter().position(|a| is_device_pool(&a.name)).or_else(|| {
         by.iter()
@@ -756,11 +756,7 @@ impl Runtime {
 
     /// The interned name of the device pool, as [`MemEvent`]s carry it.
     fn main_id(&self) -> Option<u32> {
-        let name = &self.main()?.name;
-        self.allocator_names
-            .iter()
-            .position(|n| n == name)
-            .map(|i| i as u32)
+        self.allocator_ids.get(&self.main()?.name).copied()
     }
 
     /// The index of an allocator name (consecutive events mostly name the same one).
