@@ -131,8 +131,8 @@ fn check(name: &str, o: &Value, s: &memlsp::torch::model::Snapshot, _path: &Path
 }
 
 /// A cancelled analysis stops with `ErrorKind::Cancelled` whichever stage it is in: inside the
-/// pickle VM (checked every 8 MiB of input) or between decode and analysis. A real snapshot
-/// repeated past 8 MiB inside a wrapper list exercises the VM's check.
+/// pickle VM (checked every 2 MiB of input) or between decode and analysis. A real snapshot
+/// behind 9 MiB of bytes inside a wrapper list exercises the VM's check.
 #[test]
 fn a_cancelled_decode_stops_with_cancelled() {
     use memlsp::error::ErrorKind;
@@ -151,7 +151,7 @@ fn a_cancelled_decode_stops_with_cancelled() {
     let e = memlsp::analyze::analyze_file(&p, &opts).unwrap_err();
     assert_eq!(e.kind, ErrorKind::Cancelled, "{e}");
 
-    // Past the VM's first progress point (8 MiB): 9 MiB of BINBYTES, then the snapshot.
+    // Past the VM's first progress point (2 MiB): 9 MiB of BINBYTES, then the snapshot.
     let snapshot = std::fs::read(&p).unwrap();
     let mut big = vec![0x80, 4, b'B'];
     big.extend_from_slice(&(9u32 << 20).to_le_bytes());
