@@ -259,8 +259,8 @@ fn a_fifo_named_like_a_capture_is_refused_not_waited_on() {
 #[test]
 fn a_capped_address_space_still_gets_the_whole_report() {
     // Clusters often run jobs under `ulimit -v`; memlsp then reserves its trace for a likelier
-    // entry count instead of an upper bound (`hugepages::address_space_limited`). The report a
-    // user reads there is the same, to the byte.
+    // entry count (one per 64 bytes of file) instead of an upper bound (one per 24 bytes), as
+    // `MEMLSP_TIMINGS` shows. The report a user reads there is the same, to the byte.
     let Some(file) = common::shared(
         "torch_snapshots/real/sidsoc12__8169e1e6_mem_snapshot_ctx128_fp32_train.pickle",
     ) else {
@@ -268,24 +268,40 @@ fn a_capped_address_space_still_gets_the_whole_report() {
     };
     let dir = file.parent().unwrap();
     let name = file.file_name().unwrap().to_str().unwrap();
-    let plain = common::memlsp(&["report", name, "--format", "json"], dir);
-    assert_eq!(plain.code, 0, "{}", plain.stderr);
-    let capped = std::process::Command::new("sh")
-        .args([
-            "-c",
-            "ulimit -v 2000000 && exec \"$0\" report \"$1\" --format json",
-            env!("CARGO_BIN_EXE_memlsp"),
-            name,
-        ])
-        .current_dir(dir)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
-    assert_eq!(
-        capped.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&capped.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&capped.stdout), plain.stdout);
+    let len = std::fs::metadata(&file).unwrap().len();
+    let run = |limit: &str| {
+        let out = std::process::Command::new("sh")
+            .args([
+                "-c",
+                &format!("{limit} exec \"$0\" report \"$1\" --format json"),
+                env!("CARGO_BIN_EXE_memlsp"),
+                name,
+            ])
+            .current_dir(dir)
+            .env("MEMLSP_TIMINGS", "1")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(0), "{limit}: {err}");
+        let reserved: u64 = err
+            .lines()
+            .find_map(|l| l.strip_prefix("count trace entries reserved "))
+            .unwrap_or_else(|| panic!("{limit}: no reservation in the timings: {err}"))
+            .trim()
+            .parse()
+            .unwrap();
+        (String::from_utf8_lossy(&out.stdout).into_owned(), reserved)
+    };
+    let (plain, plain_reserved) = run("ulimit -v unlimited 2>/dev/null;");
+    let (capped, capped_reserved) = run("ulimit -v 2000000 &&");
+    // (Where this test itself runs under a cap that cannot be lifted, both runs are capped.)
+    let uncapped = if memlsp::hugepages::address_space_limited() {
+        len / 64
+    } else {
+        len / 24
+    };
+    assert_eq!(plain_reserved, uncapped, "no cap: the upper bound");
+    assert_eq!(capped_reserved, len / 64, "under a cap: the likelier count");
+    assert_eq!(capped, plain);
 }

@@ -270,6 +270,7 @@ impl Worker {
                 if buf.try_reserve_exact(cap).is_err() {
                     let _ = buf.try_reserve_exact(cap / 4);
                 }
+                crate::timings::count("trace entries reserved", buf.capacity() as u64);
             }
             crate::hugepages::advise_spare(&buf);
             self.traces.push((buf.into(), 0));
