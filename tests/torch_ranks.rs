@@ -111,8 +111,8 @@ fn pt012_names_the_line_where_one_rank_holds_a_second_copy() {
     assert!(cmp.skew(0).is_empty() && cmp.skew(1).is_empty());
 }
 
-/// Three real snapshots as the ranks of one folder.
-fn rank_folder(dir: &Path) -> Option<Vec<PathBuf>> {
+/// Three real snapshots as the ranks of `dir/ranks`: that folder and the files.
+fn rank_folder(dir: &Path) -> Option<(PathBuf, Vec<PathBuf>)> {
     let names = [
         "kkaitlyn111__memory_ctx128_fullstep.pickle",
         "kkaitlyn111__memory_ctx256_forward.pickle",
@@ -127,7 +127,7 @@ fn rank_folder(dir: &Path) -> Option<Vec<PathBuf>> {
         std::fs::copy(src, &dst).unwrap();
         out.push(dst);
     }
-    Some(out)
+    Some((ranks, out))
 }
 
 fn pt012(findings: &Value) -> Vec<(String, Value, Value)> {
@@ -150,10 +150,9 @@ fn pt012(findings: &Value) -> Vec<(String, Value, Value)> {
 fn compare_on_summaries_equals_report_dir_on_snapshots() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let Some(files) = rank_folder(dir) else {
+    let Some((ranks, files)) = rank_folder(dir) else {
         return;
     };
-    let ranks = dir.join("ranks");
     let r = memlsp(
         &["report", arg(&ranks), "--format", "json", "--jobs", "2"],
         dir,
@@ -280,10 +279,9 @@ fn recipe_blocks(heading: &str) -> Vec<(String, String)> {
 fn the_slurm_and_ray_recipes_give_what_report_dir_gives() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let Some(files) = rank_folder(dir) else {
+    let Some((ranks, files)) = rank_folder(dir) else {
         return;
     };
-    let ranks = dir.join("ranks");
     let r = memlsp(&["report", arg(&ranks), "--format", "json"], dir);
     assert_eq!(r.code, 0, "{}", r.stderr);
     let want = r.json()["rank_comparisons"][0].clone();
