@@ -186,12 +186,15 @@ mod tests {
         assert!(start.elapsed().as_secs() < 5, "{:?}", start.elapsed());
     }
 
-    /// Records what a sink sees: entries as (key, sequence number) and the batches it was given.
+    /// Records what a sink sees: entries as (key, sequence number), the batches it was given,
+    /// the dicts of sunk lists (their keys) and the numbers of the dicts in each batch.
     #[derive(Default)]
     struct Seqs {
         entries: Vec<Vec<(String, Option<u32>)>>,
         batches: Vec<(u32, usize)>,
         next: u32,
+        dicts: Vec<Vec<String>>,
+        items: Vec<Vec<Option<u32>>>,
     }
     impl Sink for Seqs {
         fn key(&self) -> &str {
@@ -212,10 +215,51 @@ mod tests {
             self.next += 1;
             Ok(self.next - 1)
         }
-        fn sequence(&mut self, _: &Tree<'_>, seq: u32, items: &[Val]) -> Result<(), String> {
+        fn sequence(&mut self, t: &Tree<'_>, seq: u32, items: &[Val]) -> Result<(), String> {
             self.batches.push((seq, items.len()));
+            self.items
+                .push(items.iter().map(|&v| t.sunk_dict(v)).collect());
             Ok(())
         }
+        fn sequence_dict(
+            &mut self,
+            t: &Tree<'_>,
+            prev: Option<u32>,
+            pairs: &[Val],
+        ) -> Result<u32, String> {
+            assert_eq!(prev, None);
+            let keys = pairs.chunks_exact(2);
+            self.dicts.push(
+                keys.map(|p| t.str(p[0]).unwrap_or("?").to_string())
+                    .collect(),
+            );
+            Ok(self.dicts.len() as u32 - 1)
+        }
+    }
+
+    #[test]
+    fn dicts_inside_sunk_lists_go_to_the_sink_and_keep_their_number() {
+        // F={'a':1}; {'device_traces': [[{'f': [F, {}], 'g': [F], 'h': [{'b': 2}]}]], 'after': F}
+        let data = b"\x80\x04\x95U\x00\x00\x00\x00\x00\x00\x00}\x94(\x8c\rdevice_traces\x94]\x94]\x94}\x94(\x8c\x01f\x94]\x94(}\x94\x8c\x01a\x94K\x01s}\x94e\x8c\x01g\x94]\x94h\x07a\x8c\x01h\x94]\x94}\x94\x8c\x01b\x94K\x02sauaa\x8c\x05after\x94h\x07u.";
+        let mut sink = Seqs::default();
+        let t = decode_streaming(data, &Limits::default(), Some(&mut sink)).unwrap();
+        assert_eq!(
+            sink.dicts,
+            vec![vec!["a".to_string()], vec![], vec!["b".to_string()]],
+            "F by its SETITEM, the empty dict when its list got it, {{'b': 2}}"
+        );
+        assert_eq!(
+            sink.items,
+            vec![vec![Some(0), Some(1)], vec![Some(0)], vec![Some(2)]],
+            "F referenced again keeps its number"
+        );
+        let after = t.get(t.root, "after").unwrap();
+        assert_eq!(t.sunk_dict(after), Some(0), "also outside the trace");
+        assert_eq!(
+            t.node_count(),
+            3,
+            "no node for the dicts: root, traces and trace list"
+        );
     }
 
     #[test]

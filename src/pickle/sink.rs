@@ -40,6 +40,19 @@ pub trait Sink {
     fn sequence_run(&mut self, _seq: u32, _raw: &[u8], _generation: u64) -> Result<bool, String> {
         Ok(false)
     }
+    /// A fresh dict that is an item of a sunk list (a frame of a frames list, when frame dicts
+    /// are not shared), as its items `[key, value, …]`; `prev`: the number it got for its
+    /// earlier items when they come in several batches. Returns the number that stands for it
+    /// from then on ([`Tree::sunk_dict`]), in the sequences and wherever else it is referenced:
+    /// such a dict never becomes an arena node. An empty dict arrives with no items.
+    fn sequence_dict(
+        &mut self,
+        _tree: &Tree<'_>,
+        _prev: Option<u32>,
+        _pairs: &[Val],
+    ) -> Result<u32, String> {
+        Err("this sink does not take dicts".into())
+    }
     /// Items appended to sequence `seq` (lists over 1000 items arrive in several batches).
     fn sequence(&mut self, _tree: &Tree<'_>, _seq: u32, _items: &[Val]) -> Result<(), String> {
         Err("this sink does not take lists".into())

@@ -25,8 +25,13 @@ const TAG_STR: u64 = 3;
 const STR_LEN_BITS: u32 = 21;
 /// Payloads of constant values from here on are [`Val::stream_dict`]s.
 const STREAM_DICT_BASE: u64 = 1 << 32;
-/// …and from here on [`Val::sunk_list`]s.
+/// …from here on [`Val::sunk_list`]s…
 const SUNK_LIST_BASE: u64 = 1 << 33;
+/// …from here on [`Val::pending_dict`]s…
+const PENDING_DICT_BASE: u64 = 1 << 34;
+/// …and from here to `SUNK_DICT_END` [`Val::sunk_dict`]s.
+const SUNK_DICT_BASE: u64 = 1 << 35;
+const SUNK_DICT_END: u64 = 1 << 36;
 
 /// Largest magnitude an inline int holds (±2^60).
 const INLINE_MAX: i64 = (1 << 60) - 1;
@@ -51,15 +56,35 @@ impl Val {
     }
     /// The sequence number of a [`Val::sunk_list`].
     pub(crate) fn sunk_list_seq(self) -> Option<u32> {
+        self.const_in(SUNK_LIST_BASE, PENDING_DICT_BASE)
+    }
+    /// A fresh dict that is an item of a sunk list, before its items arrived: no arena node.
+    /// `n` tells it from the other dicts being filled.
+    pub(crate) fn pending_dict(n: u32) -> Val {
+        Val(TAG_CONST | ((PENDING_DICT_BASE + n as u64) << TAG_BITS))
+    }
+    pub(crate) fn pending_dict_index(self) -> Option<u32> {
+        self.const_in(PENDING_DICT_BASE, SUNK_DICT_BASE)
+    }
+    /// A dict that was an item of a sunk list, after the sink turned its items into number `id`
+    /// ([`crate::pickle::Sink::sequence_dict`]): what every reference to it holds from then on.
+    pub(crate) fn sunk_dict(id: u32) -> Val {
+        Val(TAG_CONST | ((SUNK_DICT_BASE + id as u64) << TAG_BITS))
+    }
+    /// The sink's number of a [`Val::sunk_dict`].
+    pub(crate) fn sunk_dict_id(self) -> Option<u32> {
+        self.const_in(SUNK_DICT_BASE, SUNK_DICT_END)
+    }
+    /// The offset in `[lo, hi)` of a constant's payload.
+    #[inline]
+    fn const_in(self, lo: u64, hi: u64) -> Option<u32> {
         let payload = self.0 >> TAG_BITS;
-        (self.0 & TAG_MASK == TAG_CONST && payload >= SUNK_LIST_BASE)
-            .then(|| (payload - SUNK_LIST_BASE) as u32)
+        (self.0 & TAG_MASK == TAG_CONST && (lo..hi).contains(&payload))
+            .then(|| (payload - lo) as u32)
     }
     /// The list number of a [`Val::stream_dict`].
     pub(crate) fn stream_dict_ordinal(self) -> Option<u32> {
-        let payload = self.0 >> TAG_BITS;
-        (self.0 & TAG_MASK == TAG_CONST && (STREAM_DICT_BASE..SUNK_LIST_BASE).contains(&payload))
-            .then(|| (payload - STREAM_DICT_BASE) as u32)
+        self.const_in(STREAM_DICT_BASE, SUNK_LIST_BASE)
     }
 
     /// An inline int, or `None` if it does not fit in 61 bits.
@@ -345,6 +370,12 @@ impl<'a> Tree<'a> {
         v.sunk_list_seq()
     }
 
+    /// For a dict that was an item of a sunk list: the number the sink gave it
+    /// ([`crate::pickle::Sink::sequence_dict`]); `None` for anything else.
+    pub fn sunk_dict(&self, v: Val) -> Option<u32> {
+        v.sunk_dict_id()
+    }
+
     /// Whether `v` is a list or tuple.
     pub fn is_seq(&self, v: Val) -> bool {
         matches!(self.kind(v), Kind::List | Kind::Tuple)
@@ -447,6 +478,12 @@ impl<'a> Tree<'a> {
             Kind::Dict => "a dict".into(),
             Kind::Consumed if self.sunk(v).is_some() => {
                 "a list of a streamed trace entry, referenced outside it".into()
+            }
+            Kind::Consumed if v.pending_dict_index().is_some() => {
+                "a dict referenced while it was being filled".into()
+            }
+            Kind::Consumed if v.sunk_dict_id().is_some() => {
+                "an item of a list of a streamed trace entry, referenced outside it".into()
             }
             Kind::Consumed => "a streamed trace entry referenced a second time".into(),
             Kind::Global => match self.global(v) {

@@ -108,6 +108,8 @@ pub fn decode_streaming<'a>(
         depth: Vec::new(),
         shape_ids: FxHashMap::default(),
         dict_index: FxHashMap::default(),
+        sunk_dicts: Vec::new(),
+        pending_next: 0,
         limits: limits.clone(),
     };
     crate::hugepages::advise_spare(&vm.memo);
@@ -150,8 +152,25 @@ struct Vm<'a, 's> {
     /// Key hash → positions, for owned dicts past [`INDEX_FROM`] entries (node id → index), so
     /// `SETITEM` stays O(1) on a dict a hostile file grows to millions of keys.
     dict_index: FxHashMap<u32, FxHashMap<u64, Vec<u32>>>,
+    /// Dicts being built inside sunk lists ([`Val::pending_dict`]) and those the sink already
+    /// took ([`Val::sunk_dict`]) whose list has not received them yet, with the memo slots that
+    /// hold them, to be rewritten when the sink gives a dict its number.
+    sunk_dicts: Vec<SunkDict>,
+    /// The next [`Val::pending_dict`] index.
+    pending_next: u32,
     limits: Limits,
 }
+
+/// A dict of a sunk list on its way to the sink: its current value and the memo slots holding it
+/// (pickle memoizes a dict once, right after creating it: the first slot is kept inline).
+struct SunkDict {
+    val: Val,
+    slot: Option<usize>,
+    more_slots: Vec<usize>,
+}
+
+/// Most dicts of sunk lists tracked at once; beyond, a hostile file's dicts become arena nodes.
+const MAX_SUNK_DICTS: usize = 4096;
 
 /// Most opcodes [`Vm::fast_ops`] runs before it returns to the main loop (which reports
 /// progress every few MiB).
@@ -452,7 +471,62 @@ impl<'a> Vm<'a, '_> {
             self.memo_generation += 1;
         }
         self.memo[idx] = v;
+        self.note_memo(v, idx);
         Ok(())
+    }
+
+    /// Memo slot `idx` now holds `v`: remember it if `v` is a dict of a sunk list in progress.
+    #[inline]
+    fn note_memo(&mut self, v: Val, idx: usize) {
+        if v.pending_dict_index().is_none() && v.sunk_dict_id().is_none() {
+            return;
+        }
+        if let Some(d) = self.sunk_dicts.iter_mut().rev().find(|d| d.val == v) {
+            if d.slot.is_none() {
+                d.slot = Some(idx);
+            } else if d.more_slots.len() < MAX_SUNK_DICTS {
+                d.more_slots.push(idx);
+            }
+        }
+    }
+
+    /// Whether a dict created now (pushed at the stack top) is an item of a sunk list.
+    fn in_sunk_list(&self) -> bool {
+        let len = self.stack.len();
+        let sunk = |i: usize| self.stack[i].sunk_list_seq().is_some();
+        match self.marks.last().copied() {
+            Some(m) if m >= 1 && m <= len && sunk(m - 1) => true,
+            top => len >= 1 && top.is_none_or(|m| m < len) && sunk(len - 1),
+        }
+    }
+
+    /// Hand the items on the stack from `items_from` to the sink as (more of) the dict `dict` of
+    /// a sunk list, and put the number the sink gives it wherever the dict is held: the stack
+    /// and the memo.
+    fn sink_dict(&mut self, dict: Val, items_from: usize) -> R<Val> {
+        let at = self.op_at;
+        let prev = dict.sunk_dict_id();
+        let id = match self.sink.as_deref_mut() {
+            Some(sink) => sink
+                .sequence_dict(&self.tree, prev, &self.stack[items_from..])
+                .map_err(|m| sink_error(at, m))?,
+            None => 0,
+        };
+        self.stack.truncate(items_from);
+        let new = Val::sunk_dict(id);
+        if let Some(d) = self.sunk_dicts.iter_mut().rev().find(|d| d.val == dict) {
+            d.val = new;
+            for &slot in d.slot.iter().chain(&d.more_slots) {
+                if let Some(m) = self.memo.get_mut(slot).filter(|m| **m == dict) {
+                    *m = new;
+                }
+            }
+            if d.slot.is_some() {
+                // Memo slots changed: runs of memo references seen before may mean more now.
+                self.memo_generation += 1;
+            }
+        }
+        Ok(new)
     }
 
     fn memo_get(&mut self, idx: usize) -> R<()> {
@@ -555,6 +629,7 @@ impl<'a> Vm<'a, '_> {
                     match self.stack.last() {
                         Some(&v) if self.marks.last().is_none_or(|&m| m < self.stack.len()) => {
                             self.memo.push(v);
+                            self.note_memo(v, self.memo.len() - 1);
                             p = arg;
                             continue;
                         }
@@ -669,6 +744,21 @@ impl<'a> Vm<'a, '_> {
         if items_from >= self.stack.len() {
             return Ok(()); // an empty APPENDS batch
         }
+        // Dicts that never got items are empty dicts: the sink numbers them too.
+        for i in items_from..self.stack.len() {
+            let v = self.stack[i];
+            if v.pending_dict_index().is_some() {
+                // No items: the stack above its top.
+                let new = self.sink_dict(v, self.stack.len())?;
+                for w in &mut self.stack[items_from..] {
+                    if *w == v {
+                        *w = new;
+                    }
+                }
+            }
+        }
+        // The dicts appended are complete: their memo slots need no more rewriting.
+        self.sunk_dicts.clear();
         self.give_stack(items_from, |sink, t, items| sink.sequence(t, seq, items))
     }
 
@@ -804,6 +894,14 @@ impl<'a> Vm<'a, '_> {
                 PickleErrorKind::Invalid,
                 "SETITEMS with an odd number of items",
             ));
+        }
+        // A dict inside a sunk list (a frame) goes to the sink too.
+        if dict.pending_dict_index().is_some() || dict.sunk_dict_id().is_some() {
+            let new = self.sink_dict(dict, items_from)?;
+            if items_from >= 1 && self.stack[items_from - 1] == dict {
+                self.stack[items_from - 1] = new;
+            }
+            return Ok(());
         }
         // A fresh dict inside a streamed list goes to the sink, not into the tree.
         if let Some(ordinal) = dict.stream_dict_ordinal() {
@@ -1200,6 +1298,19 @@ impl<'a> Vm<'a, '_> {
                 op::EMPTY_DICT => {
                     let v = match self.streamed_parent(self.stack.len()) {
                         Some(ordinal) => Val::stream_dict(ordinal),
+                        None if self.sink_sequences
+                            && self.sunk_dicts.len() < MAX_SUNK_DICTS
+                            && self.in_sunk_list() =>
+                        {
+                            let v = Val::pending_dict(self.pending_next);
+                            self.pending_next = self.pending_next.wrapping_add(1);
+                            self.sunk_dicts.push(SunkDict {
+                                val: v,
+                                slot: None,
+                                more_slots: Vec::new(),
+                            });
+                            v
+                        }
                         None => self.new_node(Node::Dict {
                             shape: u32::MAX,
                             start: 0,
@@ -1284,6 +1395,7 @@ impl<'a> Vm<'a, '_> {
                 op::MEMOIZE => {
                     let v = self.top()?;
                     self.memo.push(v);
+                    self.note_memo(v, self.memo.len() - 1);
                 }
                 op::BINPUT => {
                     let i = self.byte()? as usize;

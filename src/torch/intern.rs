@@ -23,7 +23,17 @@ use crate::torch::model::{Action, Frame, FrameId, StackId, TraceEntry};
 #[derive(Default)]
 pub(crate) struct Interner {
     pub(crate) frames: Vec<Frame>,
-    frame_by_content: FxHashMap<Frame, FrameId>,
+    /// Frame ids by the hash of their content ([`frame_hash`]); frames whose hashes collide
+    /// are chained through `same_hash`. Looked up with borrowed strings: no allocation for a
+    /// frame seen before.
+    frame_by_hash: FxHashMap<u64, FrameId>,
+    same_hash: Vec<FrameId>,
+    /// Frames of unshared frame dicts by the objects of their name, filename and line (shared
+    /// even where the dicts are not), so equal frames are looked up without building strings.
+    frame_by_vals: FxHashMap<[Val; 3], FrameId>,
+    /// Key objects of frame dicts seen last, with the field each names (0 name, 1 filename,
+    /// 2 line, 3 other).
+    frame_keys: Vec<(Val, u8)>,
     /// Stack tables: on the worker while a pipeline runs, here before and after.
     pub(crate) table: StackTable,
     stack_by_val: FxHashMap<Val, Option<StackId>>,
@@ -77,49 +87,133 @@ impl Interner {
     /// The frame id of a frame object by its content (`{name, filename, line}` dict, or a plain
     /// string naming a function).
     fn frame_content(&mut self, t: &Tree<'_>, f: Val) -> Result<FrameId, String> {
-        let frame = if t.is_dict(f) {
+        if let Some(id) = t.sunk_dict(f) {
+            // A frame dict first seen in a trace entry's frames list: already a frame id.
+            return Ok(id);
+        }
+        if t.is_dict(f) {
             let (mut name, mut filename, mut line) = ("", "", 0u64);
             for (k, v) in t.pairs(f) {
                 match t.str(k) {
                     Some("name") => name = t.str(v).unwrap_or(""),
                     Some("filename") => filename = t.str(v).unwrap_or(""),
-                    Some("line") => {
-                        line = t
-                            .int128(v)
-                            .map_or(0, |i| u64::try_from(i.max(0)).unwrap_or(u64::MAX))
-                    }
+                    Some("line") => line = line_of(t, v),
                     _ => {}
                 }
             }
-            Frame {
-                name: name.to_string(),
-                filename: filename.to_string(),
-                line,
-            }
+            self.intern_frame(name, filename, line)
         } else if let Some(s) = t.str(f) {
             // `forward_frames`-style plain strings.
-            Frame {
-                name: s.to_string(),
-                filename: String::new(),
-                line: 0,
-            }
+            self.intern_frame(s, "", 0)
         } else {
-            return Err(format!(
+            Err(format!(
                 "a stack frame is {}, expected a dict",
                 t.describe(f)
-            ));
-        };
-        if let Some(&id) = self.frame_by_content.get(&frame) {
+            ))
+        }
+    }
+
+    /// The frame id of a frame dict of a frames list, from its items `[key, value, …]`
+    /// ([`crate::pickle::Sink::sequence_dict`]); `prev`: its id for the items it got before.
+    pub(crate) fn frame_of_pairs(
+        &mut self,
+        t: &Tree<'_>,
+        prev: Option<FrameId>,
+        pairs: &[Val],
+    ) -> Result<FrameId, String> {
+        let mut fields = [None; 3];
+        for p in pairs.chunks_exact(2) {
+            let slot = match self.frame_keys.iter().find(|(k, _)| *k == p[0]) {
+                Some(&(_, slot)) => slot,
+                None => {
+                    let slot = match t.str(p[0]) {
+                        Some("name") => 0,
+                        Some("filename") => 1,
+                        Some("line") => 2,
+                        _ => 3,
+                    };
+                    if self.frame_keys.len() >= 8 {
+                        self.frame_keys.remove(0);
+                    }
+                    self.frame_keys.push((p[0], slot));
+                    slot
+                }
+            };
+            if let Some(f) = fields.get_mut(slot as usize) {
+                *f = Some(p[1]);
+            }
+        }
+        let key = fields.map(|f| f.unwrap_or(Val::NONE));
+        if prev.is_none()
+            && let Some(&id) = self.frame_by_vals.get(&key)
+        {
             return Ok(id);
+        }
+        let text = |i: usize| fields[i].map(|v| t.str(v).unwrap_or(""));
+        let line = fields[2].map(|v| line_of(t, v));
+        let known = self.frames.len();
+        let id = match prev.and_then(|p| self.frames.get(p as usize)) {
+            // More items for a dict filled in several batches: the fields they do not name
+            // keep what the earlier items said.
+            Some(f) => {
+                let name = text(0).unwrap_or(&f.name).to_owned();
+                let filename = text(1).unwrap_or(&f.filename).to_owned();
+                let line = line.unwrap_or(f.line);
+                self.intern_frame(&name, &filename, line)?
+            }
+            None => self.intern_frame(
+                text(0).unwrap_or(""),
+                text(1).unwrap_or(""),
+                line.unwrap_or(0),
+            )?,
+        };
+        // Remembered for new frames only (objects that repeat make few; where every frame has
+        // objects of its own, remembering them would cost a map entry per frame), and bounded.
+        if prev.is_none() && id as usize >= known && self.frame_by_vals.len() < FRAME_BY_VALS_MAX {
+            self.frame_by_vals.insert(key, id);
+        }
+        Ok(id)
+    }
+
+    /// The id of the frame with this content, added if new.
+    fn intern_frame(&mut self, name: &str, filename: &str, line: u64) -> Result<FrameId, String> {
+        let h = frame_hash(name, filename, line);
+        let mut at = self.frame_by_hash.get(&h).copied();
+        while let Some(id) = at {
+            let f = &self.frames[id as usize];
+            if f.line == line && f.name == name && f.filename == filename {
+                return Ok(id);
+            }
+            at = Some(self.same_hash[id as usize]).filter(|&n| n != u32::MAX);
         }
         let id = u32::try_from(self.frames.len())
             .ok()
             .filter(|&id| id != u32::MAX)
             .ok_or_else(|| "more than 2^32 - 1 distinct frames".to_string())?;
-        self.frames.push(frame.clone());
-        self.frame_by_content.insert(frame, id);
+        self.frames.push(Frame {
+            name: name.to_string(),
+            filename: filename.to_string(),
+            line,
+        });
+        // The new frame heads its hash's chain.
+        let next = self.frame_by_hash.insert(h, id).unwrap_or(u32::MAX);
+        self.same_hash.push(next);
         Ok(id)
     }
+}
+
+/// Most frames [`Interner::frame_by_vals`] remembers.
+const FRAME_BY_VALS_MAX: usize = 1 << 20;
+
+fn frame_hash(name: &str, filename: &str, line: u64) -> u64 {
+    use std::hash::BuildHasher;
+    rustc_hash::FxBuildHasher.hash_one((name, filename, line))
+}
+
+/// A frame's line as recorded: an int, 0 for anything else or a negative one.
+fn line_of(t: &Tree<'_>, v: Val) -> u64 {
+    t.int128(v)
+        .map_or(0, |i| u64::try_from(i.max(0)).unwrap_or(u64::MAX))
 }
 
 /// Frame objects → frame ids, and stacks by content.
@@ -140,6 +234,9 @@ pub(crate) struct StackTable {
 impl StackTable {
     #[inline]
     fn frame_of(&self, f: Val) -> Option<FrameId> {
+        if let Some(id) = f.sunk_dict_id() {
+            return Some(id);
+        }
         match f.node_id() {
             Some(n) => self
                 .frame_by_node
@@ -534,7 +631,8 @@ impl Pipeline {
         items: &[Val],
     ) -> Result<(), String> {
         for &f in items {
-            if !self.mark_seen(f) {
+            // A dict the sink numbered is a frame id already.
+            if f.sunk_dict_id().is_none() && !self.mark_seen(f) {
                 let id = interner.frame_content(t, f)?;
                 self.batch.msgs.push(Msg::Frame(f, id));
             }

@@ -435,6 +435,15 @@ impl pickle::Sink for TraceSink<'_> {
         Ok(p.known_run(seq, raw, generation))
     }
 
+    fn sequence_dict(
+        &mut self,
+        t: &Tree<'_>,
+        prev: Option<u32>,
+        pairs: &[Val],
+    ) -> Result<u32, String> {
+        self.interner.frame_of_pairs(t, prev, pairs)
+    }
+
     fn sequence(&mut self, t: &Tree<'_>, seq: u32, items: &[Val]) -> Result<(), String> {
         let p = self.pipeline.as_mut().ok_or("decoding already finished")?;
         p.list(t, &mut self.interner, seq, items)
@@ -1054,6 +1063,84 @@ sys.stdout.buffer.write(pickle.dumps({'segments': [], 'device_traces': [tr]}, pr
         assert_eq!(long[1499].name, "c10::alloc()");
         assert_eq!(long[0].filename, "/w/m.py");
         assert_eq!(tr[13].stack(), None, "an empty frames list is no stack");
+    }
+
+    #[test]
+    fn unshared_frame_dicts_read_as_the_shared_ones() {
+        // The same trace written with frame dicts shared (as torch writes them) and with a fresh
+        // dict per frame: an empty one, one with a single key (SETITEM), one with 1,500 keys
+        // (two SETITEMS batches, the later one naming the line again), one that refers to
+        // itself, one dict of a trace entry referenced again by a later entry, and by a segment
+        // written after the traces.
+        let script = |fresh: bool| {
+            format!(
+                r#"
+import pickle, sys
+fresh = {fresh}
+f = {{'name': 'fwd', 'filename': '/w/m.py', 'line': 3}}
+c = {{'name': 'c10::alloc()', 'filename': '??', 'line': 0}}
+big = {{f'k{{i}}': i for i in range(1500)}}
+big.update(name='wide', filename='/w/w.py')
+big['line'] = 7
+d = (lambda x: dict(x)) if fresh else (lambda x: x)
+tr = []
+for i in range(3):
+    tr.append({{'action': 'alloc', 'addr': i, 'size': 512, 'stream': 0, 'frames': [d(c), d(f), {{}}]}})
+    tr.append({{'action': 'free_requested', 'addr': i, 'size': 512, 'stream': 0, 'frames': [d(c), {{'name': 'one'}}]}})
+    tr.append({{'action': 'free_completed', 'addr': i, 'size': 512, 'stream': 0, 'frames': [d(big)]}})
+shared = d(f)
+tr.append({{'action': 'alloc', 'addr': 8, 'size': 512, 'stream': 0, 'frames': [shared, d(c)]}})
+tr.append({{'action': 'alloc', 'addr': 9, 'size': 512, 'stream': 0, 'frames': [d(c), shared]}})
+me = {{'name': 'me'}}
+me['self'] = me  # refers to itself before its items are in
+tr.append({{'action': 'alloc', 'addr': 10, 'size': 512, 'stream': 0, 'frames': [me]}})
+seg = {{'device': 0, 'address': 0, 'total_size': 2097152, 'allocated_size': 512,
+        'active_size': 512, 'requested_size': 512, 'stream': 0, 'segment_type': 'small',
+        'blocks': [{{'address': 9, 'size': 512, 'requested_size': 512, 'state': 'active_allocated',
+                    'frames': [shared]}}]}}
+snap = {{'device_traces': [tr], 'segments': [seg]}}
+sys.stdout.buffer.write(pickle.dumps(snap, protocol=4))
+"#,
+                fresh = if fresh { "True" } else { "False" }
+            )
+        };
+        let frames_of = |s: &Snapshot| -> Vec<Vec<(String, String, u64)>> {
+            let tr = &s.device_traces.as_ref().unwrap()[0];
+            let mut out: Vec<Vec<(String, String, u64)>> = tr
+                .iter()
+                .map(|e| {
+                    s.stack_frames(e.stack())
+                        .map(|f| (f.name.clone(), f.filename.clone(), f.line))
+                        .collect()
+                })
+                .collect();
+            out.push(
+                s.stack_frames(s.segments[0].blocks[0].stack)
+                    .map(|f| (f.name.clone(), f.filename.clone(), f.line))
+                    .collect(),
+            );
+            out
+        };
+        let shared = load_py(&script(false)).unwrap();
+        let fresh = load_py(&script(true)).unwrap();
+        let (a, b) = (frames_of(&shared), frames_of(&fresh));
+        assert_eq!(a, b);
+        let t = |n: &str, f: &str, l: u64| (n.to_string(), f.to_string(), l);
+        assert_eq!(
+            b[0],
+            vec![
+                t("c10::alloc()", "??", 0),
+                t("fwd", "/w/m.py", 3),
+                t("", "", 0)
+            ]
+        );
+        assert_eq!(b[1], vec![t("c10::alloc()", "??", 0), t("one", "", 0)]);
+        assert_eq!(b[2], vec![t("wide", "/w/w.py", 7)]);
+        assert_eq!(b[11], vec![t("me", "", 0)]);
+        assert_eq!(b[12], vec![t("fwd", "/w/m.py", 3)], "the segment's block");
+        // Stacks and frames are interned by content in both.
+        assert_eq!(shared.stacks.len(), fresh.stacks.len());
+        assert_eq!(shared.frames.len(), fresh.frames.len());
     }
 
     #[test]
