@@ -3,7 +3,7 @@
 Usage:
   python3 benches/gen_snapshot.py OUT.pickle [TRACE_ENTRIES]
       synthetic (below)
-  python3 benches/gen_snapshot.py --scale SRC.pickle OUT.pickle --target-bytes 250M|1G [--shared-lists]
+  python3 benches/gen_snapshot.py --scale SRC.pickle OUT.pickle --target-bytes 250M|1G [--shared-lists|--unshared-frames]
       a real snapshot scaled up (`scale` below)
 
 Synthetic: shape follows torch 2.8+ `_dump_snapshot()` output (torch_snapshots/FORMAT.md) and the
@@ -28,7 +28,7 @@ def parse_bytes(text):
     return int(text)
 
 
-def scale(src, out, target, shared_lists):
+def scale(src, out, target, shared_lists, unshared_frames=False):
     """Repeat a real snapshot's device traces until the pickle is about `target` bytes.
 
     The source is trusted data (a real snapshot from ../shared), read with CPython's pickle.
@@ -47,6 +47,9 @@ def scale(src, out, target, shared_lists):
 
     `shared_lists`: the same, but frames lists shared between trace entries: one list object per
     distinct stack in the whole file (a valid pickle PyTorch does not write, but others may).
+
+    `unshared_frames`: the same as torch writes it, but every frames list holds fresh frame dicts
+    (copies; their strings stay shared), as a tool that rebuilds the frames writes them.
     """
     with open(src, "rb") as f:
         snap = pickle.load(f)
@@ -78,7 +81,7 @@ def scale(src, out, target, shared_lists):
                 return stack_list(frames)
             got = lists.get(id(frames))
             if got is None:
-                got = lists[id(frames)] = list(frames)
+                got = lists[id(frames)] = [dict(fr) for fr in frames] if unshared_frames else list(frames)
             return got
 
         def move(a):
@@ -155,13 +158,14 @@ def scale(src, out, target, shared_lists):
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "--scale":
     args = sys.argv[2:]
     shared_lists = "--shared-lists" in args
-    args = [a for a in args if a != "--shared-lists"]
+    unshared_frames = "--unshared-frames" in args
+    args = [a for a in args if a not in ("--shared-lists", "--unshared-frames")]
     target = 250 * 10**6
     if "--target-bytes" in args:
         i = args.index("--target-bytes")
         target = parse_bytes(args[i + 1])
         del args[i : i + 2]
-    scale(args[0], args[1], target, shared_lists)
+    scale(args[0], args[1], target, shared_lists, unshared_frames)
     sys.exit(0)
 
 

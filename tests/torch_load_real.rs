@@ -176,3 +176,101 @@ fn a_cancelled_decode_stops_with_cancelled() {
         .is_ok()
     );
 }
+
+/// The sharing a snapshot's pickle has is not ours to choose: torch shares each frame dict
+/// between stacks, but a snapshot rewritten by another tool may hold a fresh dict per frame,
+/// or fresh strings too. Every real snapshot with stacks in its trace, rewritten both ways by
+/// CPython, gives the user the same report as the original (written under a temporary folder,
+/// never next to the snapshot).
+#[test]
+fn real_snapshots_with_unshared_frames_report_the_same() {
+    let Some(dir) = common::shared("torch_snapshots/real") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let script = r#"
+import os, pickle, sys
+src, out = sys.argv[1], sys.argv[2]
+def fresh_str(v):
+    return (v + ".")[:-1] if isinstance(v, str) else v
+done = []
+for name in sys.argv[3:]:
+    with open(os.path.join(src, name), "rb") as f:
+        snap = pickle.load(f)
+    traces = snap.get("device_traces") if isinstance(snap, dict) else None
+    if not traces or not any(e.get("frames") for t in traces for e in t):
+        continue
+    for kind, frame in (("dicts", dict), ("strings", lambda fr: {k: fresh_str(v) for k, v in fr.items()})):
+        lists = {}
+        for t in traces:
+            for e in t:
+                fr = e.get("frames")
+                if fr:
+                    # A list shared by two entries (free_requested, free_completed) stays shared.
+                    e["frames"] = lists.setdefault(id(fr), [frame(x) for x in fr])
+        os.makedirs(os.path.join(out, kind), exist_ok=True)
+        with open(os.path.join(out, kind, name), "wb") as f:
+            pickle.dump(snap, f, protocol=4)
+        with open(os.path.join(src, name), "rb") as f:
+            snap = pickle.load(f)
+        traces = snap["device_traces"]
+    done.append(name)
+print("\n".join(done))
+"#;
+    let mut args = vec![
+        "-c".to_string(),
+        script.to_string(),
+        dir.display().to_string(),
+        tmp.path().display().to_string(),
+    ];
+    args.extend(names.iter().cloned());
+    let out = std::process::Command::new("python3")
+        .args(&args)
+        .output()
+        .unwrap_or_else(|e| panic!("python3 is not available ({e}); this test needs CPython"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rewritten: Vec<String> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert!(
+        rewritten.len() >= 20,
+        "real snapshots with stacks: {rewritten:?}"
+    );
+    let orig = tmp.path().join("original");
+    std::fs::create_dir_all(&orig).unwrap();
+    // Three reports a snapshot, on both cores.
+    let check = |name: &String| {
+        std::fs::copy(dir.join(name), orig.join(name)).unwrap();
+        let report = |folder: &Path| {
+            let r = common::memlsp(&["report", name, "--format", "json"], folder);
+            assert_eq!(r.code, 0, "{name}: {}", r.stderr);
+            r.stdout.replace(&folder.display().to_string(), "<dir>")
+        };
+        let want = report(&orig);
+        for kind in ["dicts", "strings"] {
+            let got = report(&tmp.path().join(kind));
+            assert!(
+                got == want,
+                "{name}: the report with unshared frame {kind} differs from the original's"
+            );
+        }
+    };
+    std::thread::scope(|s| {
+        for half in [0, 1] {
+            let (rewritten, check) = (&rewritten, &check);
+            s.spawn(move || rewritten.iter().skip(half).step_by(2).for_each(check));
+        }
+    });
+}
