@@ -104,3 +104,25 @@ fn empty_file_and_empty_directory() {
     std::fs::write(empty.join("notes.txt"), "hello").unwrap();
     memlsp(&["report", arg(&empty)], dir.path()).assert_one_line_error("no_snapshots");
 }
+
+/// A trace entry written twice as one dict object (`[e, f, e]`): the loader reads each entry
+/// once, as it is decoded, so the list holding the second reference is refused at its
+/// `APPENDS` (byte 153), never read with an empty entry.
+#[test]
+fn an_entry_dict_used_twice_is_refused_at_its_second_use() {
+    let dir = tempfile::tempdir().unwrap();
+    // pickle.dumps({'segments': [], 'device_traces': [[e, f, e]]}, protocol=4) with
+    // e = {'action': 'alloc', …}, f = {'action': 'free_requested', …}
+    let hex = "\
+        80049592000000000000007d94288c087365676d656e7473945d948c0d6465766963655f747261636573945d945d94287d94288c06616374696f6e948c05616c6c6f63948c0461646472944b018c0473697a65944d00028c0673747265616d944b008c0774696d655f7573944b05757d942868078c0e667265655f7265717565737465649468094b01680a4d0002680b4b00680c4b067568066561752e";
+    let bytes: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect();
+    let file = write(dir.path(), "shared_entry.pickle", &bytes);
+    let line = assert_refused_at(dir.path(), &file, 153);
+    assert!(
+        line.contains("same dict object as an earlier item"),
+        "{line}"
+    );
+}

@@ -186,6 +186,29 @@ mod tests {
         assert!(start.elapsed().as_secs() < 5, "{:?}", start.elapsed());
     }
 
+    #[test]
+    fn an_entry_dict_referenced_again_is_an_error_and_an_empty_one_reads_twice() {
+        // z={}; e={'a': 1}; {'device_traces': [[z, e, z]]}: z is never filled, so it is an
+        // empty entry both times.
+        let data = b"\x80\x04\x95(\x00\x00\x00\x00\x00\x00\x00}\x94\x8c\rdevice_traces\x94]\x94]\x94(}\x94}\x94\x8c\x01a\x94K\x01sh\x04eas.";
+        let mut sink = Seqs::default();
+        decode_streaming(data, &Limits::default(), Some(&mut sink)).unwrap();
+        // (An unfilled dict reaches the sink when its list gets it, after the filled ones.)
+        let keys: Vec<usize> = sink.entries.iter().map(Vec::len).collect();
+        assert_eq!(keys, vec![1, 0, 0]);
+        // e={'a': 1}; {'device_traces': [[e, {'b': 2}, e]]}: e was read when it was filled, and
+        // its content is gone: an error at the memo reference, never an empty entry.
+        let data = b"\x80\x04\x95/\x00\x00\x00\x00\x00\x00\x00}\x94\x8c\rdevice_traces\x94]\x94]\x94(}\x94\x8c\x01a\x94K\x01s}\x94\x8c\x01b\x94K\x02sh\x04eas.";
+        let mut sink = Seqs::default();
+        let err = decode_streaming(data, &Limits::default(), Some(&mut sink)).unwrap_err();
+        assert_eq!(err.kind, PickleErrorKind::Invalid);
+        assert!(
+            err.to_string()
+                .contains("the same dict object as an earlier item"),
+            "{err}"
+        );
+    }
+
     /// Records what a sink sees: entries as (key, sequence number), the batches it was given,
     /// the dicts of sunk lists (their keys) and the numbers of the dicts in each batch.
     #[derive(Default)]

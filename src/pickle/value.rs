@@ -43,6 +43,9 @@ impl Val {
     pub const FALSE: Val = Val(TAG_CONST | (2 << TAG_BITS));
     /// A streamed dict already handed to the sink.
     pub(crate) const CONSUMED: Val = Val(TAG_CONST | (3 << TAG_BITS));
+    /// What the memo holds for a streamed dict once the sink read it: a later reference to the
+    /// same dict (a trace entry written twice as one object) cannot be read again.
+    pub(crate) const READ_ENTRY: Val = Val(TAG_CONST | (4 << TAG_BITS));
 
     /// A fresh dict that is an item of streamed list number `ordinal`: no arena node, its items
     /// go to the sink when its `SETITEMS` runs.
@@ -478,6 +481,9 @@ impl<'a> Tree<'a> {
             Kind::Dict => "a dict".into(),
             Kind::Consumed if self.sunk(v).is_some() => {
                 "a list of a streamed trace entry, referenced outside it".into()
+            }
+            Kind::Consumed if v == Val::READ_ENTRY => {
+                "a trace entry referenced a second time (the same dict as an earlier entry)".into()
             }
             Kind::Consumed if v.pending_dict_index().is_some() => {
                 "a dict referenced while it was being filled".into()

@@ -110,6 +110,7 @@ pub fn decode_streaming<'a>(
         dict_index: FxHashMap::default(),
         sunk_dicts: Vec::new(),
         pending_next: 0,
+        stream_dict_slot: None,
         limits: limits.clone(),
     };
     crate::hugepages::advise_spare(&vm.memo);
@@ -158,6 +159,8 @@ struct Vm<'a, 's> {
     sunk_dicts: Vec<SunkDict>,
     /// The next [`Val::pending_dict`] index.
     pending_next: u32,
+    /// The memo slot of the streamed dict being filled, if it was memoized.
+    stream_dict_slot: Option<usize>,
     limits: Limits,
 }
 
@@ -479,6 +482,9 @@ impl<'a> Vm<'a, '_> {
     #[inline]
     fn note_memo(&mut self, v: Val, idx: usize) {
         if v.pending_dict_index().is_none() && v.sunk_dict_id().is_none() {
+            if v.stream_dict_ordinal().is_some() {
+                self.stream_dict_slot = Some(idx);
+            }
             return;
         }
         if let Some(d) = self.sunk_dicts.iter_mut().rev().find(|d| d.val == v) {
@@ -846,6 +852,18 @@ impl<'a> Vm<'a, '_> {
                 self.emit(ordinal, &[])?;
                 continue;
             }
+            if item == Val::READ_ENTRY {
+                let key =
+                    String::from_utf8_lossy(self.stream_key.as_deref().unwrap_or(b"")).into_owned();
+                return Err(self.err(
+                    PickleErrorKind::Invalid,
+                    format!(
+                        "an item of `{key}` is the same dict object as an earlier item (a memo \
+                         reference); each entry is read once as it is decoded, so write a \
+                         fresh dict per entry, as torch does"
+                    ),
+                ));
+            }
             match self.tree.kind(item) {
                 crate::pickle::Kind::Consumed => {}
                 crate::pickle::Kind::Dict => {
@@ -908,6 +926,13 @@ impl<'a> Vm<'a, '_> {
             self.emit_stack(ordinal, items_from)?;
             if items_from >= 1 && self.stack[items_from - 1] == dict {
                 self.stack[items_from - 1] = Val::CONSUMED;
+            }
+            // Its memo slot no longer stands for an unfilled (empty) dict. Not a memo change for
+            // `sequence_run`: a run that took this value as a frame was refused already.
+            if let Some(slot) = self.stream_dict_slot.take()
+                && let Some(m) = self.memo.get_mut(slot).filter(|m| **m == dict)
+            {
+                *m = Val::READ_ENTRY;
             }
             return Ok(());
         }
@@ -1297,7 +1322,10 @@ impl<'a> Vm<'a, '_> {
                 }
                 op::EMPTY_DICT => {
                     let v = match self.streamed_parent(self.stack.len()) {
-                        Some(ordinal) => Val::stream_dict(ordinal),
+                        Some(ordinal) => {
+                            self.stream_dict_slot = None;
+                            Val::stream_dict(ordinal)
+                        }
                         None if self.sink_sequences
                             && self.sunk_dicts.len() < MAX_SUNK_DICTS
                             && self.in_sunk_list() =>
