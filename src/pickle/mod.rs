@@ -5,6 +5,7 @@
 //! arena node per object and a memo of node ids, so sharing is preserved and nothing is cloned.
 //! Code opcodes (`GLOBAL`, `REDUCE`, `BUILD`, …) become inert records; see [`vm`].
 
+pub mod json;
 pub mod opcodes;
 pub mod sink;
 pub mod value;

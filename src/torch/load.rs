@@ -95,14 +95,21 @@ fn decode_inner(
             "the file is empty",
             "re-run _dump_snapshot()",
         )),
-        Some(b'{') | Some(b'[') => {
-            let tree = tree_from_json(path, bytes)?;
-            build(path, &tree, opts, Interner::default(), None)
-        }
-        _ => match decode_pickle(path, bytes, opts, map, true)? {
+        Some(b'{') | Some(b'[') => decode_streamed(path, bytes, opts, map, false, true)?
+            .ok_or_else(|| {
+                // Unreachable: JSON input never uses the run cache.
+                CaptureError::new(
+                    path,
+                    ErrorKind::Invalid,
+                    None,
+                    RUN_COLLISION,
+                    "please report this with the file",
+                )
+            }),
+        _ => match decode_streamed(path, bytes, opts, map, true, false)? {
             Some(snap) => Ok(snap),
             // Two different frames lists looked alike to the run cache: decode again without it.
-            None => decode_pickle(path, bytes, opts, map, false)?.ok_or_else(|| {
+            None => decode_streamed(path, bytes, opts, map, false, false)?.ok_or_else(|| {
                 // Unreachable: without the run cache there is nothing to collide.
                 CaptureError::new(
                     path,
@@ -116,13 +123,15 @@ fn decode_inner(
     }
 }
 
-/// Decode a pickle snapshot; `Ok(None)` when the run cache (`runs`) met a hash collision.
-fn decode_pickle(
+/// Decode a pickle snapshot, or its JSON form (`json`), streaming the trace to a [`TraceSink`];
+/// `Ok(None)` when the run cache (`runs`) met a hash collision.
+fn decode_streamed(
     path: &Path,
     bytes: &[u8],
     opts: &DecodeOptions,
     map: Option<&memmap2::Mmap>,
     runs: bool,
+    json: bool,
 ) -> Result<Option<Snapshot>, CaptureError> {
     let limits = Limits {
         refuse_globals: true,
@@ -156,6 +165,16 @@ fn decode_pickle(
         released: 0,
         cancel: opts.cancel.clone(),
     };
+    if json {
+        let decoded = crate::timings::time("decode", || {
+            pickle::json::decode_streaming(bytes, Some(&mut sink))
+        });
+        let tree = decoded.map_err(|e| match e {
+            pickle::json::JsonError::Cancelled => CaptureError::cancelled(path),
+            pickle::json::JsonError::Syntax(e) => json_error(path, bytes, &e),
+        })?;
+        return finish_streamed(path, opts, sink, tree);
+    }
     let decoded = crate::timings::time("decode", || {
         pickle::decode_streaming(bytes, &limits, Some(&mut sink))
     });
@@ -178,6 +197,16 @@ fn decode_pickle(
         };
         CaptureError::new(path, kind, Some(e.offset), e.message, hint)
     })?;
+    finish_streamed(path, opts, sink, tree)
+}
+
+/// The snapshot model from a decoded tree and what its sink collected.
+fn finish_streamed(
+    path: &Path,
+    opts: &DecodeOptions,
+    mut sink: TraceSink<'_>,
+    tree: Tree<'_>,
+) -> Result<Option<Snapshot>, CaptureError> {
     let streamed = match crate::timings::time("model: wait for stacks", || sink.finish()) {
         Ok(s) => s,
         Err(m) if m == RUN_COLLISION => return Ok(None),
@@ -206,23 +235,28 @@ fn decode_pickle(
     Ok(Some(snap))
 }
 
+/// A JSON error where it happened.
+fn json_error(path: &Path, bytes: &[u8], e: &serde_json::Error) -> CaptureError {
+    let offset = crate::error::json_error_offset(bytes, e);
+    let kind = if e.is_eof() {
+        ErrorKind::Truncated
+    } else {
+        ErrorKind::Invalid
+    };
+    CaptureError::new(
+        path,
+        kind,
+        Some(offset),
+        format!("invalid JSON: {e}"),
+        "expected the JSON rendering of a snapshot dict",
+    )
+}
+
 /// Parse the JSON form into the same object graph the pickle VM produces.
+#[cfg(test)]
 fn tree_from_json(path: &Path, bytes: &[u8]) -> Result<Tree<'static>, CaptureError> {
-    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| {
-        let offset = crate::error::json_error_offset(bytes, &e);
-        let kind = if e.is_eof() {
-            ErrorKind::Truncated
-        } else {
-            ErrorKind::Invalid
-        };
-        CaptureError::new(
-            path,
-            kind,
-            Some(offset),
-            format!("invalid JSON: {e}"),
-            "expected the JSON rendering of a snapshot dict",
-        )
-    })?;
+    let value: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|e| json_error(path, bytes, &e))?;
     let mut tree = Tree::empty();
     // Iterative conversion (no recursion on hostile nesting).
     enum Work<'j> {
@@ -1242,6 +1276,108 @@ sys.stdout.buffer.write(pickle.dumps({'segments': [], 'device_traces': [tr]}, pr
         assert_eq!(tr[0].action, Action::Oom);
         assert_eq!(tr[0].device_free(), Some(1024));
         assert_eq!(tr[0].stack(), None);
+    }
+
+    #[test]
+    fn json_streams_its_trace_and_reads_as_python_does() {
+        // Escaped strings, a repeated key (the last value counts, as in json.load), a frame
+        // with an extra nested value, an empty frames list, and the top-level keys in file order.
+        let json = br#"{"device_traces":[[
+            {"action":"alloc","addr":4096,"size":1,"size":512,"stream":0,"frames":[
+                {"name":"f\u00e9","filename":"C:\\w\\a.py","line":7,"extra":{"k":[1]}},
+                {"name":"g","filename":"/w/b.py","line":9}]},
+            {"action":"free_requested","addr":4096,"size":512,"stream":0,"frames":[]}]],
+            "segments":[]}"#;
+        let s = decode_snapshot(Path::new("s.json"), json, &DecodeOptions::default()).unwrap();
+        assert_eq!(s.top_level_keys, vec!["device_traces", "segments"]);
+        let tr = &s.device_traces.as_ref().unwrap()[0];
+        assert_eq!((tr[0].size, tr[1].stack()), (512, None));
+        let f: Vec<_> = s.stack_frames(tr[0].stack()).collect();
+        assert_eq!(
+            (f[0].name.as_str(), f[0].filename.as_str()),
+            ("fé", r"C:\w\a.py")
+        );
+        assert_eq!((f[1].name.as_str(), f[1].line), ("g", 9));
+        // A trace item that is not a dict: the same error as in a pickle, where it stands.
+        let json = br#"{"segments":[],"device_traces":[[{"action":"alloc"}, 7]]}"#;
+        let e = decode_snapshot(Path::new("s.json"), json, &DecodeOptions::default()).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("an item of `device_traces` is an int, expected a dict"),
+            "{e}"
+        );
+        assert_eq!(e.offset, Some(53));
+    }
+
+    #[test]
+    fn json_decodes_to_the_snapshot_its_document_tree_gives() {
+        // The streaming decoder against serde_json's document tree converted to the same graph
+        // (the previous way), on a bigger JSON form: the same snapshot.
+        let bytes = python(&[
+            "-c",
+            r#"
+import json, sys
+fs = [{'name': f'f{i}', 'filename': f'/w/m{i % 3}.py', 'line': i} for i in range(40)]
+tr = []
+for i in range(300):
+    tr.append({'action': 'alloc', 'addr': 4096 * i, 'size': 512, 'stream': 0, 'time_us': i,
+               'frames': fs[i % 7:i % 7 + 20]})
+    tr.append({'action': 'free_requested', 'addr': 4096 * i, 'size': 512, 'stream': 0,
+               'frames': fs[:3]})
+    tr.append({'action': 'free_completed', 'addr': 4096 * i, 'size': 512, 'stream': 0, 'frames': []})
+seg = {'device': 0, 'address': 0, 'total_size': 2097152, 'allocated_size': 0, 'active_size': 0,
+       'requested_size': 0, 'stream': 0, 'segment_type': 'small',
+       'blocks': [{'address': 0, 'size': 2097152, 'requested_size': 0, 'state': 'inactive',
+                   'frames': fs[:2]}]}
+sys.stdout.write(json.dumps({'segments': [seg], 'device_traces': [tr, []]}))
+"#,
+        ]);
+        let path = Path::new("s.json");
+        let opts = DecodeOptions::default();
+        let streamed = decode_snapshot(path, &bytes, &opts).unwrap();
+        let tree = tree_from_json(path, &bytes).unwrap();
+        let whole = build(path, &tree, &opts, Interner::default(), None).unwrap();
+        use crate::torch::model::Frame;
+        let frames = |s: &Snapshot| -> Vec<Vec<Frame>> {
+            let mut v: Vec<Vec<Frame>> = s
+                .device_traces
+                .iter()
+                .flatten()
+                .flatten()
+                .map(|e| s.stack_frames(e.stack()).cloned().collect())
+                .collect();
+            v.extend(
+                s.segments
+                    .iter()
+                    .flat_map(|g| &g.blocks)
+                    .map(|b| s.stack_frames(b.stack).cloned().collect()),
+            );
+            v
+        };
+        assert_eq!(frames(&streamed), frames(&whole));
+        assert_eq!(frames(&streamed).len(), 901);
+        type Entry = (Action, u64, u64, Option<i64>);
+        let strip = |s: &Snapshot| -> Vec<Vec<Entry>> {
+            s.device_traces
+                .iter()
+                .flatten()
+                .map(|t| {
+                    t.iter()
+                        .map(|e| (e.action, e.addr, e.size, e.time_us()))
+                        .collect()
+                })
+                .collect()
+        };
+        assert_eq!(strip(&streamed), strip(&whole));
+        // Stack ids are numbered in the order stacks are met (compared by content above).
+        let segs = |s: &Snapshot| {
+            let mut v = s.segments.clone();
+            v.iter_mut()
+                .flat_map(|g| &mut g.blocks)
+                .for_each(|b| b.stack = None);
+            v
+        };
+        assert_eq!(segs(&streamed), segs(&whole));
     }
 
     #[test]
