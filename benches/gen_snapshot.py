@@ -3,7 +3,7 @@
 Usage:
   python3 benches/gen_snapshot.py OUT.pickle [TRACE_ENTRIES]
       synthetic (below)
-  python3 benches/gen_snapshot.py --scale SRC.pickle OUT.pickle --target-bytes 250M|1G [--shared-lists|--unshared-frames]
+  python3 benches/gen_snapshot.py --scale SRC.pickle OUT.pickle --target-bytes 250M|1G [--shared-lists|--unshared-frames|--json]
       a real snapshot scaled up (`scale` below)
 
 Synthetic: shape follows torch 2.8+ `_dump_snapshot()` output (torch_snapshots/FORMAT.md) and the
@@ -14,6 +14,7 @@ its own fresh frames list (20-60 frames, 3/4 of them C++ frames: '??', line 0), 
 `compile_context` string object (not memoized, as in real files). Python's default pickle protocol
 (4), like torch.
 """
+import json
 import pickle
 import random
 import sys
@@ -28,7 +29,7 @@ def parse_bytes(text):
     return int(text)
 
 
-def scale(src, out, target, shared_lists, unshared_frames=False):
+def scale(src, out, target, shared_lists, unshared_frames=False, as_json=False):
     """Repeat a real snapshot's device traces until the pickle is about `target` bytes.
 
     The source is trusted data (a real snapshot from ../shared), read with CPython's pickle.
@@ -50,6 +51,8 @@ def scale(src, out, target, shared_lists, unshared_frames=False):
 
     `unshared_frames`: the same as torch writes it, but every frames list holds fresh frame dicts
     (copies; their strings stay shared), as a tool that rebuilds the frames writes them.
+
+    `as_json`: the snapshot's JSON form (`json.dump`), which shares nothing.
     """
     with open(src, "rb") as f:
         snap = pickle.load(f)
@@ -142,15 +145,22 @@ def scale(src, out, target, shared_lists, unshared_frames=False):
                 out_snap["external_annotations"].extend(notes)
         return out_snap
 
-    one = len(pickle.dumps(build(1), protocol=4))
+    def size(snap):
+        return len(json.dumps(snap)) if as_json else len(pickle.dumps(snap, protocol=4))
+
+    one = size(build(1))
     shared.clear()
-    two = len(pickle.dumps(build(2), protocol=4))
+    two = size(build(2))
     shared.clear()
     per = max(1, two - one)
     reps = max(1, round((target - (one - per)) / per))
     big = build(reps)
-    with open(out, "wb") as f:
-        pickle.dump(big, f, protocol=4)
+    if as_json:
+        with open(out, "w") as f:
+            json.dump(big, f)
+    else:
+        with open(out, "wb") as f:
+            pickle.dump(big, f, protocol=4)
     entries = sum(len(t) for t in big["device_traces"])
     print(f"{out}: {reps} repetitions of {src}, {entries} trace entries", file=sys.stderr)
 
@@ -159,13 +169,14 @@ if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "--scale":
     args = sys.argv[2:]
     shared_lists = "--shared-lists" in args
     unshared_frames = "--unshared-frames" in args
-    args = [a for a in args if a not in ("--shared-lists", "--unshared-frames")]
+    as_json = "--json" in args
+    args = [a for a in args if a not in ("--shared-lists", "--unshared-frames", "--json")]
     target = 250 * 10**6
     if "--target-bytes" in args:
         i = args.index("--target-bytes")
         target = parse_bytes(args[i + 1])
         del args[i : i + 2]
-    scale(args[0], args[1], target, shared_lists, unshared_frames)
+    scale(args[0], args[1], target, shared_lists, unshared_frames, as_json)
     sys.exit(0)
 
 
