@@ -267,6 +267,7 @@ impl<'de> Visitor<'de> for Value<'_, '_, '_> {
                 } else {
                     Place::Plain
                 };
+                let first_node = ctx.tree.nodes.len();
                 let mut pairs = Vec::new();
                 while let Some(k) = map.next_key_seed(Key { ctx: &mut *ctx })? {
                     let v = map.next_value_seed(Value {
@@ -282,6 +283,12 @@ impl<'de> Visitor<'de> for Value<'_, '_, '_> {
                     Place::Entry(ordinal) => {
                         sink.entry(&ctx.tree, ordinal, &pairs)
                             .map_err(de::Error::custom)?;
+                        // JSON has no memo: nothing refers to the entry's nodes (escaped
+                        // strings, nested values) any more. Their content goes; their ids stay
+                        // taken, so a sink that remembers values by id never meets them again.
+                        for n in &mut ctx.tree.nodes[first_node..] {
+                            *n = Node::Consumed;
+                        }
                         Ok(Val::CONSUMED)
                     }
                     _ => {
