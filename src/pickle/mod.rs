@@ -162,6 +162,23 @@ mod tests {
     }
 
     #[test]
+    fn text_longs_that_fit_are_inline_ints() {
+        // [2**40, 2**70, -2**40] at protocols 1 and 0: LONG opcodes, as those protocols write
+        // every address; only 2**70 needs a node.
+        for data in [
+            &b"]q\x00(L1099511627776L\nL1180591620717411303424L\nL-1099511627776L\ne."[..],
+            &b"(lp0\nL1099511627776L\naL1180591620717411303424L\naL-1099511627776L\na."[..],
+        ] {
+            let t = decode(data).unwrap();
+            let items = t.items(t.root);
+            assert_eq!(t.kind(items[0]), Kind::Int(1 << 40));
+            assert_eq!(t.kind(items[2]), Kind::Int(-(1 << 40)));
+            assert_eq!(t.int128(items[1]), Some(1 << 70));
+            assert_eq!(t.node_count(), 2, "the list and 2**70");
+        }
+    }
+
+    #[test]
     fn many_streamed_lists_stay_linear() {
         struct Count(usize);
         impl Sink for Count {

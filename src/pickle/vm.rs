@@ -1503,6 +1503,9 @@ impl<'a> Vm<'a, '_> {
                     .trim()
                     .trim_end_matches('L');
                 let v = match text.parse::<i128>() {
+                    // Protocols 0 and 1 write every int past 2^31 this way (a CUDA address, a
+                    // time in µs): inline when it fits, as LONG1 gets it.
+                    Ok(i) if i64::try_from(i).is_ok() => self.int_val(i as i64)?,
                     Ok(i) => {
                         let bytes = i.to_le_bytes();
                         self.new_long(&bytes)?
