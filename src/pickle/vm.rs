@@ -111,6 +111,7 @@ pub fn decode_streaming<'a>(
         sunk_dicts: Vec::new(),
         pending_next: 0,
         stream_dict_slot: None,
+        unfilled: None,
         limits: limits.clone(),
     };
     crate::hugepages::advise_spare(&vm.memo);
@@ -161,6 +162,9 @@ struct Vm<'a, 's> {
     pending_next: u32,
     /// The memo slot of the streamed dict being filled, if it was memoized.
     stream_dict_slot: Option<usize>,
+    /// Where on the stack the last streamed dict was created, until it is filled: one that the
+    /// next streamed dict finds still unfilled is an empty entry, handed over then, in order.
+    unfilled: Option<(usize, Val)>,
     limits: Limits,
 }
 
@@ -923,6 +927,7 @@ impl<'a> Vm<'a, '_> {
         }
         // A fresh dict inside a streamed list goes to the sink, not into the tree.
         if let Some(ordinal) = dict.stream_dict_ordinal() {
+            self.unfilled = None;
             self.emit_stack(ordinal, items_from)?;
             if items_from >= 1 && self.stack[items_from - 1] == dict {
                 self.stack[items_from - 1] = Val::CONSUMED;
@@ -1324,7 +1329,17 @@ impl<'a> Vm<'a, '_> {
                     let v = match self.streamed_parent(self.stack.len()) {
                         Some(ordinal) => {
                             self.stream_dict_slot = None;
-                            Val::stream_dict(ordinal)
+                            // The entry before, never filled, was `{}`: it goes first.
+                            if let Some((i, was)) = self.unfilled.take()
+                                && self.stack.get(i) == Some(&was)
+                                && let Some(o) = was.stream_dict_ordinal()
+                            {
+                                self.emit(o, &[])?;
+                                self.stack[i] = Val::CONSUMED;
+                            }
+                            let v = Val::stream_dict(ordinal);
+                            self.unfilled = Some((self.stack.len(), v));
+                            v
                         }
                         None if self.sink_sequences
                             && self.sunk_dicts.len() < MAX_SUNK_DICTS
