@@ -95,53 +95,39 @@ fn decode_inner(
             "the file is empty",
             "re-run _dump_snapshot()",
         )),
-        Some(b'{') | Some(b'[') => decode_streamed(path, bytes, opts, map, false, true)?
-            .ok_or_else(|| {
-                // Unreachable: JSON input never uses the run cache.
-                CaptureError::new(
-                    path,
-                    ErrorKind::Invalid,
-                    None,
-                    RUN_COLLISION,
-                    "please report this with the file",
-                )
-            }),
-        _ => match decode_streamed(path, bytes, opts, map, true, false)? {
+        Some(b'{') | Some(b'[') => decode_json(path, bytes, opts, map),
+        _ => match decode_pickle(path, bytes, opts, map, true)? {
             Some(snap) => Ok(snap),
             // Two different frames lists looked alike to the run cache: decode again without it.
-            None => decode_streamed(path, bytes, opts, map, false, false)?.ok_or_else(|| {
-                // Unreachable: without the run cache there is nothing to collide.
-                CaptureError::new(
-                    path,
-                    ErrorKind::Invalid,
-                    None,
-                    RUN_COLLISION,
-                    "please report this with the file",
-                )
-            }),
+            None => decode_pickle(path, bytes, opts, map, false)?
+                .ok_or_else(|| unexpected_collision(path)),
         },
     }
 }
 
-/// Decode a pickle snapshot, or its JSON form (`json`), streaming the trace to a [`TraceSink`];
-/// `Ok(None)` when the run cache (`runs`) met a hash collision.
-fn decode_streamed(
-    path: &Path,
+/// A run-cache collision where no run cache was used: cannot happen.
+fn unexpected_collision(path: &Path) -> CaptureError {
+    CaptureError::new(
+        path,
+        ErrorKind::Invalid,
+        None,
+        RUN_COLLISION,
+        "please report this with the file",
+    )
+}
+
+/// The sink the decoders stream a snapshot's trace to (`runs`: with the run cache).
+fn trace_sink<'m>(
     bytes: &[u8],
     opts: &DecodeOptions,
-    map: Option<&memmap2::Mmap>,
+    map: Option<&'m memmap2::Mmap>,
     runs: bool,
-    json: bool,
-) -> Result<Option<Snapshot>, CaptureError> {
-    let limits = Limits {
-        refuse_globals: true,
-        ..Limits::default()
-    };
+) -> TraceSink<'m> {
     let threaded = bytes.len() >= THREAD_FROM
         && std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
     #[cfg(test)]
     let threaded = threaded && !tests::INLINE.with(|c| c.get());
-    let mut sink = TraceSink {
+    TraceSink {
         interner: Interner::default(),
         pipeline: Some(Pipeline::new(
             threaded,
@@ -164,17 +150,23 @@ fn decode_streamed(
         map,
         released: 0,
         cancel: opts.cancel.clone(),
-    };
-    if json {
-        let decoded = crate::timings::time("decode", || {
-            pickle::json::decode_streaming(bytes, Some(&mut sink))
-        });
-        let tree = decoded.map_err(|e| match e {
-            pickle::json::JsonError::Cancelled => CaptureError::cancelled(path),
-            pickle::json::JsonError::Syntax(e) => json_error(path, bytes, &e),
-        })?;
-        return finish_streamed(path, opts, sink, tree);
     }
+}
+
+/// Decode a pickle snapshot, streaming its trace to a [`TraceSink`]; `Ok(None)` when the run
+/// cache (`runs`) met a hash collision.
+fn decode_pickle(
+    path: &Path,
+    bytes: &[u8],
+    opts: &DecodeOptions,
+    map: Option<&memmap2::Mmap>,
+    runs: bool,
+) -> Result<Option<Snapshot>, CaptureError> {
+    let limits = Limits {
+        refuse_globals: true,
+        ..Limits::default()
+    };
+    let mut sink = trace_sink(bytes, opts, map, runs);
     let decoded = crate::timings::time("decode", || {
         pickle::decode_streaming(bytes, &limits, Some(&mut sink))
     });
@@ -200,7 +192,27 @@ fn decode_streamed(
     finish_streamed(path, opts, sink, tree)
 }
 
-/// The snapshot model from a decoded tree and what its sink collected.
+/// Decode the JSON form, streaming its trace to the same [`TraceSink`] (no run cache: JSON has
+/// no memo references to repeat).
+fn decode_json(
+    path: &Path,
+    bytes: &[u8],
+    opts: &DecodeOptions,
+    map: Option<&memmap2::Mmap>,
+) -> Result<Snapshot, CaptureError> {
+    let mut sink = trace_sink(bytes, opts, map, false);
+    let decoded = crate::timings::time("decode", || {
+        pickle::json::decode_streaming(bytes, Some(&mut sink))
+    });
+    let tree = decoded.map_err(|e| match e {
+        pickle::json::JsonError::Cancelled => CaptureError::cancelled(path),
+        pickle::json::JsonError::Syntax(e) => json_error(path, bytes, &e),
+    })?;
+    finish_streamed(path, opts, sink, tree)?.ok_or_else(|| unexpected_collision(path))
+}
+
+/// The snapshot model from a decoded tree and what its sink collected; `Ok(None)` on a run-cache
+/// collision.
 fn finish_streamed(
     path: &Path,
     opts: &DecodeOptions,
