@@ -13,6 +13,7 @@ use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 
 use super::sink::Sink;
 use super::value::{Node, Tree, Val};
+use super::vm::PROGRESS_STEP;
 
 /// Why decoding stopped.
 #[derive(Debug)]
@@ -22,9 +23,6 @@ pub enum JsonError {
     /// The sink's [`Sink::progress`] asked to stop.
     Cancelled,
 }
-
-/// Input bytes between two calls of the sink's progress.
-const PROGRESS_STEP: usize = 2 << 20;
 
 /// Decode `data` (UTF-8 JSON), handing the parts `sink` selects to it as they are parsed.
 pub fn decode_streaming<'a>(
@@ -42,7 +40,6 @@ pub fn decode_streaming<'a>(
         key,
         sequences,
         streamed: 0,
-        base: data.as_ptr() as usize,
         at: 0,
         next_progress: PROGRESS_STEP,
         cancelled: false,
@@ -73,8 +70,6 @@ struct Ctx<'a, 's> {
     sequences: bool,
     /// Streamed lists so far (the next one's number).
     streamed: u32,
-    /// Address of the input, to turn borrowed strings into offsets.
-    base: usize,
     /// Furthest input offset seen (of a string), for progress.
     at: usize,
     next_progress: usize,
@@ -85,7 +80,7 @@ impl Ctx<'_, '_> {
     /// A string value: a reference into the input when it was borrowed from it.
     fn string(&mut self, s: &str, borrowed: bool) -> Val {
         if borrowed {
-            let off = (s.as_ptr() as usize).wrapping_sub(self.base);
+            let off = (s.as_ptr() as usize).wrapping_sub(self.tree.data.as_ptr() as usize);
             if off
                 .checked_add(s.len())
                 .is_some_and(|end| end <= self.tree.data.len())
@@ -269,7 +264,10 @@ impl<'de> Visitor<'de> for Value<'_, '_, '_> {
                 };
                 let first_node = ctx.tree.nodes.len();
                 let mut pairs = Vec::new();
-                while let Some(k) = map.next_key_seed(Key { ctx: &mut *ctx })? {
+                while let Some(k) = map.next_key_seed(Value {
+                    ctx: &mut *ctx,
+                    place: Place::Plain,
+                })? {
                     let v = map.next_value_seed(Value {
                         ctx: &mut *ctx,
                         place: values,
@@ -302,7 +300,10 @@ impl<'de> Visitor<'de> for Value<'_, '_, '_> {
             _ => {
                 let mut pairs: Vec<(Val, Val)> = Vec::new();
                 let mut index: Option<rustc_hash::FxHashMap<Box<str>, usize>> = None;
-                while let Some(k) = map.next_key_seed(Key { ctx: &mut *ctx })? {
+                while let Some(k) = map.next_key_seed(Value {
+                    ctx: &mut *ctx,
+                    place: Place::Plain,
+                })? {
                     let place = if ctx.is_key(k) {
                         Place::KeyValue
                     } else {
@@ -358,34 +359,5 @@ impl Value<'_, '_, '_> {
             ))),
             _ => Ok(()),
         }
-    }
-}
-
-/// A dict key: a string value.
-struct Key<'c, 'a, 's> {
-    ctx: &'c mut Ctx<'a, 's>,
-}
-
-impl<'de> DeserializeSeed<'de> for Key<'_, '_, '_> {
-    type Value = Val;
-
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Val, D::Error> {
-        d.deserialize_str(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Key<'_, '_, '_> {
-    type Value = Val;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("a string key")
-    }
-
-    fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Val, E> {
-        Ok(self.ctx.string(s, true))
-    }
-
-    fn visit_str<E: de::Error>(self, s: &str) -> Result<Val, E> {
-        Ok(self.ctx.string(s, false))
     }
 }

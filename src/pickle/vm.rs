@@ -128,7 +128,7 @@ const MAX_SHAPE_KEYS: usize = 64;
 
 /// Input bytes between two calls of the sink's progress (cancel checks, and the snapshot loader
 /// giving back the mapped pages already decoded: they count in the peak until then).
-const PROGRESS_STEP: usize = 2 << 20;
+pub(super) const PROGRESS_STEP: usize = 2 << 20;
 
 struct Vm<'a, 's> {
     sink: Option<&'s mut dyn Sink>,
