@@ -92,16 +92,9 @@ impl Interner {
             return Ok(id);
         }
         if t.is_dict(f) {
-            let (mut name, mut filename, mut line) = ("", "", 0u64);
-            for (k, v) in t.pairs(f) {
-                match t.str(k) {
-                    Some("name") => name = t.str(v).unwrap_or(""),
-                    Some("filename") => filename = t.str(v).unwrap_or(""),
-                    Some("line") => line = line_of(t, v),
-                    _ => {}
-                }
-            }
-            self.intern_frame(name, filename, line)
+            // Once per frame object: its items as the sink would have been given them.
+            let pairs: Vec<Val> = t.pairs(f).flat_map(|(k, v)| [k, v]).collect();
+            self.frame_of_pairs(t, None, &pairs)
         } else if let Some(s) = t.str(f) {
             // `forward_frames`-style plain strings.
             self.intern_frame(s, "", 0)
