@@ -110,8 +110,7 @@ pub fn decode_streaming<'a>(
         dict_index: FxHashMap::default(),
         sunk_dicts: Vec::new(),
         pending_next: 0,
-        stream_dict_slot: None,
-        unfilled: None,
+        open_entry: None,
         limits: limits.clone(),
     };
     crate::hugepages::advise_spare(&vm.memo);
@@ -160,12 +159,19 @@ struct Vm<'a, 's> {
     sunk_dicts: Vec<SunkDict>,
     /// The next [`Val::pending_dict`] index.
     pending_next: u32,
-    /// The memo slot of the streamed dict being filled, if it was memoized.
-    stream_dict_slot: Option<usize>,
-    /// Where on the stack the last streamed dict was created, until it is filled: one that the
-    /// next streamed dict finds still unfilled is an empty entry, handed over then, in order.
-    unfilled: Option<(usize, Val)>,
+    /// The streamed dict created last, until it is filled.
+    open_entry: Option<OpenEntry>,
     limits: Limits,
+}
+
+/// A streamed dict (a trace entry) not filled yet: where it is on the stack and the memo slot
+/// holding it. Filled, it is handed to the sink and its memo slot says so
+/// ([`Val::READ_ENTRY`]); still unfilled when the next one is created, it was `{}` and goes to
+/// the sink then, in the list's order.
+struct OpenEntry {
+    at: usize,
+    val: Val,
+    slot: Option<usize>,
 }
 
 /// A dict of a sunk list on its way to the sink: its current value and the memo slots holding it
@@ -486,8 +492,10 @@ impl<'a> Vm<'a, '_> {
     #[inline]
     fn note_memo(&mut self, v: Val, idx: usize) {
         if v.pending_dict_index().is_none() && v.sunk_dict_id().is_none() {
-            if v.stream_dict_ordinal().is_some() {
-                self.stream_dict_slot = Some(idx);
+            if let Some(e) = self.open_entry.as_mut()
+                && v.stream_dict_ordinal().is_some()
+            {
+                e.slot = Some(idx);
             }
             return;
         }
@@ -927,14 +935,14 @@ impl<'a> Vm<'a, '_> {
         }
         // A fresh dict inside a streamed list goes to the sink, not into the tree.
         if let Some(ordinal) = dict.stream_dict_ordinal() {
-            self.unfilled = None;
+            let open = self.open_entry.take();
             self.emit_stack(ordinal, items_from)?;
             if items_from >= 1 && self.stack[items_from - 1] == dict {
                 self.stack[items_from - 1] = Val::CONSUMED;
             }
             // Its memo slot no longer stands for an unfilled (empty) dict. Not a memo change for
             // `sequence_run`: a run that took this value as a frame was refused already.
-            if let Some(slot) = self.stream_dict_slot.take()
+            if let Some(slot) = open.and_then(|e| e.slot)
                 && let Some(m) = self.memo.get_mut(slot).filter(|m| **m == dict)
             {
                 *m = Val::READ_ENTRY;
@@ -1328,17 +1336,20 @@ impl<'a> Vm<'a, '_> {
                 op::EMPTY_DICT => {
                     let v = match self.streamed_parent(self.stack.len()) {
                         Some(ordinal) => {
-                            self.stream_dict_slot = None;
                             // The entry before, never filled, was `{}`: it goes first.
-                            if let Some((i, was)) = self.unfilled.take()
-                                && self.stack.get(i) == Some(&was)
-                                && let Some(o) = was.stream_dict_ordinal()
+                            if let Some(e) = self.open_entry.take()
+                                && self.stack.get(e.at) == Some(&e.val)
+                                && let Some(o) = e.val.stream_dict_ordinal()
                             {
                                 self.emit(o, &[])?;
-                                self.stack[i] = Val::CONSUMED;
+                                self.stack[e.at] = Val::CONSUMED;
                             }
                             let v = Val::stream_dict(ordinal);
-                            self.unfilled = Some((self.stack.len(), v));
+                            self.open_entry = Some(OpenEntry {
+                                at: self.stack.len(),
+                                val: v,
+                                slot: None,
+                            });
                             v
                         }
                         None if self.sink_sequences
