@@ -131,8 +131,9 @@ fn check(name: &str, o: &Value, s: &memlsp::torch::model::Snapshot, _path: &Path
 }
 
 /// A cancelled analysis stops with `ErrorKind::Cancelled` whichever stage it is in: inside the
-/// pickle VM (checked every 2 MiB of input) or between decode and analysis. A real snapshot
-/// behind 9 MiB of bytes inside a wrapper list exercises the VM's check.
+/// pickle VM or the JSON decoder (each checked every 2 MiB of input) or between decode and
+/// analysis. A real snapshot behind 9 MiB of bytes inside a wrapper list exercises the VM's
+/// check, a 3 MiB JSON trace the JSON decoder's.
 #[test]
 fn a_cancelled_decode_stops_with_cancelled() {
     use memlsp::error::ErrorKind;
