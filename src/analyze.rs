@@ -249,9 +249,15 @@ pub fn analyze_ranks(
     paths: &[&PathBuf],
     opts: &Options,
 ) -> Result<Vec<CaptureReport>, CaptureError> {
+    // Every rank's report is kept until all are read (each gains the comparison), so the
+    // stacks the ranks have in common, usually all of them, are kept once.
+    let stacks = std::sync::Mutex::new(crate::findings::StackSet::default());
     let one = |p: &PathBuf| -> Result<torch::Output, CaptureError> {
         check_size(p, opts)?;
-        let out = torch_output(p, opts);
+        let mut out = torch_output(p, opts);
+        if let (Ok(out), Ok(mut set)) = (&mut out, stacks.lock()) {
+            out.share_stacks(&mut set);
+        }
         // What this snapshot freed goes back before the next one peaks.
         crate::hugepages::trim_heap();
         out

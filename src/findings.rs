@@ -322,6 +322,30 @@ impl Severity {
     }
 }
 
+/// A stack of source positions, innermost first. Shared rather than copied: one stack is often
+/// a site's and its findings', and across the ranks of a job every rank's (`report DIR` keeps
+/// each distinct stack once, see `analyze::analyze_ranks`).
+pub type Stack = std::sync::Arc<[Location]>;
+
+/// One copy of each distinct [`Stack`] among the stacks it is shown.
+#[derive(Default)]
+pub struct StackSet(std::collections::HashSet<Stack>);
+
+impl StackSet {
+    /// Make each of `stacks` the copy already kept when there is one (equal frames, resolution
+    /// included), else keep it.
+    pub fn share<'a>(&mut self, stacks: impl Iterator<Item = &'a mut Stack>) {
+        for s in stacks.filter(|s| !s.is_empty()) {
+            match self.0.get(&*s) {
+                Some(kept) => *s = kept.clone(),
+                None => {
+                    self.0.insert(s.clone());
+                }
+            }
+        }
+    }
+}
+
 /// A source position as recorded in the capture (path as the capture wrote it, 1-based line),
 /// and, once the locate step ran, the workspace file it is.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -636,7 +660,7 @@ pub struct Finding {
     /// Culprit line (first user frame), if the capture names one.
     pub location: Option<Location>,
     /// The rest of the stack, innermost first (starting with the culprit frame).
-    pub stack: Vec<Location>,
+    pub stack: Stack,
     pub bytes: Option<u64>,
     pub percent: Option<f64>,
     /// What kind of number `bytes` is (set with it).
@@ -680,7 +704,7 @@ impl Finding {
             severity,
             message: message.into(),
             location: None,
-            stack: Vec::new(),
+            stack: Stack::default(),
             bytes: None,
             percent: None,
             bytes_label: None,
@@ -690,9 +714,9 @@ impl Finding {
             refine: None,
         }
     }
-    pub fn at(mut self, location: Option<Location>, stack: Vec<Location>) -> Self {
+    pub fn at(mut self, location: Option<Location>, stack: impl Into<Stack>) -> Self {
         self.location = location;
-        self.stack = stack;
+        self.stack = stack.into();
         self
     }
     /// The bytes the finding is about, their share, and what kind of number they are.

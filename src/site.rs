@@ -4,7 +4,7 @@
 use serde::Serialize;
 use serde::ser::SerializeMap;
 
-use crate::findings::{Label, Location};
+use crate::findings::{Label, Location, Stack};
 
 /// What a site's memory is for (inferred from stacks and name stacks, or read from the plan's
 /// allocation category for JAX buffers outside the heap).
@@ -112,7 +112,7 @@ pub struct Site {
     /// of buffers to lines) or `inferred` (an attribution of ours).
     pub label: Label,
     /// The representative stack, innermost first, including framework frames.
-    pub stack: Vec<Location>,
+    pub stack: Stack,
     /// The user's frames that called the culprit (outermost last), at most two.
     pub callers: Vec<Location>,
     pub frame: SiteFrame,

@@ -390,3 +390,79 @@ fn the_slurm_and_ray_recipes_give_what_report_dir_gives() {
         without_paths(want)
     );
 }
+
+/// `report DIR` keeps every rank's report until all are read (each gains the comparison). Ranks
+/// that run the same code keep one copy of each stack between them, not one each, and the locate
+/// step keeps it one copy while it resolves the frames; what is shown does not change.
+#[test]
+fn ranks_running_the_same_code_keep_one_copy_of_each_stack() {
+    use std::sync::Arc;
+    let tmp = tempfile::tempdir().unwrap();
+    let ranks = tmp.path().join("ranks");
+    std::fs::create_dir_all(&ranks).unwrap();
+    for (r, n) in [SNAP, SNAP, SNAP, "silmont2000__mem_snapshot.pickle"]
+        .iter()
+        .enumerate()
+    {
+        let Some(src) = common::shared(&format!("torch_snapshots/real/{n}")) else {
+            return;
+        };
+        std::fs::copy(src, ranks.join(format!("rank{r}_snapshot.pickle"))).unwrap();
+    }
+    // A workspace holding the training code, so the locate step resolves user frames.
+    let ws = tmp.path().join("ws/cs336_basics");
+    std::fs::create_dir_all(&ws).unwrap();
+    for f in ["optimizers.py", "transformer.py", "training.py"] {
+        std::fs::write(ws.join(f), "x = 1\n".repeat(120)).unwrap();
+    }
+    let mut opts = memlsp::options::Options::default();
+    opts.locate.workspace = vec![tmp.path().join("ws")];
+    opts.jobs = 2;
+    let reports = memlsp::analyze::run(&ranks, &opts).unwrap();
+    assert_eq!(reports.len(), 4);
+    let alone = memlsp::analyze::run_file(&ranks.join("rank0_snapshot.pickle"), &opts).unwrap();
+
+    let stacks = |r: &memlsp::report::CaptureReport| -> Vec<memlsp::findings::Stack> {
+        let sites = r.sites.iter().map(|s| s.stack.clone());
+        sites
+            .chain(r.findings.iter().map(|f| f.stack.clone()))
+            .collect()
+    };
+    let first = stacks(&reports[0]);
+    assert!(first.iter().filter(|s| !s.is_empty()).count() >= 5);
+    assert!(
+        first
+            .iter()
+            .flat_map(|s| s.iter())
+            .any(|l| l.resolved.is_some()),
+        "the locate step resolved frames of the training code"
+    );
+    // As shown: the same frames, resolved the same way, as the snapshot reported alone.
+    assert_eq!(first, stacks(&alone));
+    for r in &reports[1..3] {
+        let same = stacks(r);
+        assert_eq!(same.len(), first.len());
+        for (a, b) in first.iter().zip(&same) {
+            assert!(
+                a.is_empty() || Arc::ptr_eq(a, b),
+                "{}: a stack of {} frames kept twice",
+                r.path.display(),
+                a.len()
+            );
+        }
+    }
+    // Within one report, a finding's stack is its site's.
+    let r0 = &reports[0];
+    for f in r0.findings.iter().filter(|f| !f.stack.is_empty()) {
+        if let Some(s) = r0.sites.iter().find(|s| s.stack == f.stack) {
+            assert!(
+                Arc::ptr_eq(&s.stack, &f.stack),
+                "{:?} keeps its own copy",
+                f.code
+            );
+        }
+    }
+    // The other program's ranks keep their own stacks.
+    let other = stacks(&reports[3]);
+    assert!(other.iter().any(|s| !s.is_empty() && !first.contains(s)));
+}

@@ -82,7 +82,7 @@ fn fixture() -> (tempfile::TempDir, Locator, CaptureReport) {
             percent: 40.0,
             percent_of: PercentOf::LiveMemory,
             label: Label::Measured,
-            stack: vec![torch_frame, culprit],
+            stack: vec![torch_frame, culprit].into(),
             callers: vec![],
             frame: SiteFrame::User,
             role: Some(SiteRole::Activation),

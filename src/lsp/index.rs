@@ -36,8 +36,6 @@ pub struct LineFinding {
     pub capture: PathBuf,
     /// Other (older) captures that report the same finding on this line.
     pub also_in: Vec<String>,
-    /// The whole stack, innermost first, resolved where possible.
-    pub frames: Vec<Location>,
 }
 
 impl LineFinding {
@@ -51,7 +49,6 @@ impl LineFinding {
 pub struct LineSite {
     pub site: Site,
     pub capture: PathBuf,
-    pub frames: Vec<Location>,
 }
 
 /// Everything on one line.
@@ -152,13 +149,11 @@ impl Index {
                         }
                         continue;
                     }
-                    let frames = f.stack.clone();
                     seen_findings.insert(key, line.findings.len());
                     line.findings.push(Arc::new(LineFinding {
                         finding: f.clone(),
                         capture: cap.path.clone(),
                         also_in: Vec::new(),
-                        frames,
                     }));
                 }
                 for s in &report.sites {
@@ -171,7 +166,6 @@ impl Index {
                     if seen_sites.insert(key, ()).is_some() {
                         continue;
                     }
-                    let frames = s.stack.clone();
                     idx.files
                         .entry(local)
                         .or_default()
@@ -182,7 +176,6 @@ impl Index {
                         .push(Arc::new(LineSite {
                             site: s.clone(),
                             capture: cap.path.clone(),
-                            frames,
                         }));
                 }
             }
@@ -283,7 +276,7 @@ pub(crate) mod tests {
                 percent: 38.2,
                 percent_of: PercentOf::LiveMemory,
                 label: Label::Measured,
-                stack,
+                stack: stack.into(),
                 callers: vec![],
                 frame: SiteFrame::User,
                 role: None,
@@ -318,7 +311,7 @@ pub(crate) mod tests {
         assert_eq!(line.top_site().map(|s| s.site.percent), Some(38.2));
         // The torch frame does not resolve and is counted; the user frames do.
         assert_eq!(idx.unresolved.len(), 0);
-        let frames = &line.findings[0].frames;
+        let frames = &line.findings[0].finding.stack;
         assert_eq!(frames[1].local(), Some(Path::new("/ws/main.py")));
     }
 

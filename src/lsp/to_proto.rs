@@ -156,7 +156,8 @@ pub fn diagnostic(
     }
     // The next frames of the allocation stack that resolve, outermost callers last.
     for fr in lf
-        .frames
+        .finding
+        .stack
         .iter()
         .skip(1)
         .filter(|fr| fr.local().is_some())
@@ -384,9 +385,9 @@ pub fn hover_markdown(entry: &LineEntry, filter: &FrameFilter) -> String {
             }
             md.push('\n');
         }
-        if !lf.frames.is_empty() {
+        if !lf.finding.stack.is_empty() {
             md.push_str("\nAllocation stack (innermost first):\n\n");
-            md.push_str(&stack_block(&lf.frames, filter));
+            md.push_str(&stack_block(&lf.finding.stack, filter));
         }
         md.push_str(&format!("\n[{}]({})\n\n---\n\n", f.code, f.code.docs_url()));
     }
@@ -419,9 +420,9 @@ pub fn hover_markdown(entry: &LineEntry, filter: &FrameFilter) -> String {
             )),
             _ => {}
         }
-        if !ls.frames.is_empty() {
+        if !ls.site.stack.is_empty() {
             md.push_str("\nAllocation stack (innermost first):\n\n");
-            md.push_str(&stack_block(&ls.frames, filter));
+            md.push_str(&stack_block(&ls.site.stack, filter));
         }
         md.push_str("\n---\n\n");
     }

@@ -16,7 +16,7 @@ use super::edits;
 use super::paths::Resolver;
 use super::python;
 use crate::findings::{
-    Evidence, Finding, Fix, FixKind, FixTarget, Location, Refine, Resolved, TextEdit,
+    Evidence, Finding, Fix, FixKind, FixTarget, Location, Refine, Resolved, Stack, TextEdit,
 };
 use crate::frames::FrameFilter;
 use crate::options::LocateOptions;
@@ -36,6 +36,10 @@ pub struct Locator {
     resolved: RefCell<HashMap<String, Option<Resolved>>>,
     /// Rank comparisons already shown: (as analysed, as shown).
     ranks: RefCell<Vec<(Arc<RankComparison>, Arc<RankComparison>)>>,
+    /// Stacks already resolved, by the address of the stack as analysed: (as analysed, as
+    /// resolved), so a stack shared by sites, findings and ranks stays one value. Holding the
+    /// analysed stack keeps its address from being reused.
+    stacks: RefCell<HashMap<usize, (Stack, Stack)>>,
 }
 
 impl Locator {
@@ -58,6 +62,7 @@ impl Locator {
             texts: RefCell::new(HashMap::new()),
             resolved: RefCell::new(HashMap::new()),
             ranks: RefCell::new(Vec::new()),
+            stacks: RefCell::new(HashMap::new()),
         }
     }
 
@@ -98,12 +103,14 @@ impl Locator {
             }
             // The sites of the memory-over-time picture.
             for b in t.series.iter_mut().flat_map(|s| s.bands.iter_mut()) {
-                self.resolve_all(b.location.iter_mut().chain(b.stack.iter_mut()));
+                self.resolve_all(b.location.iter_mut());
+                self.resolve_stack(&mut b.stack);
             }
         }
         for f in &mut report.findings {
             self.refine(f, &capture);
-            self.resolve_all(f.location.iter_mut().chain(f.stack.iter_mut()));
+            self.resolve_all(f.location.iter_mut());
+            self.resolve_stack(&mut f.stack);
             let targets: Vec<Option<(String, u32)>> = f
                 .fixes
                 .iter()
@@ -114,13 +121,31 @@ impl Locator {
             }
         }
         for s in &mut report.sites {
-            self.resolve_all(
-                s.location
-                    .iter_mut()
-                    .chain(s.stack.iter_mut())
-                    .chain(s.callers.iter_mut()),
-            );
+            self.resolve_all(s.location.iter_mut().chain(s.callers.iter_mut()));
+            self.resolve_stack(&mut s.stack);
         }
+    }
+
+    /// Resolve a stack's frames; the stack is copied only where a frame changes, and once per
+    /// run however many reports share it.
+    fn resolve_stack(&self, stack: &mut Stack) {
+        let key = Arc::as_ptr(stack) as *const Location as usize;
+        if let Some((_, done)) = self.stacks.borrow().get(&key) {
+            *stack = done.clone();
+            return;
+        }
+        let resolved: Vec<Option<Resolved>> = stack.iter().map(|l| self.resolve(&l.file)).collect();
+        let analysed = stack.clone();
+        if stack.iter().zip(&resolved).any(|(l, r)| l.resolved != *r) {
+            let mut fresh: Vec<Location> = stack.to_vec();
+            for (l, r) in fresh.iter_mut().zip(resolved) {
+                l.resolved = r;
+            }
+            *stack = fresh.into();
+        }
+        self.stacks
+            .borrow_mut()
+            .insert(key, (analysed, stack.clone()));
     }
 
     fn resolve_all<'a>(&self, locs: impl Iterator<Item = &'a mut Location>) {
@@ -260,8 +285,13 @@ impl Locator {
 
 /// Move a finding from `from` to `to` (its location, and the stack frame that was the location).
 fn move_to(f: &mut Finding, from: &Location, to: Location) {
-    for l in f.stack.iter_mut().filter(|l| l.same_place(from)) {
-        *l = to.clone();
+    if f.stack.iter().any(|l| l.same_place(from)) {
+        for l in Arc::make_mut(&mut f.stack)
+            .iter_mut()
+            .filter(|l| l.same_place(from))
+        {
+            *l = to.clone();
+        }
     }
     f.location = Some(to);
 }

@@ -117,10 +117,32 @@ pub fn output(snap: &Snapshot, a: &Analysis, opts: &AnalysisOptions) -> Output {
     if opts.pictures {
         time("pictures", || pictures(snap, a, &mut summary));
     }
-    Output {
+    let mut out = Output {
         summary,
         sites: time("report sites", || report_sites(snap, a, opts)),
         findings: a.findings.clone(),
+    };
+    // A site's stack is usually also its findings'.
+    out.share_stacks(&mut crate::findings::StackSet::default());
+    out
+}
+
+impl Output {
+    /// Keep one copy of each distinct stack of this output's sites, findings and pictures
+    /// among those `set` already holds (the ranks of a job share most of theirs).
+    pub fn share_stacks(&mut self, set: &mut crate::findings::StackSet) {
+        let bands = self
+            .summary
+            .series
+            .iter_mut()
+            .flat_map(|s| s.bands.iter_mut());
+        set.share(
+            self.sites
+                .iter_mut()
+                .map(|s| &mut s.stack)
+                .chain(self.findings.iter_mut().map(|f| &mut f.stack))
+                .chain(bands.map(|b| &mut b.stack)),
+        );
     }
 }
 
@@ -181,7 +203,7 @@ pub fn report_sites(snap: &Snapshot, a: &Analysis, opts: &AnalysisOptions) -> Ve
                 percent: s.percent_of(allocated).unwrap_or(0.0),
                 percent_of: PercentOf::LiveMemory,
                 label: Label::Measured,
-                stack,
+                stack: stack.into(),
                 callers,
                 frame: match (s.key, s.kind) {
                     (None, _) => SiteFrame::None,

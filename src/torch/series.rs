@@ -9,7 +9,7 @@
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
-use crate::findings::Location;
+use crate::findings::{Location, Stack};
 use crate::torch::model::{Action, BlockState, SMALL_SIZE, Segment, Snapshot, TraceEntry};
 use crate::torch::replay::{self, At};
 use crate::torch::stacks::{SiteKey, StackIndex, location, stack_locations};
@@ -35,7 +35,7 @@ pub struct Band {
     /// The site's first user frame (sites only).
     pub location: Option<Location>,
     /// The allocation stack of one of its blocks, innermost first (sites only, a few frames).
-    pub stack: Vec<Location>,
+    pub stack: Stack,
     /// Bytes this band holds at the trace's peak.
     pub bytes_at_peak: u64,
 }
@@ -399,7 +399,8 @@ fn device_series(
             stack: stack_locations(snap, stack_of.get(k).copied().flatten(), *k)
                 .into_iter()
                 .take(6)
-                .collect(),
+                .collect::<Vec<_>>()
+                .into(),
             bytes_at_peak: *b,
         })
         .collect();
@@ -407,14 +408,14 @@ fn device_series(
     bands.push(Band {
         kind: BandKind::Other,
         location: None,
-        stack: Vec::new(),
+        stack: Stack::default(),
         bytes_at_peak: other_at_peak,
     });
     let before_band = bands.len();
     bands.push(Band {
         kind: BandKind::BeforeWindow,
         location: None,
-        stack: Vec::new(),
+        stack: Stack::default(),
         bytes_at_peak: before,
     });
 

@@ -1037,7 +1037,7 @@ fn jx004_growth(ctx: &Context) -> Option<Finding> {
         )
         .at(
             g.append_site.as_ref().map(|a| a.0.clone()),
-            g.append_site.iter().map(|a| a.0.clone()).collect(),
+            g.append_site.iter().map(|a| a.0.clone()).collect::<Vec<_>>(),
         )
         .bytes(per, None, Label::Measured)
         .evidence(Evidence::measured(format!(
@@ -1085,7 +1085,7 @@ fn jx004_growth(ctx: &Context) -> Option<Finding> {
         )
         .at(
             g.append_site.as_ref().map(|a| a.0.clone()),
-            g.append_site.iter().map(|a| a.0.clone()).collect(),
+            g.append_site.iter().map(|a| a.0.clone()).collect::<Vec<_>>(),
         )
         .bytes(per, None, Label::Inferred)
         .evidence(Evidence::measured(format!(
@@ -1216,7 +1216,7 @@ fn jx005_no_donation(ctx: &Context) -> Option<Finding> {
             fmt_bytes(est.output_bytes),
         ),
     )
-    .at(loc.clone(), loc.iter().cloned().collect())
+    .at(loc.clone(), loc.iter().cloned().collect::<Vec<_>>())
     .bytes(lo, Some(pct(lo, p.total_peak_bytes)), Label::Inferred)
     .evidence(Evidence::read(aliased))
     .evidence(Evidence::inferred(format!(

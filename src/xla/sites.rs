@@ -93,7 +93,7 @@ fn new_site(plan: &Plan, location: Option<Location>, stack: Vec<Location>, label
         percent: 0.0,
         percent_of: PercentOf::HeapPeak,
         label,
-        stack,
+        stack: stack.into(),
         callers: Vec::new(),
         role: None,
         scope: Some(plan.module.clone()),
