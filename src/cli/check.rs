@@ -4,7 +4,7 @@
 //! no `.venv`/`node_modules`); each capture is analysed on its own. Every capture that cannot be
 //! read is one line on stderr and makes the exit status 2; the others are still reported.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
 use crate::analyze::{Step, Verdict, analyze_files, collect_captures, verdict};
@@ -81,14 +81,20 @@ pub(super) fn run(args: CheckArgs) -> i32 {
         }
     }
     crate::analyze::locate(&mut reports, &opts);
+    let code = exit_code(&reports, !errors.is_empty(), args.fail_on);
     let out = match args.format {
         CheckFormat::Text => text::check(&reports, errors.len()),
-        CheckFormat::Json => json::render_document(&reports, &errors),
+        CheckFormat::Json => {
+            // A capture at a time, as `report` writes it.
+            let mut w = std::io::BufWriter::new(std::io::stdout().lock());
+            let _ = json::write_document(&reports, &errors, &mut w).and_then(|()| w.flush());
+            return code;
+        }
         CheckFormat::Sarif => json::render(&sarif::document(&reports, &workspace, &errors)),
         CheckFormat::Github => github::check(&reports),
     };
     emit(&out);
-    exit_code(&reports, !errors.is_empty(), args.fail_on)
+    code
 }
 
 /// Analyse every file (not located yet: a baseline compares recorded paths), with progress.

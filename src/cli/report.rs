@@ -2,7 +2,9 @@
 
 use crate::analyze::{run, run_diff};
 
-use super::{ReportArgs, ReportFormat, emit, text};
+use std::io::Write;
+
+use super::{ReportArgs, ReportFormat, text};
 use crate::present::json;
 
 pub(super) fn run_report(args: ReportArgs) -> i32 {
@@ -39,25 +41,43 @@ fn report_inner(args: ReportArgs) -> i32 {
             return 2;
         }
     };
-    let out = crate::timings::time("render", || match args.format {
-        ReportFormat::Text => text::report(&reports, opts.analysis.top),
-        ReportFormat::Json => json::render_document(&reports, &[]),
-        ReportFormat::Html => crate::present::html::render(&reports),
-    });
+    // The JSON document is written a capture at a time (many ranks' text is never held whole);
+    // the text report and the page are built, then written.
+    let write = |w: &mut dyn Write| -> std::io::Result<()> {
+        let built = match args.format {
+            ReportFormat::Json => return json::write_document(&reports, &[], w),
+            ReportFormat::Text => {
+                crate::timings::time("render", || text::report(&reports, opts.analysis.top))
+            }
+            ReportFormat::Html => {
+                crate::timings::time("render", || crate::present::html::render(&reports))
+            }
+        };
+        w.write_all(built.as_bytes())
+    };
     crate::timings::time("write", || match &args.output {
         // Never into a capture's folder unless the user names the file there.
-        Some(path) => match std::fs::write(path, out) {
-            Ok(()) => 0,
-            Err(e) => {
-                eprintln!(
-                    "memlsp: {}: cannot write the report ({e}); pass a writable -o FILE",
-                    path.display()
-                );
-                2
+        Some(path) => {
+            let written = std::fs::File::create(path).and_then(|f| {
+                let mut w = std::io::BufWriter::new(f);
+                write(&mut w)?;
+                w.flush()
+            });
+            match written {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!(
+                        "memlsp: {}: cannot write the report ({e}); pass a writable -o FILE",
+                        path.display()
+                    );
+                    2
+                }
             }
-        },
+        }
         None => {
-            emit(&out);
+            // A closed pipe (`| head`) ends the output, not the run.
+            let mut w = std::io::BufWriter::new(std::io::stdout().lock());
+            let _ = write(&mut w).and_then(|()| w.flush());
             0
         }
     })

@@ -53,36 +53,47 @@ fn capture(r: &CaptureReport, group: Option<usize>) -> Value {
     v
 }
 
-/// [`render`] of [`document`], written one capture at a time: the same text, without holding
+/// [`render`] of [`document`], built one capture at a time: the same text, without holding
 /// the whole document as a `Value` (for 1,024 ranks that tree is several times the text).
 pub fn render_document(reports: &[CaptureReport], errors: &[CaptureError]) -> String {
+    let mut out = Vec::with_capacity(reports.len() * 4096);
+    // Writing into memory cannot fail, and serde_json writes UTF-8.
+    let _ = write_document(reports, errors, &mut out);
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// [`render_document`] written to `w` a capture at a time, so that the text of many ranks is
+/// never held whole (1,024 ranks of large snapshots write ~100 MB).
+pub fn write_document(
+    reports: &[CaptureReport],
+    errors: &[CaptureError],
+    w: &mut dyn std::io::Write,
+) -> std::io::Result<()> {
     let (doc, index) = outline(reports, errors);
     // Keys come out sorted, "captures" first: write the others after the captures' array.
     let rest = render(&doc);
     let Some(after) = rest.strip_prefix("{\n  \"captures\": [],\n") else {
-        return render(&document(reports, errors));
+        return w.write_all(render(&document(reports, errors)).as_bytes());
     };
-    let mut out = String::with_capacity(rest.len() + reports.len() * 4096);
-    out.push_str("{\n  \"captures\": [");
+    w.write_all(b"{\n  \"captures\": [")?;
     for (i, (r, g)) in reports.iter().zip(&index).enumerate() {
-        out.push_str(if i == 0 { "\n" } else { ",\n" });
+        w.write_all(if i == 0 { b"\n" } else { b",\n" })?;
         let text = serde_json::to_string_pretty(&capture(r, *g)).unwrap_or_else(|_| "null".into());
         // Nested two levels deep; JSON strings hold no raw line breaks.
         for (k, line) in text.lines().enumerate() {
             if k > 0 {
-                out.push('\n');
+                w.write_all(b"\n")?;
             }
-            out.push_str("    ");
-            out.push_str(line);
+            w.write_all(b"    ")?;
+            w.write_all(line.as_bytes())?;
         }
     }
-    out.push_str(if reports.is_empty() {
-        "],\n"
+    w.write_all(if reports.is_empty() {
+        b"],\n"
     } else {
-        "\n  ],\n"
-    });
-    out.push_str(after);
-    out
+        b"\n  ],\n"
+    })?;
+    w.write_all(after.as_bytes())
 }
 
 /// One unreadable capture: `{"path", "offset", "message"}` (the message is the one-line error).
