@@ -10,7 +10,7 @@ use rustc_hash::FxHashMap;
 
 use super::model::{Malloc, Model, SegEvent, SegKind, St};
 use super::run::{AddrOf, Done, NONE, Observer, Op, OpKind};
-use super::{Prepared, Replays, validate_with};
+use super::{Prepared, Replays};
 use crate::torch::model::{Action, Block, BlockState, Segment, Snapshot, StackId, TraceEntry};
 
 /// A point of the recorded run.
@@ -35,7 +35,7 @@ pub fn recorded_states(snap: &Snapshot, device: i64, at: &[At]) -> Option<Vec<Ve
     Replays::new().recorded_states(snap, device, at)
 }
 
-/// [`recorded_states`] on a prepared device.
+/// [`recorded_states`] on a prepared device whose unchanged replay validates (the caller checks).
 pub(super) fn recorded_states_prepared(
     snap: &Snapshot,
     p: &Prepared,
@@ -60,8 +60,19 @@ pub(super) fn recorded_states_prepared(
         next: 0,
         states: vec![Vec::new(); positions.len()],
     };
-    let (r, _) = validate_with(snap.trace(device), p, &mut cap);
-    r.validated.then_some(cap.states)
+    // The caller knows the unchanged replay validates; this one is the same replay, watched,
+    // and stops once it has every state (the peak is often mid-trace).
+    super::run::replay(
+        snap.trace(device),
+        &p.plan,
+        &p.init,
+        p.settings.clone(),
+        true,
+        None,
+        &super::run::Edits::default(),
+        &mut cap,
+    );
+    (cap.next == cap.order.len()).then_some(cap.states)
 }
 
 /// The allocator state of `device` just after trace entry `entry` of the recorded run (see
@@ -109,7 +120,7 @@ impl Capture<'_> {
 impl Observer for Capture<'_> {
     fn before(&mut self, op: &Op, m: &Model, addr_of: &AddrOf) -> bool {
         self.take_until(op.pos, m, addr_of);
-        true
+        self.next < self.order.len()
     }
     fn end(&mut self, m: &Model, addr_of: &AddrOf) {
         self.take_until(usize::MAX, m, addr_of);
