@@ -6,7 +6,8 @@
 //! - `small/`: 1,024 ranks, copies of a real snapshot from `../shared` (never committed).
 //!
 //! Reports, for `--jobs 1` and `--jobs 2`: wall time and peak RSS (VmHWM of the whole process,
-//! via wait4), and the bound `N × one file's peak` the issue sets.
+//! via wait4), and the bound `N × one file's peak` the issue sets, one file's peak being the
+//! highest of five runs (its spread is printed).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -40,11 +41,20 @@ fn main() {
         ("1,024 × small", &small_dir, &shared),
     ] {
         let size = std::fs::metadata(one).map(|m| m.len()).unwrap_or(0);
-        let (t1, single) = run(&["report", &one.to_string_lossy(), "--format", "json"]);
+        // One file's peak varies from run to run (how the replay threads overlap, where the
+        // allocator's arenas land), and a folder's peak is the highest of its ranks': so one
+        // file is run five times and the spread shown; the bound is checked against the highest.
+        let mut singles: Vec<(f64, u64)> = (0..5)
+            .map(|_| run(&["report", &one.to_string_lossy(), "--format", "json"]))
+            .collect();
+        singles.sort_by_key(|s| s.1);
+        let (t1, single) = singles[singles.len() - 1];
         println!(
-            "{name}: one file {:.3} MB → report {t1:.2} s, peak RSS {:.0} MB",
+            "{name}: one file {:.3} MB → report {t1:.2} s, peak RSS {:.0}–{:.0} MB over {} runs",
             size as f64 / 1e6,
-            single as f64 / 1e6
+            singles[0].1 as f64 / 1e6,
+            single as f64 / 1e6,
+            singles.len()
         );
         for jobs in [1, 2] {
             let (t, rss) = run(&[
@@ -56,11 +66,14 @@ fn main() {
                 &jobs.to_string(),
             ]);
             let bound = jobs as u64 * single;
+            let median = jobs as u64 * singles[singles.len() / 2].1;
             println!(
-                "  --jobs {jobs}: {t:.1} s, peak RSS {:.0} MB (bound {jobs} × one file = {:.0} MB: {})",
+                "  --jobs {jobs}: {t:.1} s, peak RSS {:.0} MB (bound {jobs} × one file's highest = {:.0} MB: {}; {:.3}× the highest, {:.3}× the median)",
                 rss as f64 / 1e6,
                 bound as f64 / 1e6,
-                if rss <= bound { "within" } else { "ABOVE" }
+                if rss <= bound { "within" } else { "ABOVE" },
+                rss as f64 / bound as f64,
+                rss as f64 / median as f64,
             );
         }
     }
