@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::frames::FrameFilter;
 
@@ -18,6 +18,8 @@ pub struct DecodeOptions {
     /// Set by whoever asked for the analysis when the answer is no longer wanted (the server,
     /// when the capture changes again): the decoders stop at their next progress point.
     pub cancel: Cancel,
+    /// Where the decoders publish how much input they have read (for a progress display).
+    pub progress: Progress,
 }
 
 /// A flag that stops a running analysis (checked every few MiB of input and between stages).
@@ -47,7 +49,33 @@ impl Default for DecodeOptions {
             max_trace_events: None,
             max_file_bytes: 4 << 30,
             cancel: Cancel::default(),
+            progress: Progress::default(),
         }
+    }
+}
+
+/// How far the decoders got: the bytes of input read, published every few MiB where they check
+/// [`Cancel`], for whoever shows progress (`memlsp report` on a terminal). Shared like
+/// [`Cancel`]; a default one publishes nowhere.
+#[derive(Clone, Debug, Default)]
+pub struct Progress(Option<Arc<AtomicU64>>);
+
+impl Progress {
+    /// A counter that [`Progress::read`] can watch.
+    pub fn new() -> Progress {
+        Progress(Some(Arc::new(AtomicU64::new(0))))
+    }
+
+    /// `bytes` of input have been read.
+    pub fn set(&self, bytes: u64) {
+        if let Some(p) = &self.0 {
+            p.store(bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// The bytes of input read so far (0 when nothing publishes).
+    pub fn read(&self) -> u64 {
+        self.0.as_ref().map_or(0, |p| p.load(Ordering::Relaxed))
     }
 }
 

@@ -262,3 +262,43 @@ fn a_capture_folder_reads_steps_as_growth_and_ranks_as_ranks() {
     );
     assert_eq!(doc["captures"][1]["torch"]["rank"], 1);
 }
+
+/// A batch job's log (`MEMLSP_PROGRESS=1`) says when a snapshot's reading starts, how far it got,
+/// and when the analysis begins; the report is unchanged. Without it, and stderr not a terminal,
+/// stderr stays empty.
+#[test]
+fn progress_of_one_snapshot_goes_to_stderr_when_asked() {
+    let name = "sidsoc12__8169e1e6_mem_snapshot_ctx128_fp32_train.pickle";
+    let Some(snap) = shared(&format!("torch_snapshots/real/{name}")) else {
+        return;
+    };
+    let cwd = tempfile::tempdir().unwrap();
+    let args = ["report", arg(&snap), "--format", "json"];
+    let quiet = memlsp(&args, cwd.path());
+    assert_eq!(quiet.code, 0, "{}", quiet.stderr);
+    assert_eq!(quiet.stderr, "");
+    let logged = common::memlsp_env(&args, cwd.path(), &[("MEMLSP_PROGRESS", "1")]);
+    assert_eq!(logged.code, 0, "{}", logged.stderr);
+    assert_eq!(logged.stdout, quiet.stdout, "the report does not change");
+    let lines: Vec<&str> = logged.stderr.lines().collect();
+    assert_eq!(
+        lines.first().copied(),
+        Some(format!("memlsp: {name}: reading 0% of 3.99 MiB").as_str())
+    );
+    assert_eq!(
+        lines.last().copied(),
+        Some(format!("memlsp: {name}: analysing").as_str())
+    );
+    // Between them, only shares of the input, rising.
+    let shares: Vec<u64> = lines[1..lines.len() - 1]
+        .iter()
+        .map(|l| {
+            let rest = l
+                .strip_prefix(&format!("memlsp: {name}: reading "))
+                .unwrap_or_else(|| panic!("unexpected progress line {l:?}"));
+            rest.strip_suffix("% of 3.99 MiB").unwrap().parse().unwrap()
+        })
+        .collect();
+    assert!(shares.windows(2).all(|w| w[0] < w[1]), "{shares:?}");
+    assert!(shares.iter().all(|&s| s > 0 && s < 100), "{shares:?}");
+}

@@ -310,3 +310,30 @@ print("\n".join(done))
         }
     });
 }
+
+/// The decoder publishes how far it read (what `memlsp report` shows as progress): every few MiB
+/// while it reads, the whole file once it decoded; a file cut short stops where it stopped.
+#[test]
+fn decoding_publishes_how_far_it_read() {
+    let Some(path) = common::shared(
+        "torch_snapshots/real/sidsoc12__8169e1e6_mem_snapshot_ctx128_fp32_train.pickle",
+    ) else {
+        return;
+    };
+    let bytes = std::fs::read(&path).unwrap();
+    let watched = || DecodeOptions {
+        progress: memlsp::options::Progress::new(),
+        ..DecodeOptions::default()
+    };
+    let opts = watched();
+    load_snapshot(&path, &opts).unwrap();
+    assert_eq!(opts.progress.read(), bytes.len() as u64);
+
+    let cut = 3_500_000;
+    let opts = watched();
+    let e = memlsp::torch::load::decode_snapshot(Path::new("cut.pickle"), &bytes[..cut], &opts)
+        .unwrap_err();
+    assert_eq!(e.kind, memlsp::error::ErrorKind::Truncated, "{e}");
+    let read = opts.progress.read();
+    assert!((2 << 20..cut as u64).contains(&read), "published {read}");
+}

@@ -10,6 +10,7 @@ mod compare;
 mod github;
 #[cfg(test)]
 mod presenter_tests;
+mod progress;
 mod report;
 mod sarif;
 mod text;

@@ -87,7 +87,7 @@ fn decode_inner(
     map: Option<&memmap2::Mmap>,
 ) -> Result<Snapshot, CaptureError> {
     let first = bytes.iter().position(|b| !b.is_ascii_whitespace());
-    match first.map(|i| bytes[i]) {
+    let snap = match first.map(|i| bytes[i]) {
         None => Err(CaptureError::new(
             path,
             ErrorKind::Truncated,
@@ -102,7 +102,9 @@ fn decode_inner(
             None => decode_pickle(path, bytes, opts, map, false)?
                 .ok_or_else(|| unexpected_collision(path)),
         },
-    }
+    }?;
+    opts.progress.set(bytes.len() as u64);
+    Ok(snap)
 }
 
 /// A run-cache collision where no run cache was used: cannot happen.
@@ -150,6 +152,7 @@ fn trace_sink<'m>(
         map,
         released: 0,
         cancel: opts.cancel.clone(),
+        progress: opts.progress.clone(),
     }
 }
 
@@ -365,6 +368,7 @@ struct TraceSink<'m> {
     actions: Vec<(Val, Action)>,
     map: Option<&'m memmap2::Mmap>,
     cancel: crate::options::Cancel,
+    progress: crate::options::Progress,
     /// Input bytes before this offset were given back to the kernel.
     released: usize,
 }
@@ -499,6 +503,7 @@ impl pickle::Sink for TraceSink<'_> {
         if self.cancel.is_cancelled() {
             return false;
         }
+        self.progress.set(offset as u64);
         // Give back the pages of input already decoded: the strings kept point into the map and
         // are re-read from the page cache if needed, so peak memory stays near the model's size.
         #[cfg(unix)]

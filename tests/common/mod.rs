@@ -15,11 +15,19 @@ pub struct Run {
     pub stderr: String,
 }
 
-/// Run `memlsp args…` in `cwd` with stdin closed.
+/// Run `memlsp args…` in `cwd` with stdin closed (and no progress asked for by the caller's
+/// environment: stderr is what the test expects).
 pub fn memlsp(args: &[&str], cwd: &Path) -> Run {
+    memlsp_env(args, cwd, &[])
+}
+
+/// [`memlsp`] with `env` set.
+pub fn memlsp_env(args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Run {
     let out = Command::new(env!("CARGO_BIN_EXE_memlsp"))
         .args(args)
         .current_dir(cwd)
+        .env_remove("MEMLSP_PROGRESS")
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .output()
         .expect("spawn memlsp");
