@@ -252,3 +252,59 @@ fn a_capture_rewritten_in_place_while_being_read_does_not_kill_the_server() {
     assert!(lsp.errors().is_empty(), "{:?}", lsp.errors());
     lsp.shutdown();
 }
+
+/// A large snapshot's progress bar says how much of the file was read, rising, then that the
+/// analysis runs (100 %), then ends; the editor never sees a bar stuck at nothing.
+#[test]
+fn a_large_snapshot_shows_how_far_it_was_read() {
+    let (_tmp, ws) = tempdir();
+    std::fs::write(ws.join("train.py"), "x = 1\n").unwrap();
+    let mut lsp = Lsp::start(&ws, json!({}));
+    lsp.idle(Duration::from_millis(300));
+    let cap = ws.join("memory_snapshot.json");
+    big_json_snapshot(&cap, 40);
+    let from = lsp.seen.len();
+    let ended = lsp.wait_for(from, Duration::from_secs(120), |m| {
+        m["method"] == "$/progress" && m["params"]["value"]["kind"] == "end"
+    });
+    assert!(ended.is_some(), "the analysis never ended");
+    let values: Vec<serde_json::Value> = lsp.seen[from..]
+        .iter()
+        .filter(|m| m["method"] == "$/progress")
+        .map(|m| m["params"]["value"].clone())
+        .collect();
+    let begin = &values[0];
+    assert_eq!(begin["kind"], "begin", "{values:?}");
+    assert_eq!(begin["title"], "memlsp: analysing memory_snapshot.json");
+    assert_eq!(
+        (begin["percentage"].as_u64(), begin["message"].as_str()),
+        (Some(0), Some("reading"))
+    );
+    let reports: Vec<(u64, &str)> = values
+        .iter()
+        .filter(|v| v["kind"] == "report")
+        .map(|v| {
+            (
+                v["percentage"].as_u64().unwrap(),
+                v["message"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert!(
+        reports.windows(2).all(|w| w[0].0 < w[1].0),
+        "rising: {reports:?}"
+    );
+    assert!(
+        reports
+            .iter()
+            .any(|&(p, m)| m == "reading" && p > 0 && p < 100),
+        "a share of the file while it is read: {reports:?}"
+    );
+    assert_eq!(reports.last(), Some(&(100, "analysing")), "{reports:?}");
+    assert!(
+        reports
+            .iter()
+            .all(|&(p, m)| (m == "analysing") == (p == 100))
+    );
+    lsp.shutdown();
+}

@@ -33,6 +33,18 @@ use crate::source::paths::Resolver;
 const DEBOUNCE: Duration = Duration::from_millis(150);
 /// Analyses shorter than this show no progress.
 const PROGRESS_AFTER: Duration = Duration::from_millis(200);
+/// How often a running analysis's progress bar is updated.
+const PROGRESS_REDRAW: Duration = Duration::from_millis(250);
+
+/// The percentage and message of a snapshot's progress bar: the share of its bytes read, then
+/// "analysing" at 100 once all are.
+fn read_share(read: u64, total: u64) -> (u32, &'static str) {
+    if read >= total {
+        (100, "analysing")
+    } else {
+        ((read.saturating_mul(100) / total.max(1)) as u32, "reading")
+    }
+}
 /// A failure on a file modified this recently may be a write in progress: look again first.
 const SETTLE: Duration = Duration::from_millis(1000);
 /// Interval of the two size polls before an analysis.
@@ -625,6 +637,13 @@ impl Owner {
     fn spawn_analysis(&mut self, path: PathBuf, key: FileKey, cancel: Cancel) {
         let mut opts = self.options();
         opts.decode.cancel = cancel;
+        // A snapshot's decoder says how far it read: the progress bar shows it. (A JAX capture's
+        // walk does not: its bar has no percentage.)
+        let read = (analyze::detect_kind(&path) != Some(crate::report::CaptureKind::XlaCapture))
+            .then(|| {
+                opts.decode.progress = crate::options::Progress::new();
+                (opts.decode.progress.clone(), key.len)
+            });
         let tx = self.tx.clone();
         let workers = self.workers.clone();
         let client = self.client.clone();
@@ -666,13 +685,40 @@ impl Owner {
                 r = &mut job => r,
                 _ = tokio::time::sleep(PROGRESS_AFTER) => {
                     if progress && client.create_work_done_progress(token.clone()).await.is_ok() {
-                        let bar = client
-                            .progress(token, format!("memlsp: analysing {}", capture_name(&path)))
-                            .begin()
-                            .await;
-                        let r = job.await;
-                        bar.finish().await;
-                        r
+                        let title = format!("memlsp: analysing {}", capture_name(&path));
+                        match read {
+                            Some((read, total)) => {
+                                let bar = client
+                                    .progress(token, title)
+                                    .with_percentage(0)
+                                    .with_message("reading")
+                                    .begin()
+                                    .await;
+                                // The share of the file read, then the analysis at 100 %.
+                                let mut last = (0, "reading");
+                                let mut tick = tokio::time::interval(PROGRESS_REDRAW);
+                                let r = loop {
+                                    tokio::select! {
+                                        r = &mut job => break r,
+                                        _ = tick.tick() => {
+                                            let now = read_share(read.read(), total);
+                                            if now != last {
+                                                bar.report_with_message(now.1, now.0).await;
+                                                last = now;
+                                            }
+                                        }
+                                    }
+                                };
+                                bar.finish().await;
+                                r
+                            }
+                            None => {
+                                let bar = client.progress(token, title).begin().await;
+                                let r = job.await;
+                                bar.finish().await;
+                                r
+                            }
+                        }
                     } else {
                         job.await
                     }
