@@ -98,19 +98,30 @@ type FreeKey = (bool, u64, u64, u64);
 
 /// The free lists: per pool (small or large, and stream) the cached blocks in (size, address)
 /// order, PyTorch's `BlockComparatorSize`; a [`FreeKey`] names pool, size and address.
+///
+/// Within a pool a block is one `u128`, size above address: the same order as the pair, and
+/// compared without branches in the B-tree's node scans (the replay's hottest loop).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct FreeLists {
-    pools: FxHashMap<(bool, u64), BTreeSet<(u64, u64)>>,
+    pools: FxHashMap<(bool, u64), BTreeSet<u128>>,
+}
+
+/// A block of a pool as one ordered key: (size, address).
+fn size_addr(size: u64, addr: u64) -> u128 {
+    (u128::from(size) << 64) | u128::from(addr)
 }
 
 impl FreeLists {
     fn insert(&mut self, k: FreeKey) {
-        self.pools.entry((k.0, k.1)).or_default().insert((k.2, k.3));
+        self.pools
+            .entry((k.0, k.1))
+            .or_default()
+            .insert(size_addr(k.2, k.3));
     }
 
     fn remove(&mut self, k: &FreeKey) {
         if let Some(p) = self.pools.get_mut(&(k.0, k.1)) {
-            p.remove(&(k.2, k.3));
+            p.remove(&size_addr(k.2, k.3));
         }
     }
 
@@ -119,8 +130,8 @@ impl FreeLists {
         self.pools
             .get(&(small, stream))
             .into_iter()
-            .flat_map(move |p| p.range((size, 0)..))
-            .map(move |&(sz, a)| (small, stream, sz, a))
+            .flat_map(move |p| p.range(size_addr(size, 0)..))
+            .map(move |&k| (small, stream, (k >> 64) as u64, k as u64))
     }
 
     /// The blocks of a pool below `size`, largest first.
@@ -128,8 +139,8 @@ impl FreeLists {
         self.pools
             .get(&(small, stream))
             .into_iter()
-            .flat_map(move |p| p.range(..(size, 0)).rev())
-            .map(move |&(sz, a)| (small, stream, sz, a))
+            .flat_map(move |p| p.range(..size_addr(size, 0)).rev())
+            .map(move |&k| (small, stream, (k >> 64) as u64, k as u64))
     }
 
     /// Every block of the small or the large pools, in (stream, size, address) order.
