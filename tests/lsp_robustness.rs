@@ -306,5 +306,37 @@ fn a_large_snapshot_shows_how_far_it_was_read() {
             .iter()
             .all(|&(p, m)| (m == "analysing") == (p == 100))
     );
+
+    // The timeline page analyses the capture again: it shows its own bar.
+    let from = lsp.seen.len();
+    let page = lsp.request(
+        "workspace/executeCommand",
+        json!({"command": "memlsp.timeline", "arguments": [{"capture": cap.to_string_lossy()}]}),
+    );
+    assert!(
+        page["html"].as_str().is_some_and(|h| h.len() > 1000),
+        "{page}"
+    );
+    // Its end may arrive after the answer (notifications and responses are separate streams).
+    let ended = lsp.wait_for(from, Duration::from_secs(10), |m| {
+        m["method"] == "$/progress" && m["params"]["value"]["kind"] == "end"
+    });
+    assert!(ended.is_some(), "the timeline's bar never ended");
+    let bar: Vec<serde_json::Value> = lsp.seen[from..]
+        .iter()
+        .filter(|m| m["method"] == "$/progress")
+        .map(|m| m["params"]["value"].clone())
+        .collect();
+    assert_eq!(
+        bar.first().map(|v| v["kind"].clone()),
+        Some(json!("begin")),
+        "{bar:?}"
+    );
+    assert_eq!(bar[0]["title"], "memlsp: timeline of memory_snapshot.json");
+    assert_eq!(
+        bar.last().map(|v| v["kind"].clone()),
+        Some(json!("end")),
+        "{bar:?}"
+    );
     lsp.shutdown();
 }

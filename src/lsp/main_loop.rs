@@ -45,6 +45,81 @@ fn read_share(read: u64, total: u64) -> (u32, &'static str) {
         ((read.saturating_mul(100) / total.max(1)) as u32, "reading")
     }
 }
+
+/// Where the decoder of `path` will say how far it read (give it to the analysis as
+/// `DecodeOptions::progress`), and the file's size, for a progress bar: `None` for a JAX
+/// capture (its walk publishes nothing).
+pub(crate) fn watch_reading(path: &Path) -> Option<(crate::options::Progress, u64)> {
+    if analyze::detect_kind(path) == Some(crate::report::CaptureKind::XlaCapture) {
+        return None;
+    }
+    let total = std::fs::metadata(path).map_or(0, |m| m.len());
+    Some((crate::options::Progress::new(), total))
+}
+
+/// A work-done progress bar over a job on a worker, shown once the job has run for
+/// [`PROGRESS_AFTER`] where the client takes them: with the share of the file read (`read`,
+/// from [`watch_reading`]), else without a percentage.
+pub(crate) struct Bar<'c> {
+    pub client: &'c Client,
+    /// The client takes work-done progress.
+    pub shown: bool,
+    pub token: lsp::ProgressToken,
+    pub title: String,
+    pub read: Option<(crate::options::Progress, u64)>,
+}
+
+impl Bar<'_> {
+    /// Wait for `job`, with the bar.
+    pub(crate) async fn wait<T>(
+        self,
+        mut job: tokio::task::JoinHandle<T>,
+    ) -> Result<T, tokio::task::JoinError> {
+        tokio::select! {
+            r = &mut job => return r,
+            _ = tokio::time::sleep(PROGRESS_AFTER) => {}
+        }
+        if !self.shown
+            || self
+                .client
+                .create_work_done_progress(self.token.clone())
+                .await
+                .is_err()
+        {
+            return job.await;
+        }
+        let Some((read, total)) = self.read else {
+            let bar = self.client.progress(self.token, self.title).begin().await;
+            let r = job.await;
+            bar.finish().await;
+            return r;
+        };
+        let bar = self
+            .client
+            .progress(self.token, self.title)
+            .with_percentage(0)
+            .with_message("reading")
+            .begin()
+            .await;
+        // The share of the file read, then the analysis at 100 %.
+        let mut last = (0, "reading");
+        let mut tick = tokio::time::interval(PROGRESS_REDRAW);
+        let r = loop {
+            tokio::select! {
+                r = &mut job => break r,
+                _ = tick.tick() => {
+                    let now = read_share(read.read(), total);
+                    if now != last {
+                        bar.report_with_message(now.1, now.0).await;
+                        last = now;
+                    }
+                }
+            }
+        };
+        bar.finish().await;
+        r
+    }
+}
 /// A failure on a file modified this recently may be a write in progress: look again first.
 const SETTLE: Duration = Duration::from_millis(1000);
 /// Interval of the two size polls before an analysis.
@@ -637,13 +712,10 @@ impl Owner {
     fn spawn_analysis(&mut self, path: PathBuf, key: FileKey, cancel: Cancel) {
         let mut opts = self.options();
         opts.decode.cancel = cancel;
-        // A snapshot's decoder says how far it read: the progress bar shows it. (A JAX capture's
-        // walk does not: its bar has no percentage.)
-        let read = (analyze::detect_kind(&path) != Some(crate::report::CaptureKind::XlaCapture))
-            .then(|| {
-                opts.decode.progress = crate::options::Progress::new();
-                (opts.decode.progress.clone(), key.len)
-            });
+        let read = watch_reading(&path);
+        if let Some((progress, _)) = &read {
+            opts.decode.progress = progress.clone();
+        }
         let tx = self.tx.clone();
         let workers = self.workers.clone();
         let client = self.client.clone();
@@ -666,7 +738,7 @@ impl Owner {
                 return;
             }
             let p = path.clone();
-            let mut job = tokio::task::spawn_blocking(move || {
+            let job = tokio::task::spawn_blocking(move || {
                 test_hold_hook(&p, &opts.decode.cancel);
                 let faults = crate::sigbus::rescued();
                 let outcome = contained(|| {
@@ -681,49 +753,15 @@ impl Owner {
                 };
                 (outcome, FileKey::of(&p))
             });
-            let joined = tokio::select! {
-                r = &mut job => r,
-                _ = tokio::time::sleep(PROGRESS_AFTER) => {
-                    if progress && client.create_work_done_progress(token.clone()).await.is_ok() {
-                        let title = format!("memlsp: analysing {}", capture_name(&path));
-                        match read {
-                            Some((read, total)) => {
-                                let bar = client
-                                    .progress(token, title)
-                                    .with_percentage(0)
-                                    .with_message("reading")
-                                    .begin()
-                                    .await;
-                                // The share of the file read, then the analysis at 100 %.
-                                let mut last = (0, "reading");
-                                let mut tick = tokio::time::interval(PROGRESS_REDRAW);
-                                let r = loop {
-                                    tokio::select! {
-                                        r = &mut job => break r,
-                                        _ = tick.tick() => {
-                                            let now = read_share(read.read(), total);
-                                            if now != last {
-                                                bar.report_with_message(now.1, now.0).await;
-                                                last = now;
-                                            }
-                                        }
-                                    }
-                                };
-                                bar.finish().await;
-                                r
-                            }
-                            None => {
-                                let bar = client.progress(token, title).begin().await;
-                                let r = job.await;
-                                bar.finish().await;
-                                r
-                            }
-                        }
-                    } else {
-                        job.await
-                    }
-                }
+            let title = format!("memlsp: analysing {}", capture_name(&path));
+            let bar = Bar {
+                client: &client,
+                shown: progress,
+                token,
+                title,
+                read,
             };
+            let joined = bar.wait(job).await;
             let (outcome, after) = match joined {
                 Ok(x) => x,
                 Err(e) => (Outcome::Panic(e.to_string()), None),

@@ -14,9 +14,12 @@ use tower_lsp_server::ls_types::*;
 use tower_lsp_server::{Client, LanguageServer};
 
 use crate::lsp::handlers;
-use crate::lsp::main_loop::{Event, Owner};
+use crate::lsp::main_loop::{Bar, Event, Owner, watch_reading};
 use crate::lsp::to_proto::{self, Encoding};
 use crate::lsp::{Caps, Doc, Shared};
+
+/// Progress tokens of `memlsp.timeline` runs.
+static TIMELINES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 pub const CMD_REANALYZE: &str = "memlsp.reanalyze";
 pub const CMD_EXPLAIN: &str = "memlsp.explain";
@@ -318,10 +321,17 @@ impl LanguageServer for Backend {
                 let view = self.shared.view();
                 let capture = handlers::timeline::target(&view, &arg)
                     .map_err(tower_lsp_server::jsonrpc::Error::invalid_params)?;
-                // Analysing a capture takes a while: on a worker, never on the request loop.
+                // Analysing a capture takes a while: on a worker, never on the request loop,
+                // with a progress bar where it lasts.
+                let read = watch_reading(&capture);
+                let progress = read.as_ref().map(|r| r.0.clone()).unwrap_or_default();
+                let title = format!(
+                    "memlsp: timeline of {}",
+                    crate::report::capture_name(&capture)
+                );
                 let job = tokio::task::spawn_blocking(move || {
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        handlers::timeline::page(&view, &capture)
+                        handlers::timeline::page(&view, &capture, progress)
                     }))
                     .unwrap_or_else(|_| {
                         Err(format!(
@@ -330,7 +340,17 @@ impl LanguageServer for Backend {
                         ))
                     })
                 });
-                match job.await {
+                let bar = Bar {
+                    client: &self.client,
+                    shown: self.caps().work_done_progress,
+                    token: ProgressToken::String(format!(
+                        "memlsp/timeline/{}",
+                        TIMELINES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                    )),
+                    title,
+                    read,
+                };
+                match bar.wait(job).await {
                     Ok(Ok(v)) => Ok(Some(v)),
                     Ok(Err(msg)) => {
                         let mut e = tower_lsp_server::jsonrpc::Error::internal_error();

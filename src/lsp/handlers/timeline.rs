@@ -69,10 +69,16 @@ pub fn target(view: &View, arg: &Value) -> Result<PathBuf, String> {
     })
 }
 
-/// Analyse `capture` with the pictures and render the page (blocking: run it on a worker).
-pub fn page(view: &View, capture: &Path) -> Result<Value, String> {
+/// Analyse `capture` with the pictures and render the page (blocking: run it on a worker); the
+/// decoder says how far it read in `progress`.
+pub fn page(
+    view: &View,
+    capture: &Path,
+    progress: crate::options::Progress,
+) -> Result<Value, String> {
     let mut opts = view.options.clone();
     opts.analysis.pictures = true;
+    opts.decode.progress = progress;
     let mut reports = crate::analyze::analyze_path(capture, &opts).map_err(|e| e.to_string())?;
     let locator = match &view.resolver {
         Some(r) => Locator::with_resolver(r.clone(), opts.analysis.frames.clone()),
