@@ -92,7 +92,8 @@ fn reading(name: &str, percent: u64, total: u64) -> String {
 fn watch(mode: Mode, name: &str, total: u64, progress: &Progress, stopped: &mpsc::Receiver<()>) {
     let started = Instant::now();
     let mut err = std::io::stderr();
-    // Log: the furthest quarter written (1–3: 25–75 % read, 4: analysing). Terminal: whether a line is shown.
+    // Log: the furthest quarter written (1–3: 25–75 % read, 4: analysing).
+    // Terminal: whether a line is shown, and which.
     let mut quarter = 0u64;
     let mut shown = false;
     let mut last = String::new();
