@@ -322,9 +322,9 @@ impl Severity {
     }
 }
 
-/// A stack of source positions, innermost first. Shared rather than copied: one stack is often
-/// a site's and its findings', and across the ranks of a job every rank's (`report DIR` keeps
-/// each distinct stack once, see `analyze::analyze_ranks`).
+/// A stack of source positions, innermost first. Shared rather than copied: across the ranks of
+/// a job one stack is every rank's (`report DIR` keeps each distinct stack once, see
+/// `analyze::analyze_ranks`).
 pub type Stack = std::sync::Arc<[Location]>;
 
 /// One copy of each distinct [`Stack`] among the stacks it is shown.

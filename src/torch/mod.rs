@@ -117,14 +117,11 @@ pub fn output(snap: &Snapshot, a: &Analysis, opts: &AnalysisOptions) -> Output {
     if opts.pictures {
         time("pictures", || pictures(snap, a, &mut summary));
     }
-    let mut out = Output {
+    Output {
         summary,
         sites: time("report sites", || report_sites(snap, a, opts)),
         findings: a.findings.clone(),
-    };
-    // A site's stack is usually also its findings'.
-    out.share_stacks(&mut crate::findings::StackSet::default());
-    out
+    }
 }
 
 impl Output {
