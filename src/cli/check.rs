@@ -4,7 +4,7 @@
 //! no `.venv`/`node_modules`); each capture is analysed on its own. Every capture that cannot be
 //! read is one line on stderr and makes the exit status 2; the others are still reported.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use crate::analyze::{Step, Verdict, analyze_files, collect_captures, verdict};
@@ -12,7 +12,7 @@ use crate::error::CaptureError;
 use crate::findings::Severity;
 use crate::report::CaptureReport;
 
-use super::{CheckFormat, CommonArgs, emit, github, sarif, text};
+use super::{CheckFormat, CommonArgs, emit, emit_with, github, sarif, text};
 use crate::present::json;
 
 pub(super) struct CheckArgs {
@@ -81,20 +81,17 @@ pub(super) fn run(args: CheckArgs) -> i32 {
         }
     }
     crate::analyze::locate(&mut reports, &opts);
-    let code = exit_code(&reports, !errors.is_empty(), args.fail_on);
-    let out = match args.format {
-        CheckFormat::Text => text::check(&reports, errors.len()),
-        CheckFormat::Json => {
+    emit_with(|w| {
+        let built = match args.format {
             // A capture at a time, as `report` writes it.
-            let mut w = std::io::BufWriter::new(std::io::stdout().lock());
-            let _ = json::write_document(&reports, &errors, &mut w).and_then(|()| w.flush());
-            return code;
-        }
-        CheckFormat::Sarif => json::render(&sarif::document(&reports, &workspace, &errors)),
-        CheckFormat::Github => github::check(&reports),
-    };
-    emit(&out);
-    code
+            CheckFormat::Json => return json::write_document(&reports, &errors, w),
+            CheckFormat::Text => text::check(&reports, errors.len()),
+            CheckFormat::Sarif => json::render(&sarif::document(&reports, &workspace, &errors)),
+            CheckFormat::Github => github::check(&reports),
+        };
+        w.write_all(built.as_bytes())
+    });
+    exit_code(&reports, !errors.is_empty(), args.fail_on)
 }
 
 /// Analyse every file (not located yet: a baseline compares recorded paths), with progress.

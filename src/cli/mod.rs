@@ -359,10 +359,13 @@ fn usage(message: &str) -> i32 {
 
 /// Write the result to stdout in one go; a closed pipe (`| head`) is not an error.
 fn emit(out: &str) {
-    let mut stdout = std::io::stdout().lock();
-    let _ = stdout
-        .write_all(out.as_bytes())
-        .and_then(|()| stdout.flush());
+    emit_with(|w| w.write_all(out.as_bytes()));
+}
+
+/// Write to stdout through a buffer; a closed pipe (`| head`) ends the output, not the run.
+fn emit_with(write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) {
+    let mut w = std::io::BufWriter::new(std::io::stdout().lock());
+    let _ = write(&mut w).and_then(|()| w.flush());
 }
 
 #[cfg(test)]

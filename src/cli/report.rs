@@ -4,7 +4,7 @@ use crate::analyze::{run, run_diff};
 
 use std::io::Write;
 
-use super::{ReportArgs, ReportFormat, text};
+use super::{ReportArgs, ReportFormat, emit_with, text};
 use crate::present::json;
 
 pub(super) fn run_report(args: ReportArgs) -> i32 {
@@ -91,9 +91,7 @@ fn report_inner(args: ReportArgs) -> i32 {
             }
         }
         None => {
-            // A closed pipe (`| head`) ends the output, not the run.
-            let mut w = std::io::BufWriter::new(std::io::stdout().lock());
-            let _ = write(&mut w).and_then(|()| w.flush());
+            emit_with(write);
             0
         }
     })
