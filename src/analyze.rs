@@ -18,6 +18,17 @@ use crate::torch::load::load_snapshot;
 use crate::torch::ranks::{RankComparison, RankRow, number_in_name};
 use crate::{torch, xla};
 
+/// Where the decoder of the capture file `path` will say how far it read (give it to the
+/// analysis as `DecodeOptions::progress`), and the file's size, for whoever shows progress:
+/// `None` for a folder and for a JAX capture (its walk publishes nothing).
+pub fn reading_progress(path: &Path) -> Option<(crate::options::Progress, u64)> {
+    if detect_kind(path) == Some(CaptureKind::XlaCapture) {
+        return None;
+    }
+    let meta = std::fs::metadata(path).ok().filter(|m| m.is_file())?;
+    Some((crate::options::Progress::new(), meta.len()))
+}
+
 /// What kind of capture a file name denotes, if any (the same rule as the capture globs).
 pub fn detect_kind(path: &Path) -> Option<CaptureKind> {
     let name = path.file_name()?.to_str()?.to_ascii_lowercase();

@@ -31,20 +31,14 @@ fn report_inner(args: ReportArgs) -> i32 {
     opts.analysis.pictures = args.format == ReportFormat::Html;
     opts.jobs = args.jobs.unwrap_or(0) as usize;
     // One snapshot file: how far its reading got, on stderr (a folder of ranks says which rank).
-    let xla =
-        crate::analyze::detect_kind(&args.file) == Some(crate::report::CaptureKind::XlaCapture);
-    let watch = match &args.diff {
-        None if args.file.is_file() && !xla => {
-            let total = std::fs::metadata(&args.file).map_or(0, |m| m.len());
-            opts.decode.progress = crate::options::Progress::new();
-            Some(super::progress::Watch::start(
-                &args.file,
-                total,
-                &opts.decode.progress,
-            ))
-        }
-        _ => None,
+    let reading = match &args.diff {
+        None => crate::analyze::reading_progress(&args.file),
+        Some(_) => None,
     };
+    let watch = reading.map(|(progress, total)| {
+        opts.decode.progress = progress.clone();
+        super::progress::Watch::start(&args.file, total, &progress)
+    });
     let result = match &args.diff {
         Some(later) => run_diff(&args.file, later, &opts).map(|r| vec![r]),
         None => run(&args.file, &opts),

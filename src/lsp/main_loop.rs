@@ -20,6 +20,7 @@ use crate::baseline::{Baseline, CompareOptions};
 use crate::error::{CaptureError, ErrorKind};
 use crate::lsp::config::Settings;
 use crate::lsp::index::{CaptureResult, FileEntry, Index, capture_name};
+use crate::lsp::progress::Bar;
 use crate::lsp::to_proto;
 use crate::lsp::workspace::{CaptureMatcher, Watcher};
 use crate::lsp::{Caps, Doc, Shared, View};
@@ -31,95 +32,6 @@ use crate::source::paths::Resolver;
 
 /// How long to wait for a quiet file before the watcher reports it.
 const DEBOUNCE: Duration = Duration::from_millis(150);
-/// Analyses shorter than this show no progress.
-const PROGRESS_AFTER: Duration = Duration::from_millis(200);
-/// How often a running analysis's progress bar is updated.
-const PROGRESS_REDRAW: Duration = Duration::from_millis(250);
-
-/// The percentage and message of a snapshot's progress bar: the share of its bytes read, then
-/// "analysing" at 100 once all are.
-fn read_share(read: u64, total: u64) -> (u32, &'static str) {
-    if read >= total {
-        (100, "analysing")
-    } else {
-        ((read.saturating_mul(100) / total.max(1)) as u32, "reading")
-    }
-}
-
-/// Where the decoder of `path` will say how far it read (give it to the analysis as
-/// `DecodeOptions::progress`), and the file's size, for a progress bar: `None` for a JAX
-/// capture (its walk publishes nothing).
-pub(crate) fn watch_reading(path: &Path) -> Option<(crate::options::Progress, u64)> {
-    if analyze::detect_kind(path) == Some(crate::report::CaptureKind::XlaCapture) {
-        return None;
-    }
-    let total = std::fs::metadata(path).map_or(0, |m| m.len());
-    Some((crate::options::Progress::new(), total))
-}
-
-/// A work-done progress bar over a job on a worker, shown once the job has run for
-/// [`PROGRESS_AFTER`] where the client takes them: with the share of the file read (`read`,
-/// from [`watch_reading`]), else without a percentage.
-pub(crate) struct Bar<'c> {
-    pub client: &'c Client,
-    /// The client takes work-done progress.
-    pub shown: bool,
-    pub token: lsp::ProgressToken,
-    pub title: String,
-    pub read: Option<(crate::options::Progress, u64)>,
-}
-
-impl Bar<'_> {
-    /// Wait for `job`, with the bar.
-    pub(crate) async fn wait<T>(
-        self,
-        mut job: tokio::task::JoinHandle<T>,
-    ) -> Result<T, tokio::task::JoinError> {
-        tokio::select! {
-            r = &mut job => return r,
-            _ = tokio::time::sleep(PROGRESS_AFTER) => {}
-        }
-        if !self.shown
-            || self
-                .client
-                .create_work_done_progress(self.token.clone())
-                .await
-                .is_err()
-        {
-            return job.await;
-        }
-        let Some((read, total)) = self.read else {
-            let bar = self.client.progress(self.token, self.title).begin().await;
-            let r = job.await;
-            bar.finish().await;
-            return r;
-        };
-        let bar = self
-            .client
-            .progress(self.token, self.title)
-            .with_percentage(0)
-            .with_message("reading")
-            .begin()
-            .await;
-        // The share of the file read, then the analysis at 100 %.
-        let mut last = (0, "reading");
-        let mut tick = tokio::time::interval(PROGRESS_REDRAW);
-        let r = loop {
-            tokio::select! {
-                r = &mut job => break r,
-                _ = tick.tick() => {
-                    let now = read_share(read.read(), total);
-                    if now != last {
-                        bar.report_with_message(now.1, now.0).await;
-                        last = now;
-                    }
-                }
-            }
-        };
-        bar.finish().await;
-        r
-    }
-}
 /// A failure on a file modified this recently may be a write in progress: look again first.
 const SETTLE: Duration = Duration::from_millis(1000);
 /// Interval of the two size polls before an analysis.
@@ -712,7 +624,7 @@ impl Owner {
     fn spawn_analysis(&mut self, path: PathBuf, key: FileKey, cancel: Cancel) {
         let mut opts = self.options();
         opts.decode.cancel = cancel;
-        let read = watch_reading(&path);
+        let read = analyze::reading_progress(&path);
         if let Some((progress, _)) = &read {
             opts.decode.progress = progress.clone();
         }

@@ -34,6 +34,7 @@ pub mod config;
 pub mod handlers;
 pub mod index;
 pub mod main_loop;
+mod progress;
 pub mod server;
 mod stdin_filter;
 pub mod to_proto;

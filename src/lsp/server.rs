@@ -14,7 +14,8 @@ use tower_lsp_server::ls_types::*;
 use tower_lsp_server::{Client, LanguageServer};
 
 use crate::lsp::handlers;
-use crate::lsp::main_loop::{Bar, Event, Owner, watch_reading};
+use crate::lsp::main_loop::{Event, Owner};
+use crate::lsp::progress::Bar;
 use crate::lsp::to_proto::{self, Encoding};
 use crate::lsp::{Caps, Doc, Shared};
 
@@ -323,7 +324,7 @@ impl LanguageServer for Backend {
                     .map_err(tower_lsp_server::jsonrpc::Error::invalid_params)?;
                 // Analysing a capture takes a while: on a worker, never on the request loop,
                 // with a progress bar where it lasts.
-                let read = watch_reading(&capture);
+                let read = crate::analyze::reading_progress(&capture);
                 let progress = read.as_ref().map(|r| r.0.clone()).unwrap_or_default();
                 let title = format!(
                     "memlsp: timeline of {}",
