@@ -2,10 +2,11 @@
 
 mod lsp_support;
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use lsp_support::{Lsp, tempdir, uri};
-use serde_json::json;
+use serde_json::{Value, json};
 
 #[test]
 fn garbage_and_a_1gb_file_neither_block_hover_nor_crash() {
@@ -216,19 +217,39 @@ fn big_json_snapshot(path: &std::path::Path, mb: usize) {
     write!(w, "]]}}").unwrap();
 }
 
-#[test]
-fn a_capture_rewritten_in_place_while_being_read_does_not_kill_the_server() {
-    let (_tmp, ws) = tempdir();
-    let py = ws.join("train.py");
-    std::fs::write(&py, "x = 1\n").unwrap();
+/// A server over a workspace of `train.py`, settled, then given a JSON snapshot of about `mb`
+/// MB: the temporary folder, the workspace, the server, the capture and where its messages
+/// about the capture start.
+fn serving_a_big_snapshot(mb: usize) -> (tempfile::TempDir, PathBuf, Lsp, PathBuf, usize) {
+    let (tmp, ws) = tempdir();
+    std::fs::write(ws.join("train.py"), "x = 1\n").unwrap();
     let mut lsp = Lsp::start(&ws, json!({}));
     lsp.idle(Duration::from_millis(300));
     let cap = ws.join("memory_snapshot.json");
-    big_json_snapshot(&cap, 150);
+    big_json_snapshot(&cap, mb);
     let from = lsp.seen.len();
-    let began = lsp.wait_for(from, Duration::from_secs(10), |m| {
-        m["method"] == "$/progress" && m["params"]["value"]["kind"] == "begin"
-    });
+    (tmp, ws, lsp, cap, from)
+}
+
+/// Is `m` a `$/progress` of this kind (`begin`, `report`, `end`)?
+fn is_progress(m: &Value, kind: &str) -> bool {
+    m["method"] == "$/progress" && m["params"]["value"]["kind"] == kind
+}
+
+/// The values of the `$/progress` messages seen from `from` on.
+fn progress_since(lsp: &Lsp, from: usize) -> Vec<Value> {
+    lsp.seen[from..]
+        .iter()
+        .filter(|m| m["method"] == "$/progress")
+        .map(|m| m["params"]["value"].clone())
+        .collect()
+}
+
+#[test]
+fn a_capture_rewritten_in_place_while_being_read_does_not_kill_the_server() {
+    let (_tmp, ws, mut lsp, cap, from) = serving_a_big_snapshot(150);
+    let py = ws.join("train.py");
+    let began = lsp.wait_for(from, Duration::from_secs(10), |m| is_progress(m, "begin"));
     assert!(began.is_some(), "the analysis never started");
     // `_dump_snapshot()` to the same path: open(path, "wb") truncates the file being read.
     std::fs::write(&cap, b"{\"segments\": [").unwrap();
@@ -257,22 +278,10 @@ fn a_capture_rewritten_in_place_while_being_read_does_not_kill_the_server() {
 /// analysis runs (100 %), then ends; the editor never sees a bar stuck at nothing.
 #[test]
 fn a_large_snapshot_shows_how_far_it_was_read() {
-    let (_tmp, ws) = tempdir();
-    std::fs::write(ws.join("train.py"), "x = 1\n").unwrap();
-    let mut lsp = Lsp::start(&ws, json!({}));
-    lsp.idle(Duration::from_millis(300));
-    let cap = ws.join("memory_snapshot.json");
-    big_json_snapshot(&cap, 40);
-    let from = lsp.seen.len();
-    let ended = lsp.wait_for(from, Duration::from_secs(120), |m| {
-        m["method"] == "$/progress" && m["params"]["value"]["kind"] == "end"
-    });
+    let (_tmp, _ws, mut lsp, cap, from) = serving_a_big_snapshot(40);
+    let ended = lsp.wait_for(from, Duration::from_secs(120), |m| is_progress(m, "end"));
     assert!(ended.is_some(), "the analysis never ended");
-    let values: Vec<serde_json::Value> = lsp.seen[from..]
-        .iter()
-        .filter(|m| m["method"] == "$/progress")
-        .map(|m| m["params"]["value"].clone())
-        .collect();
+    let values = progress_since(&lsp, from);
     let begin = &values[0];
     assert_eq!(begin["kind"], "begin", "{values:?}");
     assert_eq!(begin["title"], "memlsp: analysing memory_snapshot.json");
@@ -318,15 +327,9 @@ fn a_large_snapshot_shows_how_far_it_was_read() {
         "{page}"
     );
     // Its end may arrive after the answer (notifications and responses are separate streams).
-    let ended = lsp.wait_for(from, Duration::from_secs(10), |m| {
-        m["method"] == "$/progress" && m["params"]["value"]["kind"] == "end"
-    });
+    let ended = lsp.wait_for(from, Duration::from_secs(10), |m| is_progress(m, "end"));
     assert!(ended.is_some(), "the timeline's bar never ended");
-    let bar: Vec<serde_json::Value> = lsp.seen[from..]
-        .iter()
-        .filter(|m| m["method"] == "$/progress")
-        .map(|m| m["params"]["value"].clone())
-        .collect();
+    let bar = progress_since(&lsp, from);
     assert_eq!(
         bar.first().map(|v| v["kind"].clone()),
         Some(json!("begin")),
