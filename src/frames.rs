@@ -20,7 +20,7 @@ pub enum FrameKind {
 }
 
 /// The user-frame rule, with the user's extra excludes (`userFrameExcludes`).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FrameFilter {
     /// Substrings of a normalised (`/`-separated) path that mark a frame as not the user's.
     pub extra_excludes: Vec<String>,

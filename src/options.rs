@@ -80,7 +80,7 @@ impl Progress {
 }
 
 /// What the analyses need.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AnalysisOptions {
     /// Number of top sites to list.
     pub top: usize,
@@ -105,7 +105,7 @@ impl Default for AnalysisOptions {
 }
 
 /// Where recorded source paths are looked for.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LocateOptions {
     /// Workspace roots (see `crate::source::paths::Resolver`).
     pub workspace: Vec<PathBuf>,

@@ -341,5 +341,22 @@ fn a_large_snapshot_shows_how_far_it_was_read() {
         Some(json!("end")),
         "{bar:?}"
     );
+
+    // Opened again (another lens of the same capture): the page drawn is shown at once, with
+    // no analysis and so no bar.
+    let from = lsp.seen.len();
+    let again = lsp.request(
+        "workspace/executeCommand",
+        json!({"command": "memlsp.timeline", "arguments": [{"capture": cap.to_string_lossy()}]}),
+    );
+    assert_eq!(again, page);
+    lsp.idle(Duration::from_millis(500));
+    assert_eq!(progress_since(&lsp, from), Vec::<Value>::new());
+    assert!(
+        !lsp.seen[from..]
+            .iter()
+            .any(|m| m["method"] == "window/workDoneProgress/create"),
+        "a bar was created for a page already drawn"
+    );
     lsp.shutdown();
 }

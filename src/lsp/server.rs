@@ -30,6 +30,8 @@ pub struct Backend {
     client: Client,
     shared: Arc<Shared>,
     tx: mpsc::UnboundedSender<Event>,
+    /// The timeline pages drawn lately.
+    pages: handlers::timeline::Pages,
 }
 
 impl Backend {
@@ -39,7 +41,12 @@ impl Backend {
         let (tx, rx) = mpsc::unbounded_channel();
         let owner = Owner::new(client.clone(), shared.clone(), tx.clone());
         tokio::spawn(owner.run(rx));
-        Backend { client, shared, tx }
+        Backend {
+            client,
+            shared,
+            tx,
+            pages: Default::default(),
+        }
     }
 
     fn send(&self, ev: Event) {
@@ -322,6 +329,11 @@ impl LanguageServer for Backend {
                 let view = self.shared.view();
                 let capture = handlers::timeline::target(&view, &arg)
                     .map_err(tower_lsp_server::jsonrpc::Error::invalid_params)?;
+                // The same capture, options and workspace index as a page drawn lately: that page.
+                let key = handlers::timeline::Key::of(&view, &capture);
+                if let Some(page) = key.as_ref().and_then(|k| self.pages.get(k)) {
+                    return Ok(Some(page));
+                }
                 // Analysing a capture takes a while: on a worker, never on the request loop,
                 // with a progress bar where it lasts.
                 let read = crate::analyze::reading_progress(&capture);
@@ -352,7 +364,12 @@ impl LanguageServer for Backend {
                     read,
                 };
                 match bar.wait(job).await {
-                    Ok(Ok(v)) => Ok(Some(v)),
+                    Ok(Ok(v)) => {
+                        if let Some(k) = key.filter(|k| k.unchanged()) {
+                            self.pages.put(k, v.clone());
+                        }
+                        Ok(Some(v))
+                    }
                     Ok(Err(msg)) => {
                         let mut e = tower_lsp_server::jsonrpc::Error::internal_error();
                         e.message = msg.into();
@@ -364,6 +381,7 @@ impl LanguageServer for Backend {
                 }
             }
             CMD_REANALYZE => {
+                self.pages.clear();
                 let (tx, rx) = oneshot::channel();
                 self.send(Event::Reanalyze(Some(tx)));
                 let n = tokio::time::timeout(Duration::from_secs(5), rx)
