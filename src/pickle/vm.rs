@@ -610,9 +610,12 @@ impl<'a> Vm<'a, '_> {
                     None => break,
                 },
                 op::LONG1 => {
-                    // LONG1 of 1..=7 bytes always fits an inline int.
-                    let n = match d.get(arg) {
-                        Some(&n) if (1..=7).contains(&n) => n as usize,
+                    // LONG1 of 1..=7 bytes always fits an inline int. The length is copied out
+                    // before it is checked: a guard on `Some(&n)` checks the input byte and then
+                    // reads it again, and a mapped capture truncated in between (its page now
+                    // zeros, `sigbus`) would give a length of 0 that was never checked.
+                    let n = match d.get(arg).copied() {
+                        Some(n) if (1..=7).contains(&n) => n as usize,
                         _ => break,
                     };
                     let Some(b) = d.get(arg + 1..arg + 1 + n) else {
