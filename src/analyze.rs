@@ -18,13 +18,11 @@ use crate::torch::load::load_snapshot;
 use crate::torch::ranks::{RankComparison, RankRow, number_in_name};
 use crate::{torch, xla};
 
-/// Where the decoder of the capture file `path` will say how far it read (give it to the
+/// Where the reader of the capture file `path` will say how far it read (give it to the
 /// analysis as `DecodeOptions::progress`), and the file's size, for whoever shows progress:
-/// `None` for a folder and for a JAX capture (its walk publishes nothing).
+/// `None` for a folder. A snapshot's decoder publishes its offset; a JAX capture's walks their
+/// position in the file, then all of it once the runtime walk (nearly all of the time) is done.
 pub fn reading_progress(path: &Path) -> Option<(crate::options::Progress, u64)> {
-    if detect_kind(path) == Some(CaptureKind::XlaCapture) {
-        return None;
-    }
     let meta = std::fs::metadata(path).ok().filter(|m| m.is_file())?;
     Some((crate::options::Progress::new(), meta.len()))
 }
@@ -240,7 +238,9 @@ fn torch_output(path: &Path, opts: &Options) -> Result<torch::Output, CaptureErr
 }
 
 fn xla_file(path: &Path, opts: &Options) -> Result<CaptureReport, CaptureError> {
-    let cap = xla::Capture::open(path)?;
+    let mut cap = xla::Capture::open(path)?;
+    cap.file.progress = opts.decode.progress.clone();
+    cap.file.cancel = opts.decode.cancel.clone();
     checkpoint(path, opts)?;
     let out = xla::analyse(&cap, &opts.analysis)?;
     checkpoint(path, opts)?;

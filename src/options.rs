@@ -73,6 +73,14 @@ impl Progress {
         }
     }
 
+    /// At least `bytes` of input have been read (for readers whose position can go back, such
+    /// as a JAX capture's walks over planes: the share shown never falls).
+    pub fn advance(&self, bytes: u64) {
+        if let Some(p) = &self.0 {
+            p.fetch_max(bytes, Ordering::Relaxed);
+        }
+    }
+
     /// The bytes of input read so far (0 when nothing publishes).
     pub fn read(&self) -> u64 {
         self.0.as_ref().map_or(0, |p| p.load(Ordering::Relaxed))

@@ -5,6 +5,7 @@ mod common;
 use common::shared;
 use common::{arg, memlsp};
 use serde_json::Value;
+use std::path::Path;
 
 fn oracle_module<'a>(oracle: &'a Value, name: &str) -> &'a Value {
     oracle["modules"]
@@ -272,8 +273,24 @@ fn progress_of_one_snapshot_goes_to_stderr_when_asked() {
     let Some(snap) = shared(&format!("torch_snapshots/real/{name}")) else {
         return;
     };
+    progress_is_logged(&snap, name, "3.99 MiB");
+}
+
+/// A JAX capture's walks say how far into the file they are, as a snapshot's decoder does.
+#[test]
+fn progress_of_one_jax_capture_goes_to_stderr_when_asked() {
+    let name = "a_transformer_adam.xplane.pb";
+    let Some(cap) = shared(&format!("jax_cpu_captures/a_transformer_adam/{name}")) else {
+        return;
+    };
+    progress_is_logged(&cap, name, "3.83 MiB");
+}
+
+/// `MEMLSP_PROGRESS=1 memlsp report FILE`: the same report, and on stderr a line when reading
+/// starts, rising shares of the file between, and one when the analysis starts.
+fn progress_is_logged(capture: &Path, name: &str, size: &str) {
     let cwd = tempfile::tempdir().unwrap();
-    let args = ["report", arg(&snap), "--format", "json"];
+    let args = ["report", arg(capture), "--format", "json"];
     let quiet = memlsp(&args, cwd.path());
     assert_eq!(quiet.code, 0, "{}", quiet.stderr);
     assert_eq!(quiet.stderr, "");
@@ -283,7 +300,7 @@ fn progress_of_one_snapshot_goes_to_stderr_when_asked() {
     let lines: Vec<&str> = logged.stderr.lines().collect();
     assert_eq!(
         lines.first().copied(),
-        Some(format!("memlsp: {name}: reading 0% of 3.99 MiB").as_str())
+        Some(format!("memlsp: {name}: reading 0% of {size}").as_str())
     );
     assert_eq!(
         lines.last().copied(),
@@ -296,7 +313,10 @@ fn progress_of_one_snapshot_goes_to_stderr_when_asked() {
             let rest = l
                 .strip_prefix(&format!("memlsp: {name}: reading "))
                 .unwrap_or_else(|| panic!("unexpected progress line {l:?}"));
-            rest.strip_suffix("% of 3.99 MiB").unwrap().parse().unwrap()
+            rest.strip_suffix(&format!("% of {size}"))
+                .unwrap()
+                .parse()
+                .unwrap()
         })
         .collect();
     assert!(shares.windows(2).all(|w| w[0] < w[1]), "{shares:?}");

@@ -387,3 +387,34 @@ fn lines_whose_header_follows_their_events_read_the_same() {
         assert_eq!(late.stdout, as_written.stdout, "{rel}");
     }
 }
+
+/// The walks over a capture's planes say how far into the file they are (all of it once the
+/// runtime walk, nearly all of the time, is done), and stop at the next line when the answer is
+/// no longer wanted (the server: the capture changed again).
+#[test]
+fn the_walk_says_how_far_it_read_and_stops_when_cancelled() {
+    let Some(path) =
+        common::shared("jax_cpu_captures/a_transformer_adam/a_transformer_adam.xplane.pb")
+    else {
+        return;
+    };
+    let len = std::fs::metadata(&path).unwrap().len();
+    let opts = memlsp::options::AnalysisOptions::default();
+
+    let mut cap = memlsp::xla::Capture::open(&path).unwrap();
+    cap.file.progress = memlsp::options::Progress::new();
+    memlsp::xla::analyse(&cap, &opts).unwrap();
+    assert_eq!(cap.file.progress.read(), len);
+
+    let mut cap = memlsp::xla::Capture::open(&path).unwrap();
+    cap.file.progress = memlsp::options::Progress::new();
+    cap.file.cancel = memlsp::options::Cancel::new();
+    cap.file.cancel.cancel();
+    let Err(e) = memlsp::xla::analyse(&cap, &opts) else {
+        panic!("a cancelled analysis gave its answer");
+    };
+    assert_eq!(e.kind, ErrorKind::Cancelled, "{e}");
+    // Stopped where the first line walked begins: inside the file, short of its end.
+    let at = cap.file.progress.read();
+    assert!(at > 0 && at < len, "stopped at {at} of {len}");
+}

@@ -63,8 +63,11 @@ pub fn analyse(cap: &Capture, opts: &AnalysisOptions) -> Result<Output, CaptureE
 }
 
 fn analyse_planes(cap: &Capture, opts: &AnalysisOptions) -> Result<Output, CaptureError> {
-    let plans = plan::plans(cap, 0)?;
-    let rt = runtime::read(cap, &plans)?;
+    use crate::timings::time;
+    let plans = time("xla: plans", || plan::plans(cap, 0))?;
+    let rt = time("xla: runtime", || runtime::read(cap, &plans))?;
+    // The runtime walk reads nearly all of a large capture; what follows is analysis.
+    cap.file.progress.advance(cap.file.len);
     let chosen = select::select(&cap.file.path, &plans, &rt, opts.module.as_deref())?;
     let Some((plan, why)) = chosen else {
         return Ok(Output {
@@ -79,8 +82,9 @@ fn analyse_planes(cap: &Capture, opts: &AnalysisOptions) -> Result<Output, Captu
             .pick(stack.iter().map(|l| l.file.as_str()))
             .map(|(i, _)| i)
     };
-    let (growth, between_last_two) =
-        growth::between_executions(cap, &rt, plan, &execs, &opts.frames)?;
+    let (growth, between_last_two) = time("xla: growth", || {
+        growth::between_executions(cap, &rt, plan, &execs, &opts.frames)
+    })?;
     let live_at_last = execs
         .last()
         .map(|e| rt.live_at(e.start_ps))
@@ -98,17 +102,19 @@ fn analyse_planes(cap: &Capture, opts: &AnalysisOptions) -> Result<Output, Captu
         cpu: cap.versions.iter().any(|(k, _)| k == "cpu_version")
             && !cap.versions.iter().any(|(k, _)| k == "gpu_version"),
     };
-    let findings = diagnose::diagnose(&ctx);
+    let findings = time("xla: diagnose", || diagnose::diagnose(&ctx));
     let sites = sites::sites(plan, &opts.frames, opts.top);
-    let summary = summary::summarize(summary::Parts {
-        plan,
-        plans: &plans,
-        rt: &rt,
-        versions: cap.versions.clone(),
-        why,
-        between_last_two,
-        live_at_last: ctx.live_at_last,
-        pictures: opts.pictures,
+    let summary = time("xla: summary", || {
+        summary::summarize(summary::Parts {
+            plan,
+            plans: &plans,
+            rt: &rt,
+            versions: cap.versions.clone(),
+            why,
+            between_last_two,
+            live_at_last: ctx.live_at_last,
+            pictures: opts.pictures,
+        })
     });
     Ok(Output {
         summary,

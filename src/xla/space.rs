@@ -56,6 +56,10 @@ pub struct SpaceFile {
     pub watch: crate::sigbus::Watch,
     /// Planes loaded from now on walk each line twice, header first ([`Plane::for_each_event_on`]).
     exact_lines: std::sync::atomic::AtomicBool,
+    /// Where the walks over the planes loaded from now on publish their position in the file
+    /// (at each line and every [`RELEASE_STEP`] within one), and the flag that stops them there.
+    pub progress: crate::options::Progress,
+    pub cancel: crate::options::Cancel,
 }
 
 /// What a one-pass walk returns when a line's header (id, name, timestamp) follows its events,
@@ -85,6 +89,8 @@ impl SpaceFile {
             path: path.to_path_buf(),
             watch: crate::sigbus::Watch::new(&file),
             exact_lines: std::sync::atomic::AtomicBool::new(false),
+            progress: Default::default(),
+            cancel: Default::default(),
             file,
             len,
             planes: Vec::new(),
@@ -246,6 +252,8 @@ impl SpaceFile {
         };
         let mut plane = Plane::parse(&self.path, bytes, idx.start)?;
         plane.exact = self.walks_lines_exactly();
+        plane.progress = self.progress.clone();
+        plane.cancel = self.cancel.clone();
         Ok(plane)
     }
 
@@ -367,6 +375,8 @@ pub struct Plane {
     pub stats: Vec<xpb::XStat>,
     /// Walk each line twice, header first, instead of once ([`SpaceFile::walk_lines_exactly`]).
     exact: bool,
+    progress: crate::options::Progress,
+    cancel: crate::options::Cancel,
 }
 
 impl Plane {
@@ -412,7 +422,19 @@ impl Plane {
             stat_names,
             stats,
             exact: false,
+            progress: Default::default(),
+            cancel: Default::default(),
         })
+    }
+
+    /// The walk reached absolute file offset `at`: say so, and stop if the analysis is no
+    /// longer wanted.
+    fn reached(&self, path: &Path, at: u64) -> Result<(), CaptureError> {
+        self.progress.advance(at);
+        if self.cancel.is_cancelled() {
+            return Err(CaptureError::cancelled(path));
+        }
+        Ok(())
     }
 
     /// Name of an event metadata id ("" when unknown).
@@ -485,6 +507,7 @@ impl Plane {
         for &(s, e) in &self.lines {
             let body = &self.bytes[s..e];
             let base = self.base + s as u64;
+            self.reached(path, base)?;
             if !self.exact {
                 self.walk_line_once(path, body, base, &want, &mut f, &mut released)?;
                 continue;
@@ -512,10 +535,15 @@ impl Plane {
                 continue;
             }
             let mut r = Reader::new(body, base);
+            let mut next = base.saturating_add(RELEASE_STEP as u64);
             while let Some((fno, v)) = r.next().map_err(|e| wire_error(path, e))? {
                 if let (4, Value::Len(b, off)) = (fno, v) {
                     let ev = RawEvent::parse(b, off).map_err(|e| wire_error(path, e))?;
                     f(&line, &ev);
+                    if off >= next {
+                        self.reached(path, off)?;
+                        next = off.saturating_add(RELEASE_STEP as u64);
+                    }
                 }
             }
         }
@@ -577,6 +605,7 @@ impl Plane {
                             let upto = at - (1 << 20);
                             self.bytes.release(*released, upto);
                             *released = upto;
+                            self.reached(path, off)?;
                         }
                     }
                 }
