@@ -429,8 +429,8 @@ impl Model {
         if addr > start {
             self.put_unmapped(start, addr - start, seg);
         }
-        let end = addr + size;
-        let bend = start + b.size;
+        let end = addr.saturating_add(size);
+        let bend = start.saturating_add(b.size);
         if bend > end {
             self.put_unmapped(end, bend - end, seg);
         }
@@ -481,8 +481,8 @@ impl Model {
             );
             self.insert_free(start);
         }
-        let end = addr + size;
-        let bend = start + b.size;
+        let end = addr.saturating_add(size);
+        let bend = start.saturating_add(b.size);
         if bend > end {
             self.blocks.insert(
                 end,
@@ -798,7 +798,9 @@ impl Model {
         let small = self.segs[b.seg as usize].small;
         let mut bsize = b.size;
         if self.settings.should_split(small, b.size, size) && size < b.size {
-            let rest = addr + size;
+            // Saturating, as every end here: a block ending past 2^64 is not from a CUDA device
+            // (a corrupt or hostile snapshot), and must not bring the replay down.
+            let rest = addr.saturating_add(size);
             self.blocks.insert(
                 rest,
                 Blk {
@@ -1011,7 +1013,7 @@ impl Model {
             },
         );
         if mapped < b.size {
-            self.put_unmapped(addr + mapped, b.size - mapped, b.seg);
+            self.put_unmapped(addr.saturating_add(mapped), b.size - mapped, b.seg);
         }
         let merged = self.merge_free(addr);
         self.insert_free(merged);
@@ -1132,13 +1134,13 @@ impl Model {
         }
         let seg = self.segs[b.seg as usize].clone();
         let page = seg.page();
-        let off = addr - seg.addr;
+        let off = addr.saturating_sub(seg.addr);
         let begin = off.div_ceil(page);
         let end = off.saturating_add(b.size) / page;
         if begin >= end {
             return None;
         }
-        let u_start = seg.addr + begin * page;
+        let u_start = seg.addr.saturating_add(begin.saturating_mul(page));
         let u_size = (end - begin) * page;
         self.detach(addr, b);
         if u_start > addr {
@@ -1152,9 +1154,10 @@ impl Model {
             );
             self.insert_free(addr);
         }
-        let after = (addr + b.size).saturating_sub(u_start + u_size);
+        let u_end = u_start.saturating_add(u_size);
+        let after = addr.saturating_add(b.size).saturating_sub(u_end);
         if after > 0 {
-            let a = u_start + u_size;
+            let a = u_end;
             self.blocks.insert(
                 a,
                 Blk {
