@@ -73,7 +73,8 @@ pub fn xplane(data: &[u8], dir: &Path) {
 }
 
 /// The whole report path: the first byte picks the file name (and so the engine, including
-/// content sniffing for unknown extensions), the rest is the file.
+/// content sniffing for unknown extensions), the rest is the file; text and JSON, then the HTML
+/// page with its pictures.
 pub fn report(data: &[u8], dir: &Path) {
     let Some((&pick, body)) = data.split_first() else {
         return;
@@ -88,9 +89,15 @@ pub fn report(data: &[u8], dir: &Path) {
     if std::fs::write(&path, body).is_err() {
         return;
     }
-    let opts = Options::default();
+    let mut opts = Options::default();
     if let Ok(reports) = memlsp::analyze::run(&path, &opts) {
         let _ = memlsp::cli::render_text(&reports, opts.analysis.top);
         let _ = memlsp::cli::render_json(&reports);
+    }
+    // The page (`--format html`, the editor's timeline) draws on more: the pictures' analyses
+    // (memory over time, the allocator's states replayed, the heap over the program order).
+    opts.analysis.pictures = true;
+    if let Ok(reports) = memlsp::analyze::run(&path, &opts) {
+        let _ = memlsp::cli::render_html(&reports);
     }
 }
