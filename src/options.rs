@@ -66,15 +66,8 @@ impl Progress {
         Progress(Some(Arc::new(AtomicU64::new(0))))
     }
 
-    /// `bytes` of input have been read.
-    pub fn set(&self, bytes: u64) {
-        if let Some(p) = &self.0 {
-            p.store(bytes, Ordering::Relaxed);
-        }
-    }
-
-    /// At least `bytes` of input have been read (for readers whose position can go back, such
-    /// as a JAX capture's walks over planes: the share shown never falls).
+    /// At least `bytes` of input have been read (the counter never goes back: a JAX capture's
+    /// walks over planes do, and the share shown must not fall).
     pub fn advance(&self, bytes: u64) {
         if let Some(p) = &self.0 {
             p.fetch_max(bytes, Ordering::Relaxed);
@@ -85,6 +78,13 @@ impl Progress {
     pub fn read(&self) -> u64 {
         self.0.as_ref().map_or(0, |p| p.load(Ordering::Relaxed))
     }
+}
+
+/// What a progress display says of `read` bytes of `total`: the share read in percent, or
+/// `None` once all are (the analysis runs). The terminal line, the log lines and the editor's
+/// bar all say it this way.
+pub fn percent_read(read: u64, total: u64) -> Option<u64> {
+    (read < total).then(|| read.saturating_mul(100) / total.max(1))
 }
 
 /// What the analyses need.

@@ -306,7 +306,8 @@ fn progress_is_logged(capture: &Path, name: &str, size: &str) {
         lines.last().copied(),
         Some(format!("memlsp: {name}: analysing").as_str())
     );
-    // Between them, only shares of the input, rising.
+    // Between them, only shares of the input, rising (how many the log sees depends on timing:
+    // a small capture may show none; `torch_load_real` and `xla_captures` check the publishing).
     let shares: Vec<u64> = lines[1..lines.len() - 1]
         .iter()
         .map(|l| {

@@ -13,7 +13,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crate::findings::fmt_bytes;
-use crate::options::Progress;
+use crate::options::{Progress, percent_read};
 
 /// A terminal stays quiet this long: most reports are done before.
 const QUIET_FOR: Duration = Duration::from_millis(500);
@@ -78,10 +78,9 @@ impl Drop for Watch {
 
 /// What to say: the share of the input read, or the analysis once it is all read.
 fn line(name: &str, read: u64, total: u64) -> String {
-    if read >= total {
-        format!("memlsp: {name}: analysing")
-    } else {
-        reading(name, read.saturating_mul(100) / total.max(1), total)
+    match percent_read(read, total) {
+        Some(p) => reading(name, p, total),
+        None => format!("memlsp: {name}: analysing"),
     }
 }
 
@@ -112,11 +111,7 @@ fn watch(mode: Mode, name: &str, total: u64, progress: &Progress, stopped: &mpsc
         let read = progress.read().min(total);
         match mode {
             Mode::Log => {
-                let q = if read >= total {
-                    4
-                } else {
-                    read.saturating_mul(4) / total.max(1)
-                };
+                let q = percent_read(read, total).map_or(4, |p| p / 25);
                 // The furthest quarter reached since the last look, once.
                 if q > quarter {
                     quarter = q;

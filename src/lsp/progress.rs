@@ -10,13 +10,12 @@ const PROGRESS_AFTER: Duration = Duration::from_millis(200);
 /// How often a running analysis's progress bar is updated.
 const PROGRESS_REDRAW: Duration = Duration::from_millis(250);
 
-/// The percentage and message of a snapshot's progress bar: the share of its bytes read, then
-/// "analysing" at 100 once all are.
+/// The percentage and message of a capture's progress bar: the share of its bytes read, then
+/// "analysing" at 100 once all are ([`crate::options::percent_read`]).
 fn read_share(read: u64, total: u64) -> (u32, &'static str) {
-    if read >= total {
-        (100, "analysing")
-    } else {
-        ((read.saturating_mul(100) / total.max(1)) as u32, "reading")
+    match crate::options::percent_read(read, total) {
+        Some(p) => (p as u32, "reading"),
+        None => (100, "analysing"),
     }
 }
 

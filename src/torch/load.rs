@@ -103,7 +103,7 @@ fn decode_inner(
                 .ok_or_else(|| unexpected_collision(path)),
         },
     }?;
-    opts.progress.set(bytes.len() as u64);
+    opts.progress.advance(bytes.len() as u64);
     Ok(snap)
 }
 
@@ -503,7 +503,7 @@ impl pickle::Sink for TraceSink<'_> {
         if self.cancel.is_cancelled() {
             return false;
         }
-        self.progress.set(offset as u64);
+        self.progress.advance(offset as u64);
         // Give back the pages of input already decoded: the strings kept point into the map and
         // are re-read from the page cache if needed, so peak memory stays near the model's size.
         #[cfg(unix)]
