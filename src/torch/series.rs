@@ -399,8 +399,7 @@ fn device_series(
             stack: stack_locations(snap, stack_of.get(k).copied().flatten(), *k)
                 .into_iter()
                 .take(6)
-                .collect::<Vec<_>>()
-                .into(),
+                .collect(),
             bytes_at_peak: *b,
         })
         .collect();
