@@ -36,9 +36,11 @@ pub(super) fn check(reports: &[CaptureReport]) -> String {
     out
 }
 
-/// Escaping of a workflow command's message.
+/// Escaping of a workflow command's message: control characters of capture strings shown as
+/// `\x1b` (the log would interpret them), then GitHub's own escapes.
 fn data(s: &str) -> String {
-    s.replace('%', "%25")
+    crate::present::escape::terminal(s)
+        .replace('%', "%25")
         .replace('\r', "%0D")
         .replace('\n', "%0A")
 }
@@ -54,7 +56,9 @@ mod tests {
 
     #[test]
     fn escapes_what_github_requires() {
-        assert_eq!(data("50% of\r\nx"), "50%25 of%0D%0Ax");
+        assert_eq!(data("50% of\nx"), "50%25 of%0Ax");
+        // A carriage return or an escape sequence of a capture string is shown, not obeyed.
+        assert_eq!(data("a\r\x1b[2Jb"), "a\\x0d\\x1b[2Jb");
         assert_eq!(property("C:\\a,b.py"), "C%3A\\a%2Cb.py");
     }
 }

@@ -15,6 +15,7 @@ use crate::findings::Location;
 use crate::findings::{self, SavingNote, Severity, fmt_bytes};
 use crate::frames::{FrameFilter, FrameKind};
 use crate::lsp::index::{LineEntry, LineFinding, LineSite, capture_name};
+use crate::present::escape::{md_code, md_text};
 use crate::report::PercentOf;
 use crate::report::Site;
 
@@ -297,22 +298,27 @@ fn stack_block(frames: &[Location], filter: &FrameFilter) -> String {
                 let link = fr.local().and_then(uri).map(|u| {
                     format!(
                         "[{}:{}]({}#L{})",
-                        md_escape(fr.shown()),
+                        md_text(fr.shown()),
                         fr.line,
-                        u.as_str(),
+                        // A `(` or `)` of the path would end the link's destination.
+                        u.as_str().replace('(', "%28").replace(')', "%29"),
                         fr.line
                     )
                 });
                 match link {
-                    Some(l) => out.push_str(&format!("- {l} `{}`\n", fr.function)),
-                    None => {
-                        out.push_str(&format!("- `{}` (not in the workspace)\n", frame_label(fr)))
-                    }
+                    Some(l) => out.push_str(&format!("- {l} {}\n", md_code(&fr.function))),
+                    None => out.push_str(&format!(
+                        "- {} (not in the workspace)\n",
+                        md_code(&frame_label(fr))
+                    )),
                 }
             }
             FrameKind::Generated => {
                 // The kernel a compiler wrote for the user's line below it.
-                out.push_str(&format!("- `{}` (generated code)\n", frame_label(fr)));
+                out.push_str(&format!(
+                    "- {} (generated code)\n",
+                    md_code(&frame_label(fr))
+                ));
             }
             FrameKind::Framework => folded += 1,
             FrameKind::Native => folded_native += 1,
@@ -327,13 +333,6 @@ fn stack_block(frames: &[Location], filter: &FrameFilter) -> String {
     out
 }
 
-/// Text shown inside a Markdown link's brackets.
-fn md_escape(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('[', "\\[")
-        .replace(']', "\\]")
-}
-
 /// Markdown hover for a line: each finding, then the sites, each with its stack and evidence.
 /// `path` relative to the workspace root that holds it, else as is.
 pub fn hover_markdown(entry: &LineEntry, filter: &FrameFilter) -> String {
@@ -341,17 +340,17 @@ pub fn hover_markdown(entry: &LineEntry, filter: &FrameFilter) -> String {
     for lf in &entry.findings {
         let f = &lf.finding;
         md.push_str(&format!(
-            "**{} {}** ({}), capture `{}`",
+            "**{} {}** ({}), capture {}",
             f.code,
             f.code.pattern(),
             f.severity.as_str(),
-            lf.capture_name()
+            md_code(&lf.capture_name())
         ));
         if let Some(scope) = &f.scope {
-            md.push_str(&format!(", {scope}"));
+            md.push_str(&format!(", {}", md_text(&scope.to_string())));
         }
         md.push_str("\n\n");
-        md.push_str(&f.message);
+        md.push_str(&md_text(&f.message));
         md.push_str("\n\n");
         if let Some(b) = f.bytes {
             md.push_str(&format!("**{}**", fmt_bytes(b)));
@@ -364,23 +363,25 @@ pub fn hover_markdown(entry: &LineEntry, filter: &FrameFilter) -> String {
             md.push_str("\n\n");
         }
         for e in &f.evidence {
-            md.push_str(&format!("- *{}*: {}\n", e.label.as_str(), e.text));
+            md.push_str(&format!("- *{}*: {}\n", e.label.as_str(), md_text(&e.text)));
         }
         if !f.evidence.is_empty() {
             md.push('\n');
         }
         for fix in &f.fixes {
-            md.push_str(&format!("- fix: {}", fix.title));
+            md.push_str(&format!("- fix: {}", md_text(&fix.title)));
             match fix.saving_note() {
                 Some(SavingNote::InTitle) => md.push_str(" (*inferred*)"),
-                Some(SavingNote::Amount(a)) => md.push_str(&format!(" (saves {a}, *inferred*)")),
+                Some(SavingNote::Amount(a)) => {
+                    md.push_str(&format!(" (saves {}, *inferred*)", md_text(&a)))
+                }
                 None => {}
             }
             if let Some(sim) = &fix.simulated {
                 md.push_str(&format!(
                     "\n  - *simulated*: {} — {}",
-                    sim.change,
-                    sim.outcome()
+                    md_text(&sim.change),
+                    md_text(&sim.outcome())
                 ));
             }
             md.push('\n');
@@ -394,17 +395,17 @@ pub fn hover_markdown(entry: &LineEntry, filter: &FrameFilter) -> String {
     for ls in &entry.sites {
         let s = &ls.site;
         md.push_str(&format!(
-            "**{}** live in {} block{} ({:.1}% of {}, *{}*), capture `{}`",
+            "**{}** live in {} block{} ({:.1}% of {}, *{}*), capture {}",
             fmt_bytes(s.bytes),
             s.blocks,
             if s.blocks == 1 { "" } else { "s" },
             s.percent,
             s.percent_of.as_str(),
             s.label.as_str(),
-            capture_name(&ls.capture)
+            md_code(&capture_name(&ls.capture))
         ));
         if let Some(scope) = &s.scope {
-            md.push_str(&format!(", {scope}"));
+            md.push_str(&format!(", {}", md_text(&scope.to_string())));
         }
         if let Some(role) = s.role {
             md.push_str(&format!("; role: {} (*inferred*)", role.as_str()));
@@ -412,11 +413,12 @@ pub fn hover_markdown(entry: &LineEntry, filter: &FrameFilter) -> String {
         md.push('\n');
         match (&s.reference_line, &s.carried_by) {
             (Some(x), _) => md.push_str(&format!(
-                "\nxprof shows these buffers at `{}:{}` (library code); memlsp attributes them to this line, the first frame of yours (*inferred*)\n",
-                x.file, x.line
+                "\nxprof shows these buffers at {} (library code); memlsp attributes them to this line, the first frame of yours (*inferred*)\n",
+                md_code(&format!("{}:{}", x.file, x.line))
             )),
             (None, Some(via)) => md.push_str(&format!(
-                "\nxprof shows no line for these buffers; memlsp attributes them to this line because `{via}`, the loop called here, carries them (*inferred*)\n"
+                "\nxprof shows no line for these buffers; memlsp attributes them to this line because {}, the loop called here, carries them (*inferred*)\n",
+                md_code(&via.to_string())
             )),
             _ => {}
         }

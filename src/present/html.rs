@@ -9,6 +9,7 @@
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use super::escape;
 use crate::findings::{Finding, Location};
 use crate::report::{CaptureReport, Engine};
 
@@ -185,18 +186,27 @@ fn data(reports: &[CaptureReport]) -> Value {
     })
 }
 
-/// The page: the template with the data inlined (`</` escaped so no string closes the script).
+/// The page: the template with the data inlined (every `<`, `>`, `&`, U+2028/2029 of the JSON
+/// escaped, `present::escape::script_json`: no capture string can close the data block or put the
+/// HTML tokenizer in another state) and the title escaped as HTML text.
 pub fn render(reports: &[CaptureReport]) -> String {
-    let json = serde_json::to_string(&data(reports))
-        .unwrap_or_else(|_| "{}".into())
-        .replace("</", "<\\/");
-    let title = reports
-        .first()
-        .map(|r| r.display_path())
-        .unwrap_or_default()
-        .replace('&', "&amp;")
-        .replace('<', "&lt;");
-    TEMPLATE
-        .replace("__MEMLSP_TITLE__", &title)
-        .replace("__MEMLSP_DATA__", &json)
+    let json =
+        escape::script_json(&serde_json::to_string(&data(reports)).unwrap_or_else(|_| "{}".into()));
+    let title = escape::html_text(
+        &reports
+            .first()
+            .map(|r| r.display_path())
+            .unwrap_or_default(),
+    );
+    // Each marker of the template replaced once, in the template itself (never in what was
+    // inserted: a path holding a marker's name stays text).
+    let (head, rest) = TEMPLATE
+        .split_once("__MEMLSP_TITLE__")
+        .unwrap_or((TEMPLATE, ""));
+    let (mid, tail) = rest.split_once("__MEMLSP_DATA__").unwrap_or((rest, ""));
+    let mut page = String::with_capacity(TEMPLATE.len() + title.len() + json.len());
+    for part in [head, &title, mid, &json, tail] {
+        page.push_str(part);
+    }
+    page
 }

@@ -3,6 +3,7 @@
 use std::fmt::Write;
 
 use crate::findings::{Finding, Fix, SavingNote, Severity};
+use crate::present::escape::one_line;
 use crate::report::CaptureReport;
 
 /// `--check --format text`: one block per finding, then a summary line.
@@ -19,9 +20,11 @@ pub(crate) fn check(reports: &[CaptureReport], unreadable: usize) -> String {
 
 /// `file:line: severity[CODE] message`, then the evidence, fixes and capture, indented.
 fn finding(out: &mut String, r: &CaptureReport, f: &Finding) {
-    let capture = r.display_path();
+    // Capture strings (frame and file names) reach these lines: each is kept one line with no
+    // control character (`present::escape::one_line`).
+    let capture = one_line(&r.display_path()).into_owned();
     let place = match &f.location {
-        Some(l) => format!("{}:{}", l.shown(), l.line),
+        Some(l) => format!("{}:{}", one_line(l.shown()), l.line),
         None => capture.clone(),
     };
     let _ = writeln!(
@@ -29,13 +32,13 @@ fn finding(out: &mut String, r: &CaptureReport, f: &Finding) {
         "{place}: {}[{}] {}",
         f.severity.as_str(),
         f.code,
-        f.message
+        one_line(&f.message)
     );
     for e in &f.evidence {
-        let _ = writeln!(out, "  = {}: {}", e.label.as_str(), e.text);
+        let _ = writeln!(out, "  = {}: {}", e.label.as_str(), one_line(&e.text));
     }
     for x in &f.fixes {
-        let mut line = format!("  = fix: {}{}", x.title, fix_notes(x));
+        let mut line = format!("  = fix: {}{}", one_line(&x.title), one_line(&fix_notes(x)));
         if x.edit.is_some() {
             line.push_str(" [edit available]");
         }
@@ -44,7 +47,7 @@ fn finding(out: &mut String, r: &CaptureReport, f: &Finding) {
     let scope = f
         .scope
         .as_deref()
-        .map(|s| format!(" ({s})"))
+        .map(|s| format!(" ({})", one_line(s)))
         .unwrap_or_default();
     if f.location.is_some() {
         let _ = writeln!(out, "  = capture: {capture}{scope}");

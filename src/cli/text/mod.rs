@@ -52,7 +52,12 @@ pub(super) fn report(reports: &[CaptureReport], top: usize) -> String {
         next_steps(&mut out, r);
         uncertainty(&mut out, r);
     }
-    out
+    // Capture strings (frame, file and module names) are in it: no control character reaches
+    // the terminal raw.
+    match crate::present::escape::terminal(&out) {
+        std::borrow::Cow::Borrowed(_) => out,
+        std::borrow::Cow::Owned(escaped) => escaped,
+    }
 }
 
 /// Findings that diagnose (attribution hints are the top-sites rows already shown).
