@@ -8,7 +8,8 @@
 #
 # Leaves the screenshots ARTIFACTS/html-torch.png and ARTIFACTS/html-jax.png (used by the README).
 # BIG_SNAPSHOT=FILE adds that snapshot's page (e.g. the bench's 1 GB one). Prints one line per
-# page and `N passed, N failed`; non-zero exit on failure.
+# page and `N passed, N failed`; non-zero exit on failure. One more page is hostile: a snapshot
+# whose frame name attacks the page (its data block must stay one block, the name text).
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/../.." && pwd)"
 MEMLSP="$(realpath "${1:?usage: html.sh MEMLSP [SHARED] [ARTIFACTS]}")"
@@ -37,6 +38,22 @@ for r in 0 1 2; do
   cp "$SHARED/torch_snapshots/real/kkaitlyn111__memory_$(echo snapshot ctx128_fullstep ctx256_forward | cut -d' ' -f$((r + 1))).pickle" "$TMP/ranks/rank${r}_snapshot.pickle"
 done
 page "$TMP/ranks" "ranks"
+# A hostile page (issue 31): the JSON fixture with the function `train_ddp` renamed to a string
+# that tries to close or comment out the data block, inject HTML and a Markdown link, and carries
+# ESC, NUL, CR, a C1 CSI, a bidi override and U+2028/2029 (as tests/support/hostile.rs does).
+HOSTILE_NAME="$(python3 - "$REPO/fixtures/torch/format_json_snapshot.json" "$TMP/hostile_snapshot.json" <<'PY'
+import json, sys
+name = ("train_ddp`<!--<script>[pwn](http://evil.example/x)![i](http://evil.example/i.png)"
+        "<img src=x onerror=alert(1)>**bold**\x1b[2J\x1b]0;owned\x07\x00\r\x9b31m\u202e\u2028\u2029</script>")
+text = open(sys.argv[1]).read()
+needle = '"name": "train_ddp"'
+assert needle in text
+open(sys.argv[2], "w").write(text.replace(needle, '"name": ' + json.dumps(name)))
+print(json.dumps(name))
+PY
+)"
+export HOSTILE_NAME
+page "$TMP/hostile_snapshot.json" "hostile__snapshot"
 if [ -n "${BIG_SNAPSHOT:-}" ]; then
   t0=$(date +%s.%N)
   page "$BIG_SNAPSHOT" "big__$(basename "$BIG_SNAPSHOT")"

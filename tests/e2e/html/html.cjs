@@ -12,7 +12,11 @@
 //     simulated with the reason beside it;
 //   - JAX: the heap curve is drawn, its tooltip reads the heap at that point, a click on a
 //     buffer targets that buffer's file and line;
-//   - every finding of the data is listed.
+//   - every finding of the data is listed;
+//   - hostile__*.html (a snapshot whose frame name holds `<!--<script>`, `</script>`, HTML, a
+//     Markdown link, ESC, NUL and U+2028/2029; HOSTILE_NAME is that name as JSON): the data block
+//     parses, the page is drawn like any other, the name is shown as text, no element or script
+//     comes from it and nothing calls alert.
 // env: PAGES (folder of *.html), SHOT_DIR (screenshots), SHOTS ("name.html=shot.png,…"),
 // CHROMIUM (browser binary), MAX_OPEN_MS (default 1000).
 "use strict";
@@ -23,6 +27,7 @@ const { chromium } = require("playwright-core");
 const PAGES = process.env.PAGES;
 const SHOT_DIR = process.env.SHOT_DIR || ".";
 const MAX_OPEN_MS = Number(process.env.MAX_OPEN_MS || 1000);
+const HOSTILE_NAME = process.env.HOSTILE_NAME ? JSON.parse(process.env.HOSTILE_NAME) : null;
 const SHOTS = Object.fromEntries((process.env.SHOTS || "").split(",").filter(Boolean).map((s) => s.split("=")));
 
 let passed = 0;
@@ -229,6 +234,28 @@ async function checkXla(page, name, cap) {
   }
 }
 
+// The hostile page: everything of the name is text.
+async function checkHostile(page, name, data) {
+  check(`${name}: HOSTILE_NAME is given`, !!HOSTILE_NAME);
+  if (!HOSTILE_NAME) return;
+  check(`${name}: the data holds the name intact`, JSON.stringify(data).includes(JSON.stringify(HOSTILE_NAME).slice(1, -1)));
+  const dom = await page.evaluate(() => ({
+    scripts: [...document.scripts].map((s) => s.id || s.type || "inline"),
+    imgs: document.querySelectorAll("img").length,
+    links: [...document.querySelectorAll("a[href]")].map((a) => a.getAttribute("href")).filter((h) => h.includes("evil")),
+    text: document.body.innerText,
+    alerts: window.__alerts,
+    sections: document.querySelectorAll(".panel").length,
+  }));
+  check(`${name}: no script element but the page's own`, dom.scripts.length === 2, dom.scripts);
+  check(`${name}: no image or link made of the name`, dom.imgs === 0 && dom.links.length === 0, dom);
+  check(`${name}: nothing called alert`, dom.alerts.length === 0, dom.alerts);
+  check(`${name}: the page is drawn (panels)`, dom.sections > 0, dom.sections);
+  // What a finding shows of the name: up to its first control character, as text.
+  const visible = HOSTILE_NAME.split("\u001b")[0];
+  check(`${name}: the name is shown as text`, dom.text.includes(visible), { visible, text: dom.text.slice(0, 400) });
+}
+
 (async () => {
   const browser = await chromium.launch({
     executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
@@ -245,6 +272,8 @@ async function checkXla(page, name, cap) {
     // Anything the page asks the network for is a failure: it must be self-contained.
     const requests = [];
     page.on("request", (r) => { if (!r.url().startsWith("file:") && !r.url().startsWith("data:")) requests.push(r.url()); });
+    // An injected `<img onerror=alert(1)>` or script would call this.
+    await page.addInitScript(() => { window.__alerts = []; window.alert = (m) => window.__alerts.push(String(m)); });
     const file = path.join(PAGES, f);
     const size = fs.statSync(file).size;
     const t0 = Date.now();
@@ -252,9 +281,16 @@ async function checkXla(page, name, cap) {
     const loadMs = Date.now() - t0;
     const openMs = Number(await page.evaluate(() => document.body.dataset.openMs));
     times.push({ f, size, loadMs, openMs });
-    const data = await page.evaluate(() => JSON.parse(document.getElementById("memlsp-data").textContent));
-    const cap = data.captures[0];
     const before = failed;
+    // A data block that a string closed early (or never) does not parse: the page is blank.
+    const data = await page.evaluate(() => JSON.parse(document.getElementById("memlsp-data").textContent)).catch((e) => String(e));
+    if (!check(`${f}: the data block parses`, typeof data === "object" && Array.isArray(data.captures), data)) {
+      console.log(`FAILED ${f}`);
+      await page.close();
+      continue;
+    }
+    const cap = data.captures[0];
+    if (f.startsWith("hostile__")) await checkHostile(page, f, data);
     check(`${f}: opens in under ${MAX_OPEN_MS} ms`, loadMs < MAX_OPEN_MS && openMs < MAX_OPEN_MS, { loadMs, openMs });
     check(`${f}: is under 2 MB`, size < 2 << 20, size);
     const listed = await page.$$eval(".finding", (x) => x.length);
