@@ -196,7 +196,18 @@ pub fn run_stdio() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let (service, socket) = tower_lsp_server::LspService::new(server::Backend::new);
+        // A message that is not JSON-RPC reaches the server as one of these requests, which
+        // answer it with the JSON-RPC error (`stdin_filter`).
+        let (service, socket) = tower_lsp_server::LspService::build(server::Backend::new)
+            .custom_method(
+                stdin_filter::PARSE_ERROR_METHOD,
+                server::Backend::parse_error,
+            )
+            .custom_method(
+                stdin_filter::INVALID_REQUEST_METHOD,
+                server::Backend::invalid_request,
+            )
+            .finish();
         let stdin = stdin_filter::stdin();
         tower_lsp_server::Server::new(stdin, tokio::io::stdout(), socket)
             .serve(service)

@@ -1,22 +1,28 @@
-//! Keeps one malformed client message from ending the session.
+//! Keeps one malformed client message from ending the session, and answers it.
 //!
 //! `tower-lsp-server` reads stdin through a `FramedRead`, which stops for good after the first
 //! frame it cannot decode: one stray non-JSON body left the server running but deaf. This filter
-//! sits in front of it, re-frames every message and replaces a body that is not a JSON-RPC message
-//! with a harmless one: a request (it had an id) becomes the unknown method `memlsp/invalidRequest`, so the client
-//! still gets an error answer for that id; anything else becomes an ignored notification. Header
-//! lines and body sizes are bounded, so a hostile `Content-Length` allocates nothing.
+//! sits in front of it, re-frames every message and replaces a body that is not a JSON-RPC 2.0
+//! message (judged by `present::jsonrpc`) with a request for one of the server's own methods,
+//! `memlsp/parseError` (not JSON: `-32700`) or `memlsp/invalidRequest` (too deep, too large, not
+//! a JSON-RPC message: `-32600`), carrying the message's id when it can be read (else `null`) and
+//! the reason; the server answers it with that error, as JSON-RPC 2.0 says. Header lines and body
+//! sizes are bounded, so a hostile `Content-Length` allocates nothing: an oversized body is
+//! skipped after its first 64 KiB were looked at for its id.
 
 use std::io::{BufRead, Read};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use serde_json::{Value, json};
+use serde_json::json;
+
+use crate::present::jsonrpc::{self, PARSE_ERROR, Rejected};
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::sync::mpsc;
+use tower_lsp_server::jsonrpc::{Error as RpcError, ErrorCode, Result as RpcResult};
 
-/// Bodies above this are skipped without being buffered.
-const MAX_BODY: u64 = 64 << 20;
+/// Bodies above this are skipped without being buffered (answered `-32600`).
+pub const MAX_BODY: u64 = 64 << 20;
 /// Longest header line kept.
 const MAX_HEADER_LINE: u64 = 8 << 10;
 
@@ -36,7 +42,12 @@ pub fn stdin() -> Filtered {
 }
 
 /// Re-frame `input` into `tx` until it ends or the receiver is gone.
-fn pump(mut r: impl BufRead, tx: &mpsc::Sender<Vec<u8>>) {
+fn pump(r: impl BufRead, tx: &mpsc::Sender<Vec<u8>>) {
+    pump_max(r, tx, MAX_BODY);
+}
+
+/// [`pump`] with bodies over `max` bytes skipped and answered.
+fn pump_max(mut r: impl BufRead, tx: &mpsc::Sender<Vec<u8>>, max: u64) {
     loop {
         let mut len: Option<u64> = None;
         let mut headers = 0usize;
@@ -62,9 +73,14 @@ fn pump(mut r: impl BufRead, tx: &mpsc::Sender<Vec<u8>>) {
             }
         }
         let Some(n) = len else { continue };
-        let body = if n > MAX_BODY {
-            match std::io::copy(&mut (&mut r).take(n), &mut std::io::sink()) {
-                Ok(s) if s == n => ignored(),
+        let body = if n > max {
+            let mut head = Vec::new();
+            let scan = (jsonrpc::ID_SCAN as u64).min(n);
+            if (&mut r).take(scan).read_to_end(&mut head).is_err() || head.len() as u64 != scan {
+                return;
+            }
+            match std::io::copy(&mut (&mut r).take(n - scan), &mut std::io::sink()) {
+                Ok(s) if s == n - scan => answer(&jsonrpc::too_large(&head, n, max)),
                 _ => return,
             }
         } else {
@@ -115,61 +131,79 @@ impl AsyncRead for Filtered {
     }
 }
 
-fn ignored() -> Vec<u8> {
-    br#"{"jsonrpc":"2.0","method":"$/memlsp/ignoredMessage"}"#.to_vec()
+/// The body unchanged if it is a JSON-RPC 2.0 request, notification or response; else a request
+/// the server answers with the error JSON-RPC 2.0 asks for.
+fn sanitize(body: Vec<u8>) -> Vec<u8> {
+    match jsonrpc::judge(&body) {
+        Ok(_) => body,
+        Err(rejected) => answer(&rejected),
+    }
 }
 
-/// The body unchanged if it is a JSON-RPC 2.0 request, notification or response.
-fn sanitize(body: Vec<u8>) -> Vec<u8> {
-    let Ok(Value::Object(m)) = serde_json::from_slice::<Value>(&body) else {
-        return ignored();
+/// The request for the server's own method that answers `r` (`server.rs`).
+fn answer(r: &Rejected) -> Vec<u8> {
+    let method = if r.code == PARSE_ERROR {
+        PARSE_ERROR_METHOD
+    } else {
+        INVALID_REQUEST_METHOD
     };
-    let id_ok = |v: Option<&Value>| {
-        matches!(
-            v,
-            None | Some(Value::Null | Value::String(_) | Value::Number(_))
-        )
-    };
-    let valid = m.get("jsonrpc").and_then(Value::as_str) == Some("2.0")
-        && id_ok(m.get("id"))
-        && (m.get("method").is_some_and(Value::is_string)
-            || (m.contains_key("id") && (m.contains_key("result") || m.contains_key("error"))));
-    if valid {
-        return body;
+    json!({"jsonrpc": "2.0", "id": r.id, "method": method, "params": {"message": r.message}})
+        .to_string()
+        .into_bytes()
+}
+
+/// The answers to the requests [`answer`] makes (registered in `run_stdio`).
+impl super::server::Backend {
+    pub(super) async fn parse_error(&self, params: serde_json::Value) -> RpcResult<()> {
+        Err(rpc_error(ErrorCode::ParseError, &params))
     }
-    match m.get("id") {
-        Some(id @ (Value::String(_) | Value::Number(_))) if !m.contains_key("result") => {
-            json!({"jsonrpc": "2.0", "id": id, "method": "memlsp/invalidRequest"})
-                .to_string()
-                .into_bytes()
-        }
-        _ => ignored(),
+
+    pub(super) async fn invalid_request(&self, params: serde_json::Value) -> RpcResult<()> {
+        Err(rpc_error(ErrorCode::InvalidRequest, &params))
     }
 }
+
+fn rpc_error(code: ErrorCode, params: &serde_json::Value) -> RpcError {
+    RpcError {
+        code,
+        message: params["message"]
+            .as_str()
+            .unwrap_or("invalid request")
+            .to_string()
+            .into(),
+        data: None,
+    }
+}
+
+/// The method a body that is not JSON becomes; answered `-32700`.
+pub const PARSE_ERROR_METHOD: &str = "memlsp/parseError";
+/// The method a too-deep, too-large or not-JSON-RPC body becomes; answered `-32600`.
+pub const INVALID_REQUEST_METHOD: &str = "memlsp/invalidRequest";
 
 #[cfg(test)]
 mod tests {
-    use super::{pump, sanitize};
+    use super::{pump, pump_max, sanitize};
 
     #[test]
-    fn only_json_rpc_messages_pass() {
+    fn only_json_rpc_messages_pass_the_rest_become_answered_requests() {
         let ok = br#"{"jsonrpc":"2.0","id":1,"method":"x","params":{}}"#.to_vec();
         assert_eq!(sanitize(ok.clone()), ok);
         let resp = br#"{"jsonrpc":"2.0","id":1,"result":null}"#.to_vec();
         assert_eq!(sanitize(resp.clone()), resp);
-        for bad in [
-            &b"{ not json"[..],
-            b"[1,2]",
-            b"{\"jsonrpc\":\"2.0\",\"id\":{},\"method\":\"x\"}",
+        for (bad, method, id) in [
+            (&b"{ not json"[..], "memlsp/parseError", "null"),
+            (
+                br#"{"id": 4, "method": "x", "par"#,
+                "memlsp/parseError",
+                "4",
+            ),
+            (b"[1,2]", "memlsp/invalidRequest", "null"),
+            (br#"{"id": 7, "method": 5}"#, "memlsp/invalidRequest", "7"),
+            (br#"{"id": 3}"#, "memlsp/invalidRequest", "3"),
         ] {
             let out = String::from_utf8(sanitize(bad.to_vec())).unwrap();
-            assert!(out.contains("memlsp/"), "{out}");
-        }
-        // Anything that carries an id gets an error answer for that id.
-        for (bad, id) in [(&br#"{"id": 7, "method": 5}"#[..], 7), (br#"{"id": 3}"#, 3)] {
-            let out = String::from_utf8(sanitize(bad.to_vec())).unwrap();
             assert!(
-                out.contains(&format!("\"id\":{id}")) && out.contains("invalidRequest"),
+                out.contains(&format!("\"id\":{id}")) && out.contains(method),
                 "{out}"
             );
         }
@@ -182,10 +216,28 @@ mod tests {
         pump(&input[..], &tx);
         drop(tx);
         let first = String::from_utf8(rx.try_recv().unwrap()).unwrap();
-        assert!(first.contains("$/memlsp/ignoredMessage"), "{first}");
+        assert!(first.contains("memlsp/invalidRequest"), "{first}");
         assert!(
             rx.try_recv().is_err(),
             "a huge body is skipped unread; here it ends the stream"
+        );
+    }
+
+    #[test]
+    fn an_oversized_body_is_answered_with_its_id() {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":77,"method":"x","params":"{}"}}"#,
+            "a".repeat(100_000)
+        );
+        let mut input = format!("Content-Length: {}\r\n\r\n", body.len()).into_bytes();
+        input.extend_from_slice(body.as_bytes());
+        let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+        pump_max(&input[..], &tx, 1000);
+        drop(tx);
+        let first = String::from_utf8(rx.try_recv().unwrap()).unwrap();
+        assert!(
+            first.contains("\"id\":77") && first.contains("over the limit"),
+            "{first}"
         );
     }
 }

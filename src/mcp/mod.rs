@@ -19,6 +19,7 @@
 
 mod pages;
 mod tools;
+mod transport;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -165,8 +166,12 @@ pub fn run_stdio() -> anyhow::Result<()> {
     rt.block_on(async {
         // Pipes (how clients start a stdio server) go through the reactor, not the blocking pool
         // the analyses run on.
+        // Stdin is read line by line on a thread of its own, every line answered
+        // (`transport.rs`); stdout is rmcp's non-blocking pipe writer.
+        let (_, out) = rmcp::transport::stdio_pipes();
+        let input = std::io::BufReader::new(std::io::stdin());
         let service = Server::new(cwd)
-            .serve(rmcp::transport::stdio_pipes())
+            .serve(transport::Stdio::new(input, out))
             .await
             .map_err(|e| anyhow::anyhow!("MCP initialisation failed: {e}"))?;
         service.waiting().await?;
