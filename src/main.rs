@@ -8,9 +8,18 @@ fn main() {
             memlsp::hugepages::tune_allocator();
             served(memlsp::lsp::run_stdio())
         }
-        Run::Mcp => {
+        Run::Mcp(args) => {
             memlsp::hugepages::tune_allocator();
-            served(memlsp::mcp::run_stdio())
+            let config = memlsp::mcp::Config {
+                roots: args.roots,
+                allow_outside: args.allow_outside,
+                budget: memlsp::mcp::Budget::default().with(
+                    args.budget_bytes,
+                    args.budget_captures,
+                    args.budget_seconds,
+                ),
+            };
+            served(memlsp::mcp::run_stdio(config))
         }
     };
     std::process::exit(code);

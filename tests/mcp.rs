@@ -20,9 +20,21 @@ struct Mcp {
 }
 
 impl Mcp {
-    fn start(cwd: &Path) -> Mcp {
+    /// `memlsp mcp` in `cwd` with these roots (none: the server's default, `cwd`).
+    fn start(cwd: &Path, roots: &[&Path]) -> Mcp {
+        Mcp::start_with(
+            cwd,
+            &roots
+                .iter()
+                .flat_map(|r| ["--root".to_string(), r.display().to_string()])
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    fn start_with(cwd: &Path, args: &[String]) -> Mcp {
         let mut child = Command::new(env!("CARGO_BIN_EXE_memlsp"))
             .arg("mcp")
+            .args(args)
             .current_dir(cwd)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -124,7 +136,9 @@ fn an_agent_analyses_a_capture_asks_about_a_line_and_reads_a_finding_page() {
         std::fs::copy(dir.join(f), ws.join(f)).unwrap();
     }
     let capture = dir.join("b_mlp_nodonate.xplane.pb");
-    let mut mcp = Mcp::start(ws);
+    // The workspace, the real captures and the temporary directory the baseline is written to.
+    let shared_root = dir.parent().and_then(Path::parent).unwrap();
+    let mut mcp = Mcp::start(ws, &[ws, shared_root, &std::env::temp_dir()]);
 
     let init = mcp.request(
         "initialize",
@@ -308,7 +322,7 @@ fn an_agent_analyses_a_capture_asks_about_a_line_and_reads_a_finding_page() {
 fn diff_and_a_bad_baseline_on_the_fixtures() {
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/torch");
     let tmp = tempfile::tempdir().unwrap();
-    let mut mcp = Mcp::start(tmp.path());
+    let mut mcp = Mcp::start(tmp.path(), &[tmp.path(), &fixtures]);
     let init = mcp.request(
         "initialize",
         json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}),
@@ -426,7 +440,7 @@ fn check_baseline_compares_the_ranks_of_a_folder_as_check_does() {
     let pt012 = cli.stdout.matches("\"PT012\"").count();
     assert!(pt012 > 0, "{}", cli.stdout);
 
-    let mut mcp = Mcp::start(tmp.path());
+    let mut mcp = Mcp::start(tmp.path(), &[]);
     mcp.request(
         "initialize",
         json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}),
@@ -439,4 +453,198 @@ fn check_baseline_compares_the_ranks_of_a_folder_as_check_does() {
     assert_eq!(r["structuredContent"]["passed"], false, "{r}");
     let text = r["content"][0]["text"].as_str().unwrap();
     assert_eq!(text.matches("PT012 (warning)").count(), pt012, "{text}");
+}
+
+impl Mcp {
+    fn initialized(mut self) -> Mcp {
+        self.request(
+            "initialize",
+            json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}),
+        );
+        self.notify("notifications/initialized", json!({}));
+        self
+    }
+}
+
+/// The text of a tool error (panics on success).
+fn tool_error(r: &Value) -> String {
+    assert_eq!(r["isError"], true, "expected a tool error: {r}");
+    r["content"][0]["text"].as_str().unwrap().to_string()
+}
+
+/// An agent cannot read out of the workspace: not by an absolute path, `../`, a symlinked file
+/// or directory, a workspace argument, or a capture a directory scan finds behind a symlink;
+/// each refusal is one line naming the roots. `--allow-outside` lifts it.
+#[test]
+fn tools_read_only_under_the_roots_symlinks_and_dotdot_included() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/torch");
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path().join("ws");
+    let outside = tmp.path().join("outside");
+    std::fs::create_dir_all(ws.join("runs")).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    for f in ["pt011_step10.pickle", "pt011_step20.pickle"] {
+        std::fs::copy(fixtures.join(f), outside.join(f)).unwrap();
+    }
+    std::fs::copy(
+        fixtures.join("pt011_step20.pickle"),
+        ws.join("runs/mine.pickle"),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(
+        outside.join("pt011_step10.pickle"),
+        ws.join("runs/link.pickle"),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(&outside, ws.join("outdir")).unwrap();
+    let roots = ws.canonicalize().unwrap().display().to_string();
+
+    let rec = common::memlsp(&["baseline", "runs/mine.pickle", "-o", "b.json"], &ws);
+    assert_eq!(rec.code, 0, "{}", rec.stderr);
+    let mut mcp = Mcp::start(&ws, &[]).initialized();
+    let ok = mcp.call("analyze", json!({"path": "runs/mine.pickle"}));
+    assert_eq!(ok["isError"], false, "inside the root: {ok}");
+    for (tool, args) in [
+        (
+            "analyze",
+            json!({"path": outside.join("pt011_step10.pickle")}),
+        ),
+        ("analyze", json!({"path": "../outside/pt011_step10.pickle"})),
+        (
+            "analyze",
+            json!({"path": "runs/../../outside/pt011_step10.pickle"}),
+        ),
+        ("analyze", json!({"path": "runs/link.pickle"})),
+        ("analyze", json!({"path": "outdir/pt011_step10.pickle"})),
+        ("analyze", json!({"path": "/"})),
+        (
+            "analyze",
+            json!({"path": "mine.pickle", "workspace": "../outside"}),
+        ),
+        (
+            "diff",
+            json!({"earlier": "runs/link.pickle", "later": "runs/mine.pickle"}),
+        ),
+        ("compare_ranks", json!({"dir": "outdir"})),
+        (
+            "explain_line",
+            json!({"file": "../outside/x.py", "line": 1}),
+        ),
+        (
+            "check_baseline",
+            json!({"paths": ["runs"], "baseline": "../outside/b.json"}),
+        ),
+        (
+            "check_baseline",
+            json!({"paths": ["/"], "baseline": "b.json"}),
+        ),
+    ] {
+        let r = mcp.call(tool, args.clone());
+        let msg = tool_error(&r);
+        assert!(
+            msg.contains(&format!("outside the workspace roots ({roots})")) && !msg.contains('\n'),
+            "{tool} {args}: {msg}"
+        );
+    }
+    // A scan of the workspace reads the capture inside, not the one behind the symlink (a
+    // capture a scan finds outside the roots is listed in `budget.outside_roots`, unread).
+    let r = mcp.call("explain_line", json!({"file": "runs/../b.json", "line": 1}));
+    assert_eq!(r["isError"], false, "{r}");
+    let sc = &r["structuredContent"];
+    assert_eq!(sc["captures_scanned"], 1, "{sc}");
+    drop(mcp);
+
+    // --allow-outside: the same symlink is read.
+    let mut open = Mcp::start_with(&ws, &["--allow-outside".to_string()]).initialized();
+    let r = open.call("analyze", json!({"path": "runs/link.pickle"}));
+    assert_eq!(r["isError"], false, "{r}");
+    // A root that is not a directory stops the server with one line.
+    let bad = Command::new(env!("CARGO_BIN_EXE_memlsp"))
+        .args(["mcp", "--root", "no/such/dir"])
+        .current_dir(&ws)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert_eq!(bad.status.code(), Some(2), "{err}");
+    assert!(
+        err.starts_with("memlsp: --root no/such/dir: ") && err.lines().count() == 1,
+        "{err}"
+    );
+}
+
+/// Each call has a budget of captures, bytes and seconds: a call about more than it is refused
+/// naming the budget; a scan analyses what fits and says what it left out.
+#[test]
+fn a_call_stays_within_its_budget_and_says_when_it_cut_short() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/torch");
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = tmp.path();
+    for f in [
+        "pt002_retained_graph.pickle",
+        "pt003_growing_history.pickle",
+        "pt011_step10.pickle",
+    ] {
+        std::fs::copy(fixtures.join(f), ws.join(f)).unwrap();
+    }
+    std::fs::copy(fixtures.join("train_leak.py"), ws.join("train_leak.py")).unwrap();
+    let base = ws.join("base.json");
+    assert_eq!(
+        common::memlsp(&["baseline", ".", "-o", "base.json"], ws).code,
+        0
+    );
+    let mut mcp = Mcp::start_with(ws, &["--budget-captures".into(), "2".into()]).initialized();
+    // A directory of three captures is over a budget of two.
+    let msg = tool_error(&mcp.call("analyze", json!({"path": "."})));
+    assert!(
+        msg.contains("3 captures, over the budget of 2 per call")
+            && msg.contains("--budget-captures"),
+        "{msg}"
+    );
+    // A scan analyses two and says it left one out; a check cut short has not passed.
+    let r = mcp.call("check_baseline", json!({"baseline": base}));
+    let sc = &r["structuredContent"];
+    assert_eq!(sc["budget"]["captures_analysed"], 2, "{sc}");
+    assert_eq!(sc["budget"]["limits"]["captures"], 2, "{sc}");
+    assert!(
+        sc["budget"]["cut"]
+            .as_str()
+            .unwrap()
+            .contains("1 of 3 captures not analysed"),
+        "{sc}"
+    );
+    assert_eq!(sc["passed"], false, "{sc}");
+    assert!(
+        r["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("cut short"),
+        "{r}"
+    );
+    let r = mcp.call("explain_line", json!({"file": "train_leak.py", "line": 1}));
+    assert!(r["structuredContent"]["budget"]["cut"].is_string(), "{r}");
+    drop(mcp);
+
+    // Bytes: a budget below one capture's size refuses it.
+    let mut mcp = Mcp::start_with(ws, &["--budget-bytes".into(), "1K".into()]).initialized();
+    let msg = tool_error(&mcp.call("analyze", json!({"path": "pt011_step10.pickle"})));
+    assert!(
+        msg.contains("over the budget of 1.00 KiB per call") && msg.contains("--budget-bytes"),
+        "{msg}"
+    );
+    drop(mcp);
+
+    // Seconds: with no time at all the call is stopped and says so.
+    let mut mcp = Mcp::start_with(ws, &["--budget-seconds".into(), "0".into()]).initialized();
+    let msg = tool_error(&mcp.call("analyze", json!({"path": "pt011_step10.pickle"})));
+    assert!(
+        msg.contains("time budget of 0 s") && msg.contains("--budget-seconds"),
+        "{msg}"
+    );
+    let r = mcp.call("check_baseline", json!({"baseline": base}));
+    let cut = r["structuredContent"]["budget"]["cut"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(cut.contains("time budget of 0 s"), "{r}");
 }

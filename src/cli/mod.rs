@@ -84,7 +84,28 @@ enum Command {
     /// Compare ranks from their `report --format json` summaries (files or a directory of them)
     Compare(CompareCliArgs),
     /// Run the Model Context Protocol server on stdio (tools for coding agents)
-    Mcp,
+    Mcp(McpArgs),
+}
+
+/// `memlsp mcp`: where the tools may read and what one tool call may spend. Handed to the server
+/// by the caller (`src/main.rs`); the defaults are the server's (`mcp::confine::Budget`).
+#[derive(Args, Debug, Clone, Default, PartialEq, Eq)]
+pub struct McpArgs {
+    /// Directory the tools may read under (repeatable; symlinks resolved) [default: the current directory]
+    #[arg(long = "root", value_name = "DIR")]
+    pub roots: Vec<PathBuf>,
+    /// Let the tools read any path the user can read (no roots)
+    #[arg(long)]
+    pub allow_outside: bool,
+    /// Most bytes of captures one tool call reads (e.g. 2G, 500M) [default: 8G]
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    pub budget_bytes: Option<u64>,
+    /// Most captures one tool call analyses [default: 64]
+    #[arg(long, value_name = "N")]
+    pub budget_captures: Option<usize>,
+    /// Most seconds one tool call runs [default: 300]
+    #[arg(long, value_name = "SECONDS")]
+    pub budget_seconds: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -266,8 +287,8 @@ pub enum Run {
     Exit(i32),
     /// Run the language server on stdio (`memlsp`, `memlsp lsp`).
     Lsp,
-    /// Run the MCP server on stdio (`memlsp mcp`).
-    Mcp,
+    /// Run the MCP server on stdio (`memlsp mcp`) with these settings.
+    Mcp(McpArgs),
 }
 
 /// Parse the command line and run it. The servers are started by the caller (`src/main.rs`):
@@ -289,7 +310,7 @@ pub fn run() -> Run {
             common: args.common,
         })),
         Some(Command::Lsp { .. }) => Run::Lsp,
-        Some(Command::Mcp) => Run::Mcp,
+        Some(Command::Mcp(args)) => Run::Mcp(args),
         None if cli.check => {
             if cli.baseline.is_none() && (cli.max_growth.is_some() || cli.timing) {
                 return Run::Exit(usage("--max-growth and --timing need --baseline FILE"));

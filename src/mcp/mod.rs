@@ -16,10 +16,16 @@
 //! Analyses run on blocking threads, never on the executor; a capture that cannot be read is a
 //! tool error carrying the one-line `CaptureError`, and the server keeps serving. A request the
 //! client cancels raises the pipeline's cancel flag.
+//!
+//! Tools read only under the server's roots and spend at most a per-call budget of bytes,
+//! captures and seconds (`confine.rs`).
 
+mod confine;
 mod pages;
 mod tools;
 mod transport;
+
+pub use confine::{Budget, Config};
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -41,22 +47,30 @@ measured, read, inferred or simulated. `analyze` explains one capture (or a dire
 snapshots); `explain_line` says what the workspace's captures say about one line of a Python file; \
 `diff` shows what grew between two snapshots of one run; `compare_ranks` compares per-rank \
 snapshots; `check_baseline` checks captures against a recorded baseline like CI does. Relative paths \
-are taken from the workspace (default: the server's directory). Each finding code's page is the \
-resource memlsp://findings/<CODE>.";
+are taken from the workspace (default: the server's directory). Paths outside the server's roots \
+are refused, and each call has a budget of bytes, captures and seconds; an answer cut short by it \
+says so (`budget` in the structured content). Each finding code's page is the resource \
+memlsp://findings/<CODE>.";
 
-/// The server: its directory (the default workspace) and the reports it already made.
+/// The server: its directory (the default workspace), where it may read, each call's budget, and
+/// the reports it already made.
 #[derive(Clone)]
 pub struct Server {
     cwd: PathBuf,
+    roots: Arc<confine::Roots>,
+    budget: Budget,
     cache: Arc<tools::Cache>,
 }
 
 impl Server {
-    pub fn new(cwd: PathBuf) -> Server {
-        Server {
+    /// A server in `cwd` with `config`; `Err` (one line) when a root is not a directory.
+    pub fn new(cwd: PathBuf, config: &Config) -> Result<Server, String> {
+        Ok(Server {
+            roots: Arc::new(confine::Roots::new(config, &cwd)?),
             cwd,
+            budget: config.budget,
             cache: Arc::default(),
-        }
+        })
     }
 }
 
@@ -97,21 +111,37 @@ impl ServerHandler for Server {
         }
         let args = request.arguments.unwrap_or_default();
         let cancel = Cancel::new();
+        let meter = confine::Meter::new(self.budget);
         let ctx = tools::Ctx {
             cwd: self.cwd.clone(),
             cancel: cancel.clone(),
             cache: self.cache.clone(),
+            roots: self.roots.clone(),
+            meter: meter.clone(),
         };
-        let work = tokio::task::spawn_blocking(move || tools::call(&name, args, &ctx));
+        let mut work = tokio::task::spawn_blocking(move || tools::call(&name, args, &ctx));
+        let joined = |j: Result<Result<tools::Output, String>, tokio::task::JoinError>| match j {
+            Ok(r) => r,
+            Err(e) => Err(format!(
+                "internal error: the analysis stopped ({e}); please report it"
+            )),
+        };
         let result = tokio::select! {
-            joined = work => match joined {
-                Ok(r) => r,
-                Err(e) => Err(format!("internal error: the analysis stopped ({e}); please report it")),
-            },
+            j = &mut work => joined(j),
             () = context.ct.cancelled() => {
                 // The worker stops at its next progress point; nobody reads its answer.
                 cancel.cancel();
                 Err("the request was cancelled".to_string())
+            }
+            () = tokio::time::sleep(meter.timeout()) => {
+                // Out of time: the worker stops at its next progress point and answers with what
+                // it has (a scan) or the budget's message.
+                meter.expire();
+                cancel.cancel();
+                match tokio::time::timeout(std::time::Duration::from_secs(10), work).await {
+                    Ok(j) => joined(j),
+                    Err(_) => Err(meter.time_message()),
+                }
             }
         };
         Ok(CallToolResponse::from(match result {
@@ -154,10 +184,11 @@ impl ServerHandler for Server {
 }
 
 /// Serve MCP on stdin/stdout until the client closes stdin.
-pub fn run_stdio() -> anyhow::Result<()> {
+pub fn run_stdio(config: Config) -> anyhow::Result<()> {
     // Captures are memory-mapped; survive one being truncated under the reader.
     crate::sigbus::install();
     let cwd = std::env::current_dir()?;
+    let server = Server::new(cwd, &config).map_err(|e| anyhow::anyhow!(e))?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .max_blocking_threads(4)
@@ -170,7 +201,7 @@ pub fn run_stdio() -> anyhow::Result<()> {
         // (`transport.rs`); stdout is rmcp's non-blocking pipe writer.
         let (_, out) = rmcp::transport::stdio_pipes();
         let input = std::io::BufReader::new(std::io::stdin());
-        let service = Server::new(cwd)
+        let service = server
             .serve(transport::Stdio::new(input, out))
             .await
             .map_err(|e| anyhow::anyhow!("MCP initialisation failed: {e}"))?;

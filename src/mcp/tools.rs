@@ -13,6 +13,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
+use super::confine::{Meter, Roots};
 use crate::analyze::{self, Verdict};
 use crate::baseline::{self, CompareOptions};
 use crate::error::{CaptureError, ErrorKind};
@@ -35,9 +36,13 @@ pub(super) const NAMES: &[&str] = &[
 pub(super) struct Ctx {
     /// The server's directory: the workspace when a call names none.
     pub cwd: PathBuf,
-    /// Raised when the client cancels the request.
+    /// Raised when the client cancels the request, or the call runs out of time.
     pub cancel: Cancel,
     pub cache: Arc<Cache>,
+    /// Where the call may read.
+    pub roots: Arc<Roots>,
+    /// What the call may spend.
+    pub meter: Meter,
 }
 
 /// A tool's answer.
@@ -216,6 +221,14 @@ pub(super) fn call(name: &str, args: JsonObject, ctx: &Ctx) -> Result<Output, St
         "check_baseline" => check_baseline(parse(name, args)?, ctx),
         _ => Err(format!("unknown tool `{name}`")),
     };
+    if ctx.meter.expired() {
+        // A scan answers with what it analysed in time (its `budget.cut` says so); anything
+        // else is the budget's message.
+        return match out {
+            Ok(o) if o.structured["budget"]["cut"].is_string() => Ok(o),
+            _ => Err(ctx.meter.time_message()),
+        };
+    }
     if ctx.cancel.is_cancelled() {
         return Err("the request was cancelled".into());
     }
@@ -227,12 +240,15 @@ fn parse<T: DeserializeOwned>(tool: &str, args: JsonObject) -> Result<T, String>
 }
 
 impl Ctx {
-    /// The workspace a call names (relative to the server's directory), else the server's.
+    /// The workspace a call names (relative to the server's directory), else the server's;
+    /// resolved, inside the roots.
     fn workspace(&self, given: Option<&Path>) -> Result<PathBuf, String> {
+        // Checked resolved; used as spelt, so the answers show the paths the agent gave.
         let ws = match given {
             Some(w) => std::path::absolute(self.cwd.join(w)).unwrap_or_else(|_| self.cwd.join(w)),
             None => self.cwd.clone(),
         };
+        self.roots.check(&ws)?;
         if ws.is_dir() {
             Ok(ws)
         } else {
@@ -261,6 +277,69 @@ fn input(ws: &Path, p: &Path) -> PathBuf {
     }
 }
 
+impl Ctx {
+    /// Argument `p` (relative to the workspace), when it resolves inside the roots.
+    fn path(&self, ws: &Path, p: &Path) -> Result<PathBuf, String> {
+        let p = input(ws, p);
+        self.roots.check(&p)?;
+        Ok(p)
+    }
+
+    /// The captures a call about one capture or one run reads (`path`, or those of directory
+    /// `path`): every one inside the roots and all of them within the budget, else refused.
+    fn admit(&self, path: &Path) -> Result<(), String> {
+        let files = if path.is_dir() {
+            analyze::collect_captures(&[path.to_path_buf()]).0
+        } else {
+            vec![path.to_path_buf()]
+        };
+        let mut inside = Vec::with_capacity(files.len());
+        for f in &files {
+            inside.push(self.roots.check(f)?);
+        }
+        self.meter.admit_all(&inside)
+    }
+
+    /// The captures of a scan: those inside the roots that fit the budget, and what was left
+    /// out (outside the roots, over the budget).
+    fn scan(&self, found: Vec<PathBuf>) -> (Vec<PathBuf>, Vec<String>, Option<String>) {
+        let mut refused = Vec::new();
+        let mut inside = Vec::new();
+        for f in found {
+            match self.roots.check(&f) {
+                Ok(_) => inside.push(f),
+                Err(e) => refused.push(e),
+            }
+        }
+        let (kept, cut) = self.meter.admit_some(inside);
+        (kept, refused, cut)
+    }
+
+    /// The `budget` member of a scan's answer: the limits, what was analysed, and why it was cut
+    /// short when it was (`None` then nothing was left out).
+    fn budget(&self, analysed: usize, cut: Option<String>, refused: &[String]) -> Value {
+        let mut b = json!({"limits": self.meter.budget.json(), "captures_analysed": analysed});
+        if let Some(c) = cut {
+            b["cut"] = json!(c);
+        }
+        if !refused.is_empty() {
+            b["outside_roots"] = json!(refused);
+        }
+        b
+    }
+
+    /// Why a scan stopped early for time, if it did.
+    fn time_cut(&self, analysed: usize, total: usize) -> Option<String> {
+        self.meter.expired().then(|| {
+            format!(
+                "cut short: stopped at the time budget of {} s per call (--budget-seconds) with \
+                 {analysed} of {total} captures analysed",
+                self.meter.budget.seconds
+            )
+        })
+    }
+}
+
 fn analyze(a: AnalyzeArgs, ctx: &Ctx) -> Result<Output, String> {
     let ws = ctx.workspace(a.workspace.as_deref())?;
     let mut opts = ctx.options(&ws);
@@ -268,7 +347,9 @@ fn analyze(a: AnalyzeArgs, ctx: &Ctx) -> Result<Output, String> {
         opts.analysis.top = top;
     }
     opts.analysis.module = a.module;
-    let reports = analyze::run(&input(&ws, &a.path), &opts).map_err(|e| e.to_string())?;
+    let path = ctx.path(&ws, &a.path)?;
+    ctx.admit(&path)?;
+    let reports = analyze::run(&path, &opts).map_err(|e| e.to_string())?;
     Ok(Output {
         structured: doc::document(&reports, &[]),
         summary: summary(&reports),
@@ -278,8 +359,9 @@ fn analyze(a: AnalyzeArgs, ctx: &Ctx) -> Result<Output, String> {
 fn diff(a: DiffArgs, ctx: &Ctx) -> Result<Output, String> {
     let ws = ctx.workspace(a.workspace.as_deref())?;
     let opts = ctx.options(&ws);
-    let report = analyze::run_diff(&input(&ws, &a.earlier), &input(&ws, &a.later), &opts)
-        .map_err(|e| e.to_string())?;
+    let (earlier, later) = (ctx.path(&ws, &a.earlier)?, ctx.path(&ws, &a.later)?);
+    ctx.meter.admit_all(&[earlier.clone(), later.clone()])?;
+    let report = analyze::run_diff(&earlier, &later, &opts).map_err(|e| e.to_string())?;
     let reports = [report];
     Ok(Output {
         structured: doc::document(&reports, &[]),
@@ -289,13 +371,14 @@ fn diff(a: DiffArgs, ctx: &Ctx) -> Result<Output, String> {
 
 fn compare_ranks(a: CompareRanksArgs, ctx: &Ctx) -> Result<Output, String> {
     let ws = ctx.workspace(a.workspace.as_deref())?;
-    let dir = input(&ws, &a.dir);
+    let dir = ctx.path(&ws, &a.dir)?;
     if !dir.is_dir() {
         return Err(format!(
             "{}: not a directory (compare_ranks takes a directory with one PyTorch snapshot per rank)",
             dir.display()
         ));
     }
+    ctx.admit(&dir)?;
     let reports = analyze::run(&dir, &ctx.options(&ws)).map_err(|e| e.to_string())?;
     let ranks: Vec<(&CaptureReport, usize, &crate::torch::ranks::RankComparison)> = reports
         .iter()
@@ -343,7 +426,7 @@ fn compare_ranks(a: CompareRanksArgs, ctx: &Ctx) -> Result<Output, String> {
 
 fn explain_line(a: ExplainLineArgs, ctx: &Ctx) -> Result<Output, String> {
     let ws = ctx.workspace(a.workspace.as_deref())?;
-    let file = input(&ws, &a.file);
+    let file = ctx.path(&ws, &a.file)?;
     if !file.is_file() {
         return Err(format!("{}: no such file", file.display()));
     }
@@ -351,12 +434,14 @@ fn explain_line(a: ExplainLineArgs, ctx: &Ctx) -> Result<Output, String> {
     let shown = file
         .strip_prefix(&ws)
         .map_or_else(|_| file.display().to_string(), |p| p.display().to_string());
-    let (files, mut errors) = analyze::collect_captures(std::slice::from_ref(&ws));
-    if files.is_empty()
+    let (found, mut errors) = analyze::collect_captures(std::slice::from_ref(&ws));
+    if found.is_empty()
         && let Some(e) = errors.first()
     {
         return Err(e.to_string());
     }
+    let (files, refused, mut cut) = ctx.scan(found);
+    let mut analysed = 0;
     let opts = ctx.options(&ws);
     let locator = Locator::new(&opts.locate, opts.analysis.frames.clone());
     let here = |l: Option<&Location>| {
@@ -367,12 +452,17 @@ fn explain_line(a: ExplainLineArgs, ctx: &Ctx) -> Result<Output, String> {
     for path in &files {
         let mut report = match ctx.cache.report(path, &opts) {
             Ok(r) => r,
+            Err(e) if e.kind == ErrorKind::Cancelled && ctx.meter.expired() => {
+                cut = ctx.time_cut(analysed, files.len());
+                break;
+            }
             Err(e) if e.kind == ErrorKind::Cancelled => return Err(e.to_string()),
             Err(e) => {
                 errors.push(e);
                 continue;
             }
         };
+        analysed += 1;
         locator.locate(&mut report);
         let findings: Vec<&Finding> = report
             .findings
@@ -413,19 +503,23 @@ fn explain_line(a: ExplainLineArgs, ctx: &Ctx) -> Result<Output, String> {
             "sites": sites,
         }));
     }
-    let head = format!(
+    let mut head = format!(
         "{shown}:{}: {} capture(s) of {} scanned say something about this line",
         a.line,
         hits.len(),
-        files.len()
+        analysed
     );
+    for note in cut.iter().chain(&refused) {
+        head.push_str(&format!("\n{note}"));
+    }
     let mut structured = json!({
         "memlsp": doc::VERSION,
         "file": shown,
         "line": a.line,
         "workspace": ws.display().to_string(),
-        "captures_scanned": files.len(),
+        "captures_scanned": analysed,
         "captures": hits,
+        "budget": ctx.budget(analysed, cut, &refused),
     });
     if !errors.is_empty() {
         structured["errors"] = errors.iter().map(doc::error).collect();
@@ -441,7 +535,7 @@ fn explain_line(a: ExplainLineArgs, ctx: &Ctx) -> Result<Output, String> {
 
 fn check_baseline(a: CheckBaselineArgs, ctx: &Ctx) -> Result<Output, String> {
     let ws = ctx.workspace(a.workspace.as_deref())?;
-    let file = input(&ws, &a.baseline);
+    let file = ctx.path(&ws, &a.baseline)?;
     let base = std::fs::read_to_string(&file)
         .map_err(|e| format!("{}: cannot read the baseline ({e})", file.display()))
         .and_then(|t| baseline::parse(&file, &t))?;
@@ -459,12 +553,26 @@ fn check_baseline(a: CheckBaselineArgs, ctx: &Ctx) -> Result<Output, String> {
     let paths: Vec<PathBuf> = if a.paths.is_empty() {
         vec![ws.clone()]
     } else {
-        a.paths.iter().map(|p| input(&ws, p)).collect()
+        a.paths
+            .iter()
+            .map(|p| ctx.path(&ws, p))
+            .collect::<Result<_, _>>()?
     };
     let opts = ctx.options(&ws);
-    let (files, mut errors) = analyze::collect_captures(&paths);
+    let (found, mut errors) = analyze::collect_captures(&paths);
+    let (files, refused, mut cut) = ctx.scan(found);
     let (mut reports, failed) = analyze::analyze_files(&files, &opts, |_| {});
-    errors.extend(failed);
+    if ctx.meter.expired() {
+        // What the time budget stopped is not unreadable: said once, as the cut.
+        cut = ctx.time_cut(reports.len(), files.len());
+        errors.extend(
+            failed
+                .into_iter()
+                .filter(|e| e.kind != ErrorKind::Cancelled),
+        );
+    } else {
+        errors.extend(failed);
+    }
     let compare = CompareOptions {
         max_growth,
         timing: a.timing,
@@ -485,7 +593,8 @@ fn check_baseline(a: CheckBaselineArgs, ctx: &Ctx) -> Result<Output, String> {
         Verdict::Findings => "findings",
         Verdict::Unreadable => "unreadable",
     };
-    let passed = verdict == Verdict::Clean;
+    // A check the budget cut short has not passed: not everything was looked at.
+    let passed = verdict == Verdict::Clean && cut.is_none();
     let mut text = vec![format!(
         "{}: {} capture(s) against {} ({} number(s) compared, allowed growth {:.1}%, failing on {}); {} BL001{}",
         if passed { "passed" } else { "failed" },
@@ -526,6 +635,7 @@ fn check_baseline(a: CheckBaselineArgs, ctx: &Ctx) -> Result<Output, String> {
     for e in &errors {
         text.push(e.to_string());
     }
+    text.extend(cut.iter().chain(&refused).cloned());
     let mut structured = json!({
         "memlsp": doc::VERSION,
         "passed": passed,
@@ -544,6 +654,7 @@ fn check_baseline(a: CheckBaselineArgs, ctx: &Ctx) -> Result<Output, String> {
             "kind": r.kind().as_str(),
             "headline": r.headline(),
         })).collect::<Vec<_>>(),
+        "budget": ctx.budget(reports.len(), cut, &refused),
     });
     if !errors.is_empty() {
         structured["errors"] = errors.iter().map(doc::error).collect();
