@@ -5,13 +5,27 @@
 //! Chromium does with that page is checked by `tests/e2e/html.sh`), the text outputs carry no
 //! control character, and the hover makes no link, image or HTML of it.
 
-mod common;
 #[path = "support/hostile.rs"]
 mod hostile;
 mod lsp_support;
 
 use hostile::{HOSTILE, hostile_snapshot};
 use serde_json::{Value, json};
+
+/// `memlsp args…` in `cwd`: exit status, stdout and stderr.
+fn memlsp(args: &[&std::ffi::OsStr], cwd: &std::path::Path) -> (i32, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memlsp"))
+        .args(args)
+        .current_dir(cwd)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run memlsp");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
 
 /// Whether some string of `v` contains `needle`.
 fn holds(v: &Value, needle: &str) -> bool {
@@ -34,18 +48,18 @@ fn the_page_data_block_stays_one_json_block_whatever_a_frame_is_called() {
     let tmp = tempfile::tempdir().unwrap();
     let snap = hostile_snapshot(tmp.path());
     let out = tmp.path().join("page.html");
-    let r = common::memlsp(
+    let (code, _, err) = memlsp(
         &[
-            "report",
-            common::arg(&snap),
-            "--format",
-            "html",
-            "-o",
-            common::arg(&out),
+            "report".as_ref(),
+            snap.as_os_str(),
+            "--format".as_ref(),
+            "html".as_ref(),
+            "-o".as_ref(),
+            out.as_os_str(),
         ],
         tmp.path(),
     );
-    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(code, 0, "{err}");
     let html = std::fs::read_to_string(&out).unwrap();
     let open = r#"<script id="memlsp-data" type="application/json">"#;
     let start = html.find(open).expect("data block") + open.len();
@@ -73,32 +87,26 @@ fn the_page_data_block_stays_one_json_block_whatever_a_frame_is_called() {
 fn text_outputs_show_control_characters_instead_of_obeying_them() {
     let tmp = tempfile::tempdir().unwrap();
     let snap = hostile_snapshot(tmp.path());
-    let report = common::memlsp(&["report", common::arg(&snap)], tmp.path());
-    assert_eq!(report.code, 0, "{}", report.stderr);
-    assert!(
-        report.stdout.contains("train_ddp`<!--<script>"),
-        "{}",
-        report.stdout
-    );
-    let check = common::memlsp(
-        &["--check", common::arg(&snap), "--fail-on", "error"],
-        tmp.path(),
-    );
-    let github = common::memlsp(
-        &[
-            "--check",
-            common::arg(&snap),
-            "--format",
-            "github",
-            "--fail-on",
-            "error",
-        ],
-        tmp.path(),
-    );
+    let s = snap.as_os_str();
+    let (code, report, err) = memlsp(&["report".as_ref(), s], tmp.path());
+    assert_eq!(code, 0, "{err}");
+    assert!(report.contains("train_ddp`<!--<script>"), "{report}");
+    let check = |more: &[&str]| {
+        let mut args = vec![
+            "--check".as_ref(),
+            s,
+            "--fail-on".as_ref(),
+            "error".as_ref(),
+        ];
+        args.extend(more.iter().map(|a| std::ffi::OsStr::new(*a)));
+        memlsp(&args, tmp.path()).1
+    };
+    let text = check(&[]);
+    let github = check(&["--format", "github"]);
     for (what, out) in [
-        ("report", &report.stdout),
-        ("--check", &check.stdout),
-        ("--format github", &github.stdout),
+        ("report", &report),
+        ("--check", &text),
+        ("--format github", &github),
     ] {
         assert!(!out.is_empty(), "{what}: no output");
         if let Some(c) = out.chars().find(|&c| obeyed(c)) {
@@ -107,11 +115,8 @@ fn text_outputs_show_control_characters_instead_of_obeying_them() {
     }
     // Shown, in a visible form.
     assert!(
-        report
-            .stdout
-            .contains(r"\x1b[2J\x1b]0;owned\x07\x00\x0d\u{9b}31m\u{202e}"),
-        "{}",
-        report.stdout
+        report.contains(r"\x1b[2J\x1b]0;owned\x07\x00\x0d\u{9b}31m\u{202e}"),
+        "{report}"
     );
 }
 
@@ -157,5 +162,5 @@ fn the_hover_makes_no_link_image_or_html_of_a_frame_name() {
             .any(|(at, _)| !outside[..at].ends_with('\\'));
         assert!(!unescaped, "{live} is live in\n{md}");
     }
-    assert!(!md.chars().any(|c| obeyed(c)), "{md:?}");
+    assert!(!md.chars().any(obeyed), "{md:?}");
 }

@@ -65,7 +65,16 @@ async def run(memlsp, shared, fixtures, tmp):
     shutil.copy(real / "Yiyi-philosophy__a228b8e3_1.3b_snapshot.pickle", ranks / "rank0_snapshot.pickle")
     shutil.copy(real / "Yiyi-philosophy__oom_snapshot.pickle", ranks / "rank1_snapshot.pickle")
 
-    params = StdioServerParameters(command=str(memlsp), args=["mcp"], cwd=str(ws))
+    # The tools read only under the server's roots: the workspace, the temporary folder (the
+    # baseline and the ranks), the real captures and the fixtures. A folder outside all of them
+    # holds a capture, reached from the workspace by a symlink and by ../.
+    outside_dir = tempfile.TemporaryDirectory(prefix="memlsp-mcp-outside-")  # removed at exit
+    outside = Path(outside_dir.name)
+    shutil.copy(fixtures / "torch" / "pt011_step10.pickle", outside / "secret.pickle")
+    (ws / "outside_link.pickle").symlink_to(outside / "secret.pickle")
+    roots = [ws, tmp, shared, fixtures]
+    args = ["mcp"] + [a for r in roots for a in ("--root", str(r))]
+    params = StdioServerParameters(command=str(memlsp), args=args, cwd=str(ws))
     async with stdio_client(params) as (read, write):
         async with ClientSession(read, write) as session:
             init = await session.initialize()
@@ -160,6 +169,24 @@ async def run(memlsp, shared, fixtures, tmp):
                   r.is_error and "no_such.pickle" in msg and "\n" not in msg, msg)
             r = await session.call_tool("analyze", {"path": "b_mlp_nodonate.xplane.pb"})
             check("the server still answers after the error", not r.is_error and r.structured_content)
+
+            # Confinement: a capture outside the roots is refused by absolute path, ../ and a
+            # symlink, with one line naming the roots; the server keeps serving.
+            for how, path in [("absolute", str(outside / "secret.pickle")),
+                              ("../", str(Path(*[".."] * len(ws.parts)) / outside.relative_to(outside.anchor) / "secret.pickle")),
+                              ("symlink", "outside_link.pickle")]:
+                r = await session.call_tool("analyze", {"path": path})
+                msg = r.content[0].text if r.content else ""
+                check(f"a capture outside the roots is refused ({how})",
+                      r.is_error and "outside the workspace roots (" in msg and str(ws.resolve()) in msg
+                      and "\n" not in msg, msg[:300])
+            r = await session.call_tool("check_baseline", {"paths": ["/"], "baseline": str(baseline)})
+            msg = r.content[0].text if r.content else ""
+            check("check_baseline of / is refused", r.is_error and "outside the workspace roots" in msg, msg[:300])
+            r = await session.call_tool("explain_line", {"file": "b_mlp_nodonate.py", "line": 57})
+            budget = (r.structured_content or {}).get("budget", {})
+            check("an answer states its budget", budget.get("limits", {}).get("captures") == 64
+                  and "cut" not in budget, json.dumps(budget))
 
             # Resources: the finding pages.
             res = (await session.list_resources()).resources
