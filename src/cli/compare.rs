@@ -101,7 +101,8 @@ pub(super) fn run(args: CompareArgs) -> i32 {
         ReportFormat::Text => {
             let mut s = super::text::ranks_table(&cmp);
             s.push_str(&super::text::check(&reports, 0));
-            s
+            // Site names of the ranks' captures are in the table: shown, not obeyed.
+            crate::present::escape::terminal(&s).into_owned()
         }
         ReportFormat::Json => {
             let findings: Vec<Value> = reports
