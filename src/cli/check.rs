@@ -192,6 +192,7 @@ impl Progress {
     fn show(&self, i: usize, file: &std::path::Path) {
         if self.on {
             let name = file.file_name().unwrap_or_default().to_string_lossy();
+            let name = crate::present::escape::one_line(&name);
             eprint!("\r\x1b[2Kmemlsp: analysing {}/{} {name}", i + 1, self.total);
         }
     }

@@ -15,7 +15,11 @@ pub(crate) fn check(reports: &[CaptureReport], unreadable: usize) -> String {
         }
     }
     out.push_str(&summary(reports, unreadable));
-    out
+    // The summary names captures by path: a file name's control characters are shown too.
+    match crate::present::escape::terminal(&out) {
+        std::borrow::Cow::Borrowed(_) => out,
+        std::borrow::Cow::Owned(escaped) => escaped,
+    }
 }
 
 /// `file:line: severity[CODE] message`, then the evidence, fixes and capture, indented.
