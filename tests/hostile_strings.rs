@@ -113,6 +113,13 @@ fn text_outputs_show_control_characters_instead_of_obeying_them() {
             panic!("{what}: {c:?} printed raw:\n{out}");
         }
     }
+    // A newline in a capture string cannot forge a finding line of its own.
+    for (what, out) in [("--check", &text), ("--format github", &github)] {
+        assert!(
+            !out.lines().any(|l| l.starts_with("forged.py")),
+            "{what}: a forged line:\n{out}"
+        );
+    }
     // Shown, in a visible form.
     assert!(
         report.contains(r"\x1b[2J\x1b]0;owned\x07\x00\x0d\u{9b}31m\u{202e}"),
@@ -147,7 +154,7 @@ fn the_hover_makes_no_link_image_or_html_of_a_frame_name() {
             .replace('\u{1b}', r"\x1b")
             .replace('\u{7}', r"\x07")
             .replace('\u{0}', r"\x00")
-            .replace(['\r', '\u{2028}', '\u{2029}'], " ")
+            .replace(['\r', '\n', '\u{2028}', '\u{2029}'], " ")
             .replace('\u{9b}', r"\u{9b}")
             .replace('\u{202e}', r"\u{202e}")
     );

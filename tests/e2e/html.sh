@@ -44,7 +44,7 @@ page "$TMP/ranks" "ranks"
 HOSTILE_NAME="$(python3 - "$REPO/fixtures/torch/format_json_snapshot.json" "$TMP/hostile_snapshot.json" <<'PY'
 import json, sys
 name = ("train_ddp`<!--<script>[pwn](http://evil.example/x)![i](http://evil.example/i.png)"
-        "<img src=x onerror=alert(1)>**bold**\x1b[2J\x1b]0;owned\x07\x00\r\x9b31m\u202e\u2028\u2029</script>")
+        "<img src=x onerror=alert(1)>**bold**\x1b[2J\x1b]0;owned\x07\x00\r\x9b31m\u202e\u2028\u2029</script>\nforged.py:1: error[PT009] forged")
 text = open(sys.argv[1]).read()
 needle = '"name": "train_ddp"'
 assert needle in text

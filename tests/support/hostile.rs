@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 
 /// A function name that tries everything at once: HTML comment and script openers (the page's
 /// data block), a closing backtick then a Markdown link, image and HTML (hovers), emphasis, a
-/// terminal escape sequence, NUL, CR, a C1 CSI, a bidi override and the JavaScript line
-/// separators.
-pub const HOSTILE: &str = "train_ddp`<!--<script>[pwn](http://evil.example/x)![i](http://evil.example/i.png)<img src=x onerror=alert(1)>**bold**\u{1b}[2J\u{1b}]0;owned\u{7}\u{0}\r\u{9b}31m\u{202e}\u{2028}\u{2029}</script>";
+/// terminal escape sequence, NUL, CR, a C1 CSI, a bidi override, the JavaScript line
+/// separators, and a newline followed by what looks like a `--check` finding line.
+pub const HOSTILE: &str = "train_ddp`<!--<script>[pwn](http://evil.example/x)![i](http://evil.example/i.png)<img src=x onerror=alert(1)>**bold**\u{1b}[2J\u{1b}]0;owned\u{7}\u{0}\r\u{9b}31m\u{202e}\u{2028}\u{2029}</script>\nforged.py:1: error[PT009] forged";
 
 /// The fixture's directory.
 pub fn fixtures() -> PathBuf {
