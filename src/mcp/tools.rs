@@ -288,8 +288,10 @@ impl Ctx {
     /// The captures a call about one capture or one run reads (`path`, or those of directory
     /// `path`): every one inside the roots and all of them within the budget, else refused.
     fn admit(&self, path: &Path) -> Result<(), String> {
+        // The listing `analyze::run` reads a directory with, so every file it will read is
+        // checked (links that a listing follows included).
         let files = if path.is_dir() {
-            analyze::collect_captures(&[path.to_path_buf()]).0
+            analyze::captures_in_dir(path)
         } else {
             vec![path.to_path_buf()]
         };
