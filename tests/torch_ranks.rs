@@ -271,12 +271,12 @@ fn recipe_blocks(heading: &str) -> Vec<(String, String)> {
     out
 }
 
-/// The recipes of docs/RANKS.md run as written, paths of a cluster replaced by a temporary
-/// folder: the Slurm array's task script once per rank with `SLURM_ARRAY_TASK_ID`, then its
-/// `compare`; the Ray script with a stand-in `ray` module that runs each task in the process
-/// (no cluster here). Both give the rank comparison `report DIR` gives on the snapshots.
+/// The Slurm recipe of docs/RANKS.md runs as written, paths of a cluster replaced by a temporary
+/// folder: the array's task script once per rank with `SLURM_ARRAY_TASK_ID`, then its
+/// `compare`, giving the rank comparison `report DIR` gives on the snapshots. (The Ray recipe
+/// runs on real Ray in python/tests/ray_recipe.py.)
 #[test]
-fn the_slurm_and_ray_recipes_give_what_report_dir_gives() {
+fn the_slurm_recipe_gives_what_report_dir_gives() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let Some((ranks, files)) = rank_folder(dir) else {
@@ -333,62 +333,12 @@ fn the_slurm_and_ray_recipes_give_what_report_dir_gives() {
         serde_json::from_slice(&std::fs::read(dir.join("ranks.json")).unwrap()).unwrap();
     assert_eq!(json["rank_comparison"], want);
 
+    // The Ray recipe runs on a real Ray cluster from the installed wheel, not here:
+    // python/tests/ray_recipe.py, run by .ci/wheel.sh. Here: it is there, one Python block.
     let ray = recipe_blocks("## Ray");
     assert_eq!(ray.len(), 1);
     assert_eq!(ray[0].0, "python");
-    let work = dir.join("ray");
-    std::fs::create_dir_all(&work).unwrap();
-    std::fs::write(
-        work.join("ray.py"),
-        "# Stand-in for ray: each remote task runs at once, in this process.\n\
-         class _Done:\n    def __init__(self, value):\n        self.value = value\n\n\
-         def remote(**_resources):\n    def wrap(f):\n        class Task:\n            \
-         @staticmethod\n            def remote(*a, **k):\n                return _Done(f(*a, **k))\n        \
-         return Task\n    return wrap\n\n\
-         def get(refs):\n    return [r.value for r in refs]\n",
-    )
-    .unwrap();
-    std::fs::write(work.join("recipe.py"), place(&ray[0].1)).unwrap();
-    let py = std::process::Command::new("python3")
-        .arg("recipe.py")
-        .env("PATH", &path)
-        .current_dir(&work)
-        .output();
-    let py = match py {
-        Ok(o) => o,
-        Err(e) => {
-            assert!(
-                !common::required(),
-                "python3 is needed to run the Ray recipe: {e}"
-            );
-            eprintln!("skipping the Ray recipe: no python3 ({e})");
-            return;
-        }
-    };
-    assert!(
-        py.status.success(),
-        "{}",
-        String::from_utf8_lossy(&py.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&py.stdout);
-    assert!(stdout.starts_with("Ranks (3 snapshots)"), "{stdout}");
-    let c = memlsp(
-        &["compare", arg(&work.join("summaries")), "--format", "json"],
-        dir,
-    );
-    assert_eq!(c.code, 0, "{}", c.stderr);
-    // Paths are shown relative to where memlsp ran: the Ray script ran in another folder.
-    let without_paths = |mut v: Value| {
-        for r in v["ranks"].as_array_mut().unwrap() {
-            let p = r.as_object_mut().unwrap().remove("path").unwrap();
-            assert!(p.as_str().unwrap().ends_with("_snapshot.pickle"), "{p}");
-        }
-        v
-    };
-    assert_eq!(
-        without_paths(c.json()["rank_comparison"].clone()),
-        without_paths(want)
-    );
+    assert!(ray[0].1.contains("ray.init()"), "{}", ray[0].1);
 }
 
 /// `report DIR` keeps every rank's report until all are read (each gains the comparison). Ranks

@@ -19,7 +19,8 @@ Two entry points, each a context manager with a per-step hook::
             params, opt_state, loss = train_step(params, opt_state, batch)
             cap.step(loss)
 
-Then run ``memlsp report caps/``.
+Then run ``memlsp report caps/``, or in a notebook ``memlsp_capture.show("caps/")`` (or the
+``%memlsp caps/`` line magic): the report page inline.
 
 Importing this package imports neither torch nor jax; each is imported when its capture starts.
 """
@@ -31,6 +32,8 @@ from typing import Iterable, Optional, Tuple
 
 from ._files import CaptureWarning
 from .jax_capture import MEMORY_ANALYSIS_SCHEMA, JaxCapture
+from .notebook import Report, load_ipython_extension, show
+from .notebook import _register_if_in_ipython
 from .torch_capture import PICKLE_PROTOCOL, TorchCapture
 
 __version__ = "0.1.0"
@@ -43,8 +46,13 @@ __all__ = [
     "CaptureWarning",
     "MEMORY_ANALYSIS_SCHEMA",
     "PICKLE_PROTOCOL",
+    "show",
+    "Report",
+    "load_ipython_extension",
     "__version__",
 ]
+
+_register_if_in_ipython()  # `%memlsp` in a notebook once memlsp_capture is imported
 
 
 def torch(

@@ -329,6 +329,37 @@ run('PyTorch: capture added while editing', function()
   check('PT002 is gone once the fix is in the buffer', wait_no_diag(buf, 'PT002', 51), show(diags(buf)))
 end)
 
+---------------------------------------------------------------------------------------------
+run(':checkhealth memlsp', function()
+  local function health()
+    local before = vim.api.nvim_get_current_buf()
+    vim.cmd('checkhealth memlsp')
+    local hb = vim.api.nvim_get_current_buf()
+    -- The report fills in asynchronously on some versions: wait for the server line.
+    vim.wait(WAIT, function()
+      return table.concat(vim.api.nvim_buf_get_lines(hb, 0, -1, false), '\n'):find('server binary', 1, true) ~= nil
+    end, 20)
+    local text = table.concat(vim.api.nvim_buf_get_lines(hb, 0, -1, false), '\n')
+    if hb ~= before then vim.cmd('bwipeout! ' .. hb) end
+    if vim.api.nvim_buf_is_valid(before) then vim.api.nvim_set_current_buf(before) end
+    return text
+  end
+  local exe = vim.fn.exepath('memlsp')
+  local version = vim.trim(vim.system({ exe, '--version' }, { text = true }):wait().stdout)
+  local text = health()
+  check(':checkhealth memlsp names the server binary found on PATH and its version',
+    text:find('OK server binary: ' .. exe .. ' (' .. version .. ';', 1, true) ~= nil and version:match('^memlsp %d') ~= nil,
+    text)
+  check(':checkhealth memlsp sees the running client', text:find('memlsp client(s) running', 1, true) ~= nil, text)
+  local path = vim.env.PATH
+  vim.env.PATH = '/nonexistent'
+  local missing = health()
+  vim.env.PATH = path
+  check(':checkhealth memlsp says what to do when the binary is missing',
+    missing:find('ERROR server binary `memlsp`', 1, true) ~= nil and missing:find('pip install memlsp', 1, true) ~= nil,
+    missing)
+end)
+
 log(string.format('nvim %s, %.1f s', tostring(vim.version()), (vim.uv.hrtime() - t0) / 1e9))
 log(string.format('%d passed, %d failed', passed, failed))
 vim.cmd(failed == 0 and 'qa!' or 'cq 1')
