@@ -3,7 +3,7 @@
 //! Layout: `server` implements the protocol and forwards each request to its handler in
 //! `handlers/` (one file per method) and each notification to the owner task; `main_loop` the one task that
 //! owns state, `workspace` scanning and watching, `index` the per-line data built from reports,
-//! `to_proto` every conversion to LSP types, `config` the settings.
+//! `to_proto` every conversion to LSP types, `config` the settings, `commands` the command names.
 //!
 //! Behaviour in short:
 //! - At `initialized` the server reads its settings (`initializationOptions`, then
@@ -30,6 +30,7 @@
 //!   `inlayHints.minPercent` (default 1), `inlayHints.minBytes` (default 1 MiB), `maxFileBytes`,
 //!   `topSites`.
 
+pub mod commands;
 pub mod config;
 pub mod handlers;
 pub mod index;
