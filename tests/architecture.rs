@@ -1,7 +1,8 @@
 //! The architecture, as a test (rust-analyzer's `tidy.rs` style): reads `src/` and fails on an
-//! import that goes up a layer, on LSP, MCP, clap or tokio outside their presenters, and on a finding
-//! code written as a string outside `src/findings.rs`, and on an import circle between files. The layers and the allowed directions are
-//! the table below and the one in `docs/ARCHITECTURE.md`; keep both in step.
+//! import that goes up a layer, on LSP, MCP, clap or tokio outside their presenters, on a finding
+//! code written as a string outside `src/findings.rs`, and on an import circle between files. The
+//! layers and the allowed directions are the table below and the one in `docs/ARCHITECTURE.md`;
+//! keep both in step.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
