@@ -688,3 +688,74 @@ fn the_checker_catches_an_import_circle() {
         .is_empty()
     );
 }
+
+/// The environment variables that inject faults into the language server exist only in
+/// `src/lsp/test_hooks.rs`, which is compiled only with the `test-hooks` feature; the feature is
+/// not a default and only the dev-dependency turns it on, so `cargo build` and `cargo install`
+/// ship a server without them (the LSP tests that set them run the binary `cargo test` builds).
+#[test]
+fn fault_injection_is_compiled_only_for_tests() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let src = root.join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let gate = "#[cfg(feature = \"test-hooks\")]";
+    let mut wrong = Vec::new();
+    for f in &files {
+        let rel = f.strip_prefix(&src).unwrap();
+        let text = std::fs::read_to_string(f).unwrap();
+        if rel == Path::new("lsp/test_hooks.rs") {
+            continue;
+        }
+        let lines: Vec<&str> = text.lines().collect();
+        for (n, l) in lines.iter().enumerate() {
+            let gated = n > 0 && lines[n - 1].trim() == gate;
+            if l.contains("MEMLSP_TEST_") {
+                wrong.push(format!(
+                    "src/{}:{}: a test variable outside src/lsp/test_hooks.rs",
+                    rel.display(),
+                    n + 1
+                ));
+            }
+            let uses = l.contains("test_hooks::") || l.trim() == "mod test_hooks;";
+            if uses && !l.trim_start().starts_with("//") && !gated {
+                wrong.push(format!(
+                    "src/{}:{}: `{}` without `{gate}` on the line before",
+                    rel.display(),
+                    n + 1,
+                    l.trim()
+                ));
+            }
+        }
+    }
+    let lsp_mod = std::fs::read_to_string(src.join("lsp/mod.rs")).unwrap();
+    assert!(
+        lsp_mod.contains(&format!("{gate}\nmod test_hooks;")),
+        "src/lsp/mod.rs must declare the hooks module behind `{gate}`"
+    );
+    // In Cargo.toml the feature is declared, is not a default, and only a dev-dependency turns it on.
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let mut section = "";
+    for (n, l) in manifest.lines().enumerate() {
+        let t = l.trim();
+        if t.starts_with('[') {
+            section = t;
+            continue;
+        }
+        if t.starts_with('#') || !t.contains("test-hooks") {
+            continue;
+        }
+        let declared = section == "[features]" && t.starts_with("test-hooks =");
+        if !declared && section != "[dev-dependencies]" {
+            wrong.push(format!(
+                "Cargo.toml:{}: `{t}` in {section}: only the dev-dependency may turn on test-hooks",
+                n + 1
+            ));
+        }
+    }
+    assert!(
+        manifest.contains("\ntest-hooks = []"),
+        "Cargo.toml declares no test-hooks feature"
+    );
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
