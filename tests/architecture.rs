@@ -1,8 +1,10 @@
 //! The architecture, as a test (rust-analyzer's `tidy.rs` style): reads `src/` and fails on an
-//! import that goes up a layer, on LSP, MCP, clap or tokio outside their presenters, and on a finding
-//! code written as a string outside `src/findings.rs`. The layers and the allowed directions are
-//! the table below and the one in `docs/ARCHITECTURE.md`; keep both in step.
+//! import that goes up a layer, on LSP, MCP, clap or tokio outside their presenters, on a finding
+//! code written as a string outside `src/findings.rs`, and on an import circle between files. The
+//! layers and the allowed directions are the table below and the one in `docs/ARCHITECTURE.md`;
+//! keep both in step.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// Layers, bottom first. A module may import its own layer and the layers below.
@@ -197,6 +199,68 @@ fn module_of(rel: &Path) -> String {
     parts.join("::")
 }
 
+/// The path after `at` (`a::b::{c, d::e}`), as segment lists.
+fn path_after(code: &str, at: usize) -> Vec<Vec<String>> {
+    let b = code.as_bytes();
+    let mut segs: Vec<String> = Vec::new();
+    let mut i = at;
+    loop {
+        while i < b.len() && b[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        if i < b.len() && b[i] == b'{' {
+            // Top-level items of the group.
+            let mut depth = 0;
+            let mut start = i + 1;
+            let mut groups = Vec::new();
+            for j in i..b.len() {
+                match b[j] {
+                    b'{' => depth += 1,
+                    b'}' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            groups.push(code[start..j].to_string());
+                            break;
+                        }
+                    }
+                    b',' if depth == 1 => {
+                        groups.push(code[start..j].to_string());
+                        start = j + 1;
+                    }
+                    _ => {}
+                }
+            }
+            let mut out = Vec::new();
+            for g in groups {
+                let g = g.trim();
+                if g.is_empty() {
+                    continue;
+                }
+                for tail in path_after(g, 0) {
+                    let mut p = segs.clone();
+                    p.extend(tail);
+                    out.push(p);
+                }
+            }
+            return out;
+        }
+        let mut j = i;
+        while j < b.len() && (b[j].is_ascii_alphanumeric() || b[j] == b'_') {
+            j += 1;
+        }
+        if j == i {
+            break;
+        }
+        segs.push(code[i..j].to_string());
+        if code[j..].starts_with("::") {
+            i = j + 2;
+        } else {
+            break;
+        }
+    }
+    vec![segs]
+}
+
 /// Every `crate::…` / `super::…` path in `code` as an absolute module path, with its line.
 fn imports(code: &str, module: &str) -> Vec<(usize, String)> {
     let mut out = Vec::new();
@@ -208,67 +272,6 @@ fn imports(code: &str, module: &str) -> Vec<(usize, String)> {
         }
         (code[i..j].to_string(), j)
     };
-    // The path after `at` (`a::b::{c, d::e}`), as segment lists.
-    fn path_after(code: &str, at: usize) -> Vec<Vec<String>> {
-        let b = code.as_bytes();
-        let mut segs: Vec<String> = Vec::new();
-        let mut i = at;
-        loop {
-            while i < b.len() && b[i].is_ascii_whitespace() {
-                i += 1;
-            }
-            if i < b.len() && b[i] == b'{' {
-                // Top-level items of the group.
-                let mut depth = 0;
-                let mut start = i + 1;
-                let mut groups = Vec::new();
-                for j in i..b.len() {
-                    match b[j] {
-                        b'{' => depth += 1,
-                        b'}' => {
-                            depth -= 1;
-                            if depth == 0 {
-                                groups.push(code[start..j].to_string());
-                                break;
-                            }
-                        }
-                        b',' if depth == 1 => {
-                            groups.push(code[start..j].to_string());
-                            start = j + 1;
-                        }
-                        _ => {}
-                    }
-                }
-                let mut out = Vec::new();
-                for g in groups {
-                    let g = g.trim();
-                    if g.is_empty() {
-                        continue;
-                    }
-                    for tail in path_after(g, 0) {
-                        let mut p = segs.clone();
-                        p.extend(tail);
-                        out.push(p);
-                    }
-                }
-                return out;
-            }
-            let mut j = i;
-            while j < b.len() && (b[j].is_ascii_alphanumeric() || b[j] == b'_') {
-                j += 1;
-            }
-            if j == i {
-                break;
-            }
-            segs.push(code[i..j].to_string());
-            if code[j..].starts_with("::") {
-                i = j + 2;
-            } else {
-                break;
-            }
-        }
-        vec![segs]
-    }
     let parent = |m: &str, up: usize| -> String {
         let mut parts: Vec<&str> = if m.is_empty() {
             vec![]
@@ -426,6 +429,130 @@ fn violations(rel: &Path, text: &str) -> Vec<String> {
     out
 }
 
+/// The file-module that owns `path` (`lsp::server::CMD` → `lsp::server`): its longest prefix
+/// that is a file under `src/`.
+fn owner<'a>(path: &str, modules: &'a BTreeSet<String>) -> Option<&'a String> {
+    let mut p = path;
+    loop {
+        if let Some(m) = modules.get(p) {
+            return Some(m);
+        }
+        p = &p[..p.rfind("::")?];
+    }
+}
+
+/// The other files one file's non-test code uses, with the line of each use: every `crate::`
+/// and `super::` path, and every path through a module it imported by name (`use
+/// crate::lsp::handlers;` … `handlers::code_action::code_actions(…)`). A file's own ancestors
+/// and descendants do not count: a parent declares its children and they use what it defines.
+fn file_uses(rel: &Path, text: &str, modules: &BTreeSet<String>) -> BTreeMap<String, usize> {
+    let module = module_of(rel);
+    let code = code_only(text);
+    let code = non_test(&code);
+    let direct = imports(code, &module);
+    let mut uses: Vec<(usize, String)> = direct.clone();
+    // Modules imported by name: the last segment (`self` stands for its parent) is a file-module.
+    let mut named: BTreeMap<String, String> = BTreeMap::new();
+    for (_, target) in &direct {
+        let target = target.strip_suffix("::self").unwrap_or(target);
+        if owner(target, modules).is_some_and(|m| m == target) {
+            if let Some(last) = target.rsplit("::").next() {
+                named.insert(last.to_string(), target.to_string());
+            }
+        }
+    }
+    let b = code.as_bytes();
+    for (name, target) in &named {
+        let needle = format!("{name}::");
+        for (idx, _) in code.match_indices(&needle) {
+            if idx > 0
+                && (b[idx - 1].is_ascii_alphanumeric() || b[idx - 1] == b'_' || b[idx - 1] == b':')
+            {
+                continue;
+            }
+            let line = code[..idx].matches('\n').count() + 1;
+            for p in path_after(code, idx + needle.len()) {
+                uses.push((line, format!("{target}::{}", p.join("::"))));
+            }
+        }
+    }
+    let related = |other: &str| {
+        other == module
+            || other.is_empty()
+            || module.is_empty()
+            || module.starts_with(&format!("{other}::"))
+            || other.starts_with(&format!("{module}::"))
+    };
+    let mut out = BTreeMap::new();
+    for (line, target) in uses {
+        if let Some(m) = owner(target.trim_end_matches("::"), modules) {
+            if !related(m) {
+                let first = out.entry(m.clone()).or_insert(line);
+                *first = (*first).min(line);
+            }
+        }
+    }
+    out
+}
+
+/// Import circles between files: for each, the files around it, each with the line where it
+/// uses the next (`src/a.rs:3 → src/b.rs:9 → src/a.rs`).
+fn circles(files: &[(PathBuf, String)]) -> Vec<String> {
+    let modules: BTreeSet<String> = files.iter().map(|(rel, _)| module_of(rel)).collect();
+    let file_of: BTreeMap<String, &PathBuf> =
+        files.iter().map(|(rel, _)| (module_of(rel), rel)).collect();
+    let graph: BTreeMap<String, BTreeMap<String, usize>> = files
+        .iter()
+        .map(|(rel, text)| (module_of(rel), file_uses(rel, text, &modules)))
+        .collect();
+    // The shortest way from `from` back to `to`, breadth first.
+    let way = |from: &str, to: &str| -> Option<Vec<String>> {
+        let mut prev: BTreeMap<String, String> = BTreeMap::new();
+        let mut queue = std::collections::VecDeque::from([from.to_string()]);
+        while let Some(m) = queue.pop_front() {
+            if m == to {
+                let mut path = vec![m];
+                while let Some(p) = prev.get(path.last().unwrap()) {
+                    path.push(p.clone());
+                }
+                path.reverse();
+                return Some(path);
+            }
+            for next in graph.get(&m).into_iter().flat_map(|e| e.keys()) {
+                if next != from && !prev.contains_key(next) {
+                    prev.insert(next.clone(), m.clone());
+                    queue.push_back(next.clone());
+                }
+            }
+        }
+        None
+    };
+    let mut seen: BTreeSet<Vec<String>> = BTreeSet::new();
+    let mut out = Vec::new();
+    for (a, uses) in &graph {
+        for b in uses.keys() {
+            let Some(back) = way(b, a) else { continue };
+            let mut ring: Vec<String> = std::iter::once(a.clone()).chain(back).collect();
+            let mut key = ring[..ring.len() - 1].to_vec();
+            key.sort();
+            if !seen.insert(key) {
+                continue;
+            }
+            let shown: Vec<String> = ring
+                .windows(2)
+                .map(|w| format!("src/{}:{}", file_of[&w[0]].display(), graph[&w[0]][&w[1]]))
+                .collect();
+            let last = ring.pop().unwrap();
+            out.push(format!(
+                "import circle: {} → src/{}: move what both need into a module both import",
+                shown.join(" → "),
+                file_of[&last].display()
+            ));
+        }
+    }
+    out
+}
+
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for e in std::fs::read_dir(dir).unwrap().flatten() {
         let p = e.path();
@@ -445,11 +572,14 @@ fn layers_point_one_way_and_presenter_crates_stay_home() {
     files.sort();
     assert!(files.len() > 40, "{} files", files.len());
     let mut all = Vec::new();
+    let mut texts = Vec::new();
     for f in &files {
         let rel = f.strip_prefix(&src).unwrap();
         let text = std::fs::read_to_string(f).unwrap();
         all.extend(violations(rel, &text));
+        texts.push((rel.to_path_buf(), text));
     }
+    all.extend(circles(&texts));
     assert!(all.is_empty(), "{}", all.join("\n"));
 }
 
@@ -515,4 +645,117 @@ fn the_checker_catches_each_kind_of_violation() {
         "// use crate::cli;\nlet s = \"crate::lsp::x\";\n#[cfg(test)]\nmod tests { use crate::cli::x; const C: &str = \"PT001\"; }\n",
     );
     assert!(v.is_empty(), "{v:?}");
+}
+
+/// An import circle between two files fails, also when one side reaches the other through a
+/// module it imported by name; a parent and its children using each other is no circle.
+#[test]
+fn the_checker_catches_an_import_circle() {
+    let file = |rel: &str, text: &str| (PathBuf::from(rel), text.to_string());
+    let tree = |server: &str| {
+        vec![
+            file(
+                "lsp/mod.rs",
+                "pub mod handlers;\npub mod server;\npub struct View;\nfn run() { server::Backend::new(); }\n",
+            ),
+            file("lsp/handlers/mod.rs", "pub mod code_action;\n"),
+            file(
+                "lsp/handlers/code_action.rs",
+                "use crate::lsp::View;\nuse crate::lsp::server::CMD_EXPLAIN;\n",
+            ),
+            file("lsp/server.rs", server),
+        ]
+    };
+    let v = circles(&tree(
+        "use crate::lsp::handlers;\nuse crate::lsp::View;\n\nfn f() { handlers::code_action::code_actions(); }\n",
+    ));
+    assert_eq!(
+        v,
+        [
+            "import circle: src/lsp/handlers/code_action.rs:2 → src/lsp/server.rs:4 → src/lsp/handlers/code_action.rs: move what both need into a module both import"
+        ],
+    );
+    let v = circles(&tree(
+        "use super::handlers::code_action::{self, code_actions};\n",
+    ));
+    assert_eq!(v.len(), 1, "{v:?}");
+    // One way only, or only through the parent, or only in the tests: no circle.
+    assert!(circles(&tree("use crate::lsp::{View, handlers};\n")).is_empty());
+    assert!(
+        circles(&tree(
+            "fn f() {}\n#[cfg(test)]\nmod tests { use crate::lsp::handlers::code_action::code_actions; }\n"
+        ))
+        .is_empty()
+    );
+}
+
+/// The environment variables that inject faults into the language server exist only in
+/// `src/lsp/test_hooks.rs`, which is compiled only with the `test-hooks` feature; the feature is
+/// not a default and only the dev-dependency turns it on, so `cargo build` and `cargo install`
+/// ship a server without them (the LSP tests that set them run the binary `cargo test` builds).
+#[test]
+fn fault_injection_is_compiled_only_for_tests() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let src = root.join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let gate = "#[cfg(feature = \"test-hooks\")]";
+    let mut wrong = Vec::new();
+    for f in &files {
+        let rel = f.strip_prefix(&src).unwrap();
+        let text = std::fs::read_to_string(f).unwrap();
+        if rel == Path::new("lsp/test_hooks.rs") {
+            continue;
+        }
+        let lines: Vec<&str> = text.lines().collect();
+        for (n, l) in lines.iter().enumerate() {
+            let gated = n > 0 && lines[n - 1].trim() == gate;
+            if l.contains("MEMLSP_TEST_") {
+                wrong.push(format!(
+                    "src/{}:{}: a test variable outside src/lsp/test_hooks.rs",
+                    rel.display(),
+                    n + 1
+                ));
+            }
+            let uses = l.contains("test_hooks::") || l.trim() == "mod test_hooks;";
+            if uses && !l.trim_start().starts_with("//") && !gated {
+                wrong.push(format!(
+                    "src/{}:{}: `{}` without `{gate}` on the line before",
+                    rel.display(),
+                    n + 1,
+                    l.trim()
+                ));
+            }
+        }
+    }
+    let lsp_mod = std::fs::read_to_string(src.join("lsp/mod.rs")).unwrap();
+    assert!(
+        lsp_mod.contains(&format!("{gate}\nmod test_hooks;")),
+        "src/lsp/mod.rs must declare the hooks module behind `{gate}`"
+    );
+    // In Cargo.toml the feature is declared, is not a default, and only a dev-dependency turns it on.
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let mut section = "";
+    for (n, l) in manifest.lines().enumerate() {
+        let t = l.trim();
+        if t.starts_with('[') {
+            section = t;
+            continue;
+        }
+        if t.starts_with('#') || !t.contains("test-hooks") {
+            continue;
+        }
+        let declared = section == "[features]" && t.starts_with("test-hooks =");
+        if !declared && section != "[dev-dependencies]" {
+            wrong.push(format!(
+                "Cargo.toml:{}: `{t}` in {section}: only the dev-dependency may turn on test-hooks",
+                n + 1
+            ));
+        }
+    }
+    assert!(
+        manifest.contains("\ntest-hooks = []"),
+        "Cargo.toml declares no test-hooks feature"
+    );
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }

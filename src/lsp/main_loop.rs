@@ -651,10 +651,12 @@ impl Owner {
             }
             let p = path.clone();
             let job = tokio::task::spawn_blocking(move || {
-                test_hold_hook(&p, &opts.decode.cancel);
+                #[cfg(feature = "test-hooks")]
+                crate::lsp::test_hooks::hold_on(&p, &opts.decode.cancel);
                 let faults = crate::sigbus::rescued();
                 let outcome = contained(|| {
-                    test_panic_hook(&p);
+                    #[cfg(feature = "test-hooks")]
+                    crate::lsp::test_hooks::panic_on(&p);
                     analyze::analyze_file(&p, &opts)
                 });
                 // The mapping lost its file under the reader: whatever was decoded is void.
@@ -1102,43 +1104,6 @@ fn schedule_recheck(tx: &mpsc::UnboundedSender<Event>, path: &Path) {
         tokio::time::sleep(SETTLE).await;
         let _ = tx.send(Event::Recheck(p));
     });
-}
-
-/// Test hook: `MEMLSP_TEST_PANIC_ON=<substring>` makes the analysis of any capture whose path
-/// contains it panic, so tests can check a panic stays inside one analysis
-/// (`tests/lsp_resilience.rs`). Unset in normal use.
-fn test_panic_hook(path: &Path) {
-    if let Some(needle) = std::env::var_os("MEMLSP_TEST_PANIC_ON") {
-        let needle = needle.to_string_lossy();
-        if !needle.is_empty() && path.to_string_lossy().contains(needle.as_ref()) {
-            panic!("MEMLSP_TEST_PANIC_ON matched {}", path.display());
-        }
-    }
-}
-
-/// Test hook: `MEMLSP_TEST_HOLD_ON=<substring>` makes the first analysis of a capture whose
-/// path contains it wait (up to 30 s) until it is cancelled, so tests can check that a rewrite
-/// stops a running analysis instead of waiting for it (`tests/lsp_editing.rs`). Unset in normal
-/// use.
-fn test_hold_hook(path: &Path, cancel: &Cancel) {
-    static HELD: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
-    let Some(needle) = std::env::var_os("MEMLSP_TEST_HOLD_ON") else {
-        return;
-    };
-    let needle = needle.to_string_lossy();
-    if needle.is_empty() || !path.to_string_lossy().contains(needle.as_ref()) {
-        return;
-    }
-    if let Ok(mut held) = HELD.lock() {
-        if held.iter().any(|p| p == path) {
-            return;
-        }
-        held.push(path.to_path_buf());
-    }
-    let t0 = std::time::Instant::now();
-    while !cancel.is_cancelled() && t0.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 fn panic_message(p: &(dyn std::any::Any + Send)) -> String {

@@ -3,7 +3,8 @@
 //! Layout: `server` implements the protocol and forwards each request to its handler in
 //! `handlers/` (one file per method) and each notification to the owner task; `main_loop` the one task that
 //! owns state, `workspace` scanning and watching, `index` the per-line data built from reports,
-//! `to_proto` every conversion to LSP types, `config` the settings.
+//! `to_proto` every conversion to LSP types, `config` the settings, `commands` the command names,
+//! `test_hooks` the tests' fault injection (only with the `test-hooks` feature).
 //!
 //! Behaviour in short:
 //! - At `initialized` the server reads its settings (`initializationOptions`, then
@@ -30,6 +31,7 @@
 //!   `inlayHints.minPercent` (default 1), `inlayHints.minBytes` (default 1 MiB), `maxFileBytes`,
 //!   `topSites`.
 
+pub mod commands;
 pub mod config;
 pub mod handlers;
 pub mod index;
@@ -37,6 +39,8 @@ pub mod main_loop;
 mod progress;
 pub mod server;
 mod stdin_filter;
+#[cfg(feature = "test-hooks")]
+mod test_hooks;
 pub mod to_proto;
 pub mod workspace;
 

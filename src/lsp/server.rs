@@ -13,6 +13,7 @@ use tower_lsp_server::jsonrpc::Result;
 use tower_lsp_server::ls_types::*;
 use tower_lsp_server::{Client, LanguageServer};
 
+use crate::lsp::commands;
 use crate::lsp::handlers;
 use crate::lsp::main_loop::{Event, Owner};
 use crate::lsp::progress::Bar;
@@ -21,10 +22,6 @@ use crate::lsp::{Caps, Doc, Shared};
 
 /// Progress tokens of `memlsp.timeline` runs.
 static TIMELINES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-pub const CMD_REANALYZE: &str = "memlsp.reanalyze";
-pub const CMD_EXPLAIN: &str = "memlsp.explain";
-pub const CMD_TIMELINE: &str = "memlsp.timeline";
 
 pub struct Backend {
     client: Client,
@@ -186,11 +183,7 @@ impl LanguageServer for Backend {
                     resolve_provider: Some(false),
                 }),
                 execute_command_provider: Some(ExecuteCommandOptions {
-                    commands: vec![
-                        CMD_REANALYZE.into(),
-                        CMD_EXPLAIN.into(),
-                        CMD_TIMELINE.into(),
-                    ],
+                    commands: commands::OFFERED.map(String::from).to_vec(),
                     ..Default::default()
                 }),
                 // Push only. Offering pull as well makes Neovim 0.11 and VS Code show every
@@ -324,7 +317,7 @@ impl LanguageServer for Backend {
 
     async fn execute_command(&self, p: ExecuteCommandParams) -> Result<Option<LSPAny>> {
         match p.command.as_str() {
-            CMD_TIMELINE => {
+            commands::TIMELINE => {
                 let arg = p.arguments.first().cloned().unwrap_or(Value::Null);
                 let view = self.shared.view();
                 let capture = handlers::timeline::target(&view, &arg)
@@ -380,7 +373,7 @@ impl LanguageServer for Backend {
                     )),
                 }
             }
-            CMD_REANALYZE => {
+            commands::REANALYZE => {
                 self.pages.clear();
                 let (tx, rx) = oneshot::channel();
                 self.send(Event::Reanalyze(Some(tx)));
@@ -391,7 +384,7 @@ impl LanguageServer for Backend {
                     .unwrap_or(0);
                 Ok(Some(json!({ "captures": n })))
             }
-            CMD_EXPLAIN => {
+            commands::EXPLAIN => {
                 let arg = p.arguments.first().cloned().unwrap_or(Value::Null);
                 let title = arg.get("title").and_then(Value::as_str).unwrap_or("");
                 let url = arg.get("url").and_then(Value::as_str).unwrap_or("");

@@ -9,7 +9,7 @@ use tower_lsp_server::ls_types::*;
 
 use crate::findings::FixKind;
 use crate::lsp::View;
-use crate::lsp::server::CMD_EXPLAIN;
+use crate::lsp::commands;
 use crate::lsp::to_proto;
 use crate::source::edits;
 
@@ -48,7 +48,7 @@ pub fn code_actions(
                 if fix.kind == FixKind::Advice {
                     action.command = Some(Command {
                         title: title.clone(),
-                        command: CMD_EXPLAIN.into(),
+                        command: commands::EXPLAIN.into(),
                         arguments: Some(vec![json!({
                             "code": f.code,
                             "title": fix.title,

@@ -9,11 +9,9 @@ use serde_json::json;
 use tower_lsp_server::ls_types::*;
 
 use crate::lsp::View;
+use crate::lsp::commands;
 use crate::lsp::index::capture_name;
 use crate::lsp::to_proto;
-
-/// The client-side command a lens runs (not offered by the server: the client opens the page).
-pub const CMD_SHOW_TIMELINE: &str = "memlsp.showTimeline";
 
 pub fn code_lenses(view: &View, path: &Path) -> Vec<CodeLens> {
     if !view.code_lens {
@@ -41,7 +39,7 @@ pub fn code_lenses(view: &View, path: &Path) -> Vec<CodeLens> {
                 range: Range::new(Position::new(line0, 0), Position::new(line0, 0)),
                 command: Some(Command {
                     title,
-                    command: CMD_SHOW_TIMELINE.into(),
+                    command: commands::SHOW_TIMELINE.into(),
                     arguments: Some(vec![json!({
                         "capture": capture.to_string_lossy(),
                         "file": uri,
