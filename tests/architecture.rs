@@ -26,6 +26,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         &[
             "pickle",
             "torch::load",
+            "torch::budget",
             "torch::intern",
             "xla::pb",
             "xla::wire",

@@ -27,7 +27,7 @@
 //! - Commands: `memlsp.reanalyze` (forget the cache, rescan), `memlsp.explain` (advice fixes).
 //! - Settings: `captureGlobs`, `pathMappings` (`{"recorded prefix": "local path"}`,
 //!   `${workspaceFolder}` expanded), `userFrameExcludes`, `inlayHints.enable`,
-//!   `inlayHints.minPercent` (default 1), `inlayHints.minBytes` (default 1 MiB), `maxFileBytes`,
+//!   `inlayHints.minPercent` (default 1), `inlayHints.minBytes` (default 1 MiB), `maxFileBytes`, `maxModelBytes`,
 //!   `topSites`.
 
 pub mod config;
