@@ -45,13 +45,16 @@ pub(super) fn run(args: CompareArgs) -> i32 {
             files.push(p.clone());
         }
     }
+    // A summary that cannot be read is named on stderr; the others are compared (exit 2, as
+    // `--check` when a capture could not be read).
     let mut ranked: Vec<Ranked> = Vec::new();
+    let mut unreadable = 0;
     for f in &files {
         match read_summary(f) {
             Ok(mut r) => ranked.append(&mut r),
             Err(e) => {
                 eprintln!("memlsp: {e}");
-                return 2;
+                unreadable += 1;
             }
         }
     }
@@ -121,6 +124,13 @@ pub(super) fn run(args: CompareArgs) -> i32 {
         }
     };
     emit(&out);
+    if unreadable > 0 {
+        eprintln!(
+            "memlsp: {unreadable} summary file(s) could not be read; the comparison covers the other {} rank(s)",
+            ranked.len()
+        );
+        return 2;
+    }
     0
 }
 
