@@ -13,7 +13,9 @@ use crate::findings::{self, Severity};
 use crate::options::Options;
 use crate::report::{CaptureKind, CaptureReport, Engine};
 use crate::source::locate::Locator;
-use crate::source::workspace::{DEFAULT_CAPTURE_GLOBS, capture_globset, find_captures};
+use crate::source::workspace::{
+    DEFAULT_CAPTURE_GLOBS, capture_globset, find_captures, scan_captures,
+};
 use crate::torch::load::load_snapshot;
 use crate::torch::ranks::{RankComparison, RankRow, number_in_name};
 use crate::{torch, xla};
@@ -515,8 +517,19 @@ pub fn collect_captures(paths: &[PathBuf]) -> (Vec<PathBuf>, Vec<CaptureError>) 
         let err = match std::fs::metadata(path) {
             Err(e) => CaptureError::io(path, &e),
             Ok(meta) if meta.is_dir() => {
-                let found = find_captures(path, &globs);
-                if !found.is_empty() {
+                let scan = scan_captures(path, &globs);
+                // What the scan passed over is named with the captures that could not be read.
+                for (p, why) in &scan.skipped {
+                    errors.push(CaptureError::new(
+                        p,
+                        ErrorKind::Io,
+                        None,
+                        format!("skipped: {why}"),
+                        "name the capture file itself, or make the folder readable",
+                    ));
+                }
+                let found = scan.found;
+                if !found.is_empty() || !scan.skipped.is_empty() {
                     files.extend(found);
                     continue;
                 }

@@ -106,3 +106,94 @@ fn compare_dir_compares_the_readable_summaries_and_names_the_bad_one() {
     let ranks = doc["rank_comparison"]["ranks"].as_array().map(Vec::len);
     assert_eq!(ranks, Some(2), "{}", doc["rank_comparison"]);
 }
+
+/// Runs `memlsp args…` in `cwd` as a user the permissions apply to: as root (tests run as root
+/// in CI containers) permissions do not stop a read, so the binary runs as `nobody` through
+/// `setpriv`. `None` when that is impossible here.
+fn memlsp_unprivileged(args: &[&str], cwd: &Path) -> Option<common::Run> {
+    let root = std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+    if !root {
+        return Some(common::memlsp(args, cwd));
+    }
+    // nobody must be able to run the binary: a copy beside the test folder.
+    let bin = cwd.join("memlsp-bin");
+    std::fs::copy(env!("CARGO_BIN_EXE_memlsp"), &bin).ok()?;
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(&bin)
+        .args(args)
+        .current_dir(cwd)
+        .env_remove("MEMLSP_PROGRESS")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    if stderr.contains("setpriv:") {
+        return None;
+    }
+    Some(common::Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr,
+    })
+}
+
+/// `--check DIR` passed over FIFOs, sockets, dangling links and unreadable folders without a
+/// word: each is now a line on stderr with the captures that could not be read (exit 2), and the
+/// readable capture is still reported.
+#[test]
+fn check_dir_names_what_it_could_not_read() {
+    use std::os::unix::fs::{PermissionsExt, symlink};
+    let Some(real) = support::shared("torch_snapshots/real/Charran78__dump_snapshot.pickle") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let dir = tmp.path().join("runs");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::copy(&real, dir.join("good.pickle")).unwrap();
+    let fifo = std::process::Command::new("mkfifo")
+        .arg(dir.join("fifo.pickle"))
+        .status();
+    assert!(fifo.is_ok_and(|s| s.success()), "mkfifo");
+    let _sock = std::os::unix::net::UnixListener::bind(dir.join("sock.pickle")).unwrap();
+    symlink(dir.join("nowhere.pickle"), dir.join("dangling.pickle")).unwrap();
+    let outside = tmp.path().join("outside.pickle");
+    std::fs::copy(&real, &outside).unwrap();
+    symlink(&outside, dir.join("out.pickle")).unwrap();
+    let locked = dir.join("locked");
+    std::fs::create_dir(&locked).unwrap();
+    std::fs::copy(&real, locked.join("inner.pickle")).unwrap();
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o000)).unwrap();
+
+    let run = memlsp_unprivileged(&["--check", "runs", "--fail-on", "error"], tmp.path());
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let Some(r) = run else {
+        support::skip("cannot drop root's permission bypass here (setpriv)");
+        return;
+    };
+    assert_eq!(r.code, 2, "{}\n{}", r.stdout, r.stderr);
+    for (name, why) in [
+        ("fifo.pickle", "a FIFO"),
+        ("sock.pickle", "a socket"),
+        ("dangling.pickle", "a dangling link"),
+        ("out.pickle", "a link out of the folder"),
+        ("locked", "cannot be read"),
+    ] {
+        let line = r.stderr.lines().find(|l| l.contains(name));
+        assert!(
+            line.is_some_and(|l| l.contains(why) && l.starts_with("memlsp: ")),
+            "{name}: {}",
+            r.stderr
+        );
+    }
+    // The readable capture is analysed; the summary counts the others.
+    assert!(
+        r.stdout.contains("in 1 capture (5 more could not be read)"),
+        "{}",
+        r.stdout
+    );
+}
