@@ -513,7 +513,13 @@ impl Owner {
                     let _ = tx_err.send(Event::WatchError(e));
                 },
             ) {
-                Ok(w) => self.watcher = Some(w),
+                Ok(w) => {
+                    // Said once: what the watcher left out; the rest is watched.
+                    if let Some(m) = w.skipped_message() {
+                        self.log(lsp::MessageType::WARNING, m).await;
+                    }
+                    self.watcher = Some(w)
+                }
                 Err(e) => {
                     self.log(
                         lsp::MessageType::WARNING,
