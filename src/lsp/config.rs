@@ -35,6 +35,8 @@ pub struct Settings {
     /// file's size, at least 64 MiB).
     pub max_model_bytes: Option<u64>,
     pub top_sites: usize,
+    /// `scan.maxCaptures` / `scan.maxBytes`: what the start-up scan hands to the analyses.
+    pub scan: crate::lsp::workspace::ScanBudget,
     /// A "Show memory timeline" code lens on every finding's line.
     pub code_lens: bool,
     /// `baseline.file`: a baseline (`memlsp baseline`) to compare every capture with (BL001);
@@ -59,6 +61,7 @@ impl Default for Settings {
             max_file_bytes: opts.decode.max_file_bytes,
             max_model_bytes: opts.decode.max_model_bytes,
             top_sites: opts.analysis.top,
+            scan: Default::default(),
             code_lens: true,
             baseline_file: None,
             baseline_max_growth: 5.0,
@@ -180,6 +183,18 @@ impl Settings {
             match n.as_u64() {
                 Some(n) => s.max_file_bytes = n,
                 None => problems.push("maxFileBytes must be a positive integer".into()),
+            }
+        }
+        if let Some(scan) = obj.get("scan").and_then(Value::as_object) {
+            match scan.get("maxCaptures").map(Value::as_u64) {
+                None => {}
+                Some(Some(n)) if n > 0 => s.scan.max_captures = n as usize,
+                Some(_) => problems.push("scan.maxCaptures must be a positive integer".into()),
+            }
+            match scan.get("maxBytes").map(Value::as_u64) {
+                None => {}
+                Some(Some(n)) if n > 0 => s.scan.max_bytes = n,
+                Some(_) => problems.push("scan.maxBytes must be a positive integer".into()),
             }
         }
         if let Some(n) = obj.get("maxModelBytes") {

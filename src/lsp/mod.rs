@@ -28,6 +28,7 @@
 //! - Settings: `captureGlobs`, `pathMappings` (`{"recorded prefix": "local path"}`,
 //!   `${workspaceFolder}` expanded), `userFrameExcludes`, `inlayHints.enable`,
 //!   `inlayHints.minPercent` (default 1), `inlayHints.minBytes` (default 1 MiB), `maxFileBytes`, `maxModelBytes`,
+//!   `scan.maxCaptures` (default 64), `scan.maxBytes` (default 8 GiB),
 //!   `topSites`.
 
 pub mod config;

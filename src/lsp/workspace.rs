@@ -109,6 +109,81 @@ impl CaptureMatcher {
     }
 }
 
+/// How much of the workspace the start-up scan hands to the analyses (`scan.maxCaptures`,
+/// `scan.maxBytes`): a workspace of `/`, or a home full of old runs, would otherwise have every
+/// capture on the machine analysed and cached.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ScanBudget {
+    pub max_captures: usize,
+    pub max_bytes: u64,
+}
+
+impl Default for ScanBudget {
+    fn default() -> Self {
+        ScanBudget {
+            max_captures: 64,
+            max_bytes: 8 << 30,
+        }
+    }
+}
+
+/// The captures the scan hands on (newest first) and what it left for later.
+#[derive(Debug, Default, PartialEq)]
+pub struct BudgetedScan {
+    pub chosen: Vec<PathBuf>,
+    pub skipped: usize,
+    pub skipped_bytes: u64,
+}
+
+impl BudgetedScan {
+    /// One line saying what was left out, or `None`.
+    pub fn skipped_message(&self, budget: &ScanBudget) -> Option<String> {
+        (self.skipped > 0).then(|| {
+            format!(
+                "{} older capture(s) ({}) not analysed at start: the scan takes the newest {} \
+                 captures up to {} (scan.maxCaptures, scan.maxBytes); each is analysed when it \
+                 changes",
+                self.skipped,
+                crate::findings::fmt_bytes(self.skipped_bytes),
+                budget.max_captures,
+                crate::findings::fmt_bytes(budget.max_bytes),
+            )
+        })
+    }
+}
+
+impl CaptureMatcher {
+    /// [`CaptureMatcher::scan`] within `budget`: the most recently changed captures first, as
+    /// many as fit; the others are counted.
+    pub fn scan_budgeted(&self, budget: &ScanBudget) -> BudgetedScan {
+        let mut all: Vec<(std::time::SystemTime, u64, PathBuf)> = self
+            .scan()
+            .into_iter()
+            .map(|p| {
+                let m = std::fs::metadata(&p).ok();
+                let t = m.as_ref().and_then(|m| m.modified().ok());
+                let len = m.map_or(0, |m| m.len());
+                (t.unwrap_or(std::time::UNIX_EPOCH), len, p)
+            })
+            .collect();
+        all.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.2.cmp(&b.2)));
+        let mut out = BudgetedScan::default();
+        let mut bytes = 0u64;
+        for (_, len, p) in all {
+            if out.chosen.len() < budget.max_captures
+                && bytes.saturating_add(len) <= budget.max_bytes
+            {
+                bytes += len;
+                out.chosen.push(p);
+            } else {
+                out.skipped += 1;
+                out.skipped_bytes = out.skipped_bytes.saturating_add(len);
+            }
+        }
+        out
+    }
+}
+
 type Debouncer = notify_debouncer_full::Debouncer<
     notify::RecommendedWatcher,
     notify_debouncer_full::RecommendedCache,
@@ -264,6 +339,63 @@ fn is_close_write(kind: &notify::EventKind) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A home full of old runs: the newest captures within the budget are analysed, the rest
+    /// counted and said.
+    #[test]
+    fn the_start_up_scan_takes_the_newest_captures_within_its_budget() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = tmp.path().to_path_buf();
+        let now = std::time::SystemTime::now();
+        for i in 0..10u64 {
+            let p = ws.join(format!("run{i}/memory_snapshot.pickle"));
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, vec![0u8; 1000]).unwrap();
+            let f = std::fs::File::options().write(true).open(&p).unwrap();
+            // run9 is the newest.
+            f.set_modified(now - Duration::from_secs(3600 * (10 - i)))
+                .unwrap();
+        }
+        let globs: Vec<String> = crate::lsp::config::DEFAULT_GLOBS
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let (m, _) = CaptureMatcher::new(std::slice::from_ref(&ws), &globs);
+        let budget = ScanBudget {
+            max_captures: 3,
+            max_bytes: 1 << 30,
+        };
+        let s = m.scan_budgeted(&budget);
+        let names: Vec<String> = s
+            .chosen
+            .iter()
+            .map(|p| {
+                p.parent()
+                    .unwrap()
+                    .file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        assert_eq!(names, ["run9", "run8", "run7"]);
+        assert_eq!((s.skipped, s.skipped_bytes), (7, 7000));
+        let said = s.skipped_message(&budget).unwrap();
+        assert!(
+            said.starts_with("7 older capture(s) (6.84 KiB) not analysed"),
+            "{said}"
+        );
+        // A byte budget: two captures fit.
+        let s = m.scan_budgeted(&ScanBudget {
+            max_captures: 100,
+            max_bytes: 2500,
+        });
+        assert_eq!((s.chosen.len(), s.skipped), (2, 8));
+        // The default takes everything here.
+        let s = m.scan_budgeted(&ScanBudget::default());
+        assert_eq!((s.chosen.len(), s.skipped), (10, 0));
+        assert_eq!(s.skipped_message(&ScanBudget::default()), None);
+    }
 
     /// Paths the watcher reports while `act` runs and for 1.5 s after.
     fn reported(roots: &[PathBuf], act: impl FnOnce()) -> (Vec<PathBuf>, Vec<(PathBuf, String)>) {
