@@ -2,8 +2,6 @@
 //! the rest and name what failed, as `--check` does.
 
 mod common;
-#[path = "support/shared.rs"]
-mod support;
 
 use std::path::Path;
 
@@ -15,7 +13,7 @@ fn ranks_with_a_truncated_one(dir: &Path) -> bool {
         "torch_snapshots/real/JasperSolt__snapshot.pickle",
     ];
     for (rank, rel) in real.iter().enumerate() {
-        let Some(src) = support::shared(rel) else {
+        let Some(src) = common::shared(rel) else {
             return false;
         };
         let mut bytes = std::fs::read(src).unwrap();
@@ -77,7 +75,7 @@ fn compare_dir_compares_the_readable_summaries_and_names_the_bad_one() {
         "torch_snapshots/real/JasperSolt__snapshot.pickle",
     ];
     for (rank, rel) in real.iter().enumerate() {
-        let Some(src) = support::shared(rel) else {
+        let Some(src) = common::shared(rel) else {
             return;
         };
         let snap = dir.join(format!("rank{rank}_snapshot.pickle"));
@@ -147,7 +145,7 @@ fn memlsp_unprivileged(args: &[&str], cwd: &Path) -> Option<common::Run> {
 #[test]
 fn check_dir_names_what_it_could_not_read() {
     use std::os::unix::fs::{PermissionsExt, symlink};
-    let Some(real) = support::shared("torch_snapshots/real/Charran78__dump_snapshot.pickle") else {
+    let Some(real) = common::shared("torch_snapshots/real/Charran78__dump_snapshot.pickle") else {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
@@ -172,7 +170,7 @@ fn check_dir_names_what_it_could_not_read() {
     let run = memlsp_unprivileged(&["--check", "runs", "--fail-on", "error"], tmp.path());
     std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o755)).unwrap();
     let Some(r) = run else {
-        support::skip("cannot drop root's permission bypass here (setpriv)");
+        common::skip("cannot drop root's permission bypass here (setpriv)");
         return;
     };
     assert_eq!(r.code, 2, "{}\n{}", r.stdout, r.stderr);
