@@ -40,20 +40,24 @@ pub(super) fn run(args: CompareArgs) -> i32 {
                 }
             };
             found.sort();
-            files.extend(found);
+            files.extend(found.into_iter().map(|f| (f, true)));
         } else {
-            files.push(p.clone());
+            files.push((p.clone(), false));
         }
     }
-    // A summary that cannot be read is named on stderr; the others are compared (exit 2, as
-    // `--check` when a capture could not be read).
+    // A summary of a folder that cannot be read is named on stderr and the others are compared
+    // (exit 2, as `--check` when a capture could not be read); a file named on the command line
+    // must be read.
     let mut ranked: Vec<Ranked> = Vec::new();
     let mut unreadable = 0;
-    for f in &files {
+    for (f, in_dir) in &files {
         match read_summary(f) {
             Ok(mut r) => ranked.append(&mut r),
             Err(e) => {
                 eprintln!("memlsp: {e}");
+                if !in_dir {
+                    return 2;
+                }
                 unreadable += 1;
             }
         }
