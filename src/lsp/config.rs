@@ -191,6 +191,11 @@ impl Settings {
                 Some(Some(n)) if n > 0 => s.scan.max_captures = n as usize,
                 Some(_) => problems.push("scan.maxCaptures must be a positive integer".into()),
             }
+            match scan.get("maxEntries").map(Value::as_u64) {
+                None => {}
+                Some(Some(n)) if n > 0 => s.scan.max_entries = n as usize,
+                Some(_) => problems.push("scan.maxEntries must be a positive integer".into()),
+            }
             match scan.get("maxBytes").map(Value::as_u64) {
                 None => {}
                 Some(Some(n)) if n > 0 => s.scan.max_bytes = n,

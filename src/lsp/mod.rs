@@ -28,7 +28,8 @@
 //! - Settings: `captureGlobs`, `pathMappings` (`{"recorded prefix": "local path"}`,
 //!   `${workspaceFolder}` expanded), `userFrameExcludes`, `inlayHints.enable`,
 //!   `inlayHints.minPercent` (default 1), `inlayHints.minBytes` (default 1 MiB), `maxFileBytes`, `maxModelBytes`,
-//!   `scan.maxCaptures` (default 64), `scan.maxBytes` (default 8 GiB),
+//!   `scan.maxCaptures` (default 64), `scan.maxBytes` (default 8 GiB), `scan.maxEntries`
+//!   (default 1,000,000),
 //!   `topSites`.
 
 pub mod config;

@@ -116,6 +116,9 @@ impl CaptureMatcher {
 pub struct ScanBudget {
     pub max_captures: usize,
     pub max_bytes: u64,
+    /// Entries (files and folders) the walk visits at most (`scan.maxEntries`): a walk of `/`
+    /// stops there instead of reading the whole disk.
+    pub max_entries: usize,
 }
 
 impl Default for ScanBudget {
@@ -123,6 +126,7 @@ impl Default for ScanBudget {
         ScanBudget {
             max_captures: 64,
             max_bytes: 8 << 30,
+            max_entries: 1_000_000,
         }
     }
 }
@@ -133,14 +137,24 @@ pub struct BudgetedScan {
     pub chosen: Vec<PathBuf>,
     pub skipped: usize,
     pub skipped_bytes: u64,
+    /// The walk stopped at `max_entries`.
+    pub stopped: bool,
 }
 
 impl BudgetedScan {
     /// One line saying what was left out, or `None`.
     pub fn skipped_message(&self, budget: &ScanBudget) -> Option<String> {
-        (self.skipped > 0).then(|| {
+        let stopped = if self.stopped {
             format!(
-                "{} older capture(s) ({}) not analysed at start: the scan takes the newest {} \
+                "the scan stopped after {} files and folders (scan.maxEntries); ",
+                budget.max_entries
+            )
+        } else {
+            String::new()
+        };
+        (self.skipped > 0 || self.stopped).then(|| {
+            format!(
+                "{stopped}{} older capture(s) ({}) not analysed at start: the scan takes the newest {} \
                  captures up to {} (scan.maxCaptures, scan.maxBytes); each is analysed when it \
                  changes",
                 self.skipped,
@@ -156,8 +170,20 @@ impl CaptureMatcher {
     /// [`CaptureMatcher::scan`] within `budget`: the most recently changed captures first, as
     /// many as fit; the others are counted.
     pub fn scan_budgeted(&self, budget: &ScanBudget) -> BudgetedScan {
-        let mut all: Vec<(std::time::SystemTime, u64, PathBuf)> = self
-            .scan()
+        let mut found = Vec::new();
+        let mut stopped = false;
+        for root in &self.roots {
+            let s = crate::source::workspace::scan_captures_within(
+                root,
+                &self.globs,
+                budget.max_entries,
+            );
+            stopped |= s.stopped;
+            found.extend(s.found);
+        }
+        found.sort();
+        found.dedup();
+        let mut all: Vec<(std::time::SystemTime, u64, PathBuf)> = found
             .into_iter()
             .map(|p| {
                 let m = std::fs::metadata(&p).ok();
@@ -167,7 +193,10 @@ impl CaptureMatcher {
             })
             .collect();
         all.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.2.cmp(&b.2)));
-        let mut out = BudgetedScan::default();
+        let mut out = BudgetedScan {
+            stopped,
+            ..BudgetedScan::default()
+        };
         let mut bytes = 0u64;
         for (_, len, p) in all {
             if out.chosen.len() < budget.max_captures
@@ -364,6 +393,7 @@ mod tests {
         let budget = ScanBudget {
             max_captures: 3,
             max_bytes: 1 << 30,
+            ..ScanBudget::default()
         };
         let s = m.scan_budgeted(&budget);
         let names: Vec<String> = s
@@ -389,8 +419,22 @@ mod tests {
         let s = m.scan_budgeted(&ScanBudget {
             max_captures: 100,
             max_bytes: 2500,
+            ..ScanBudget::default()
         });
         assert_eq!((s.chosen.len(), s.skipped), (2, 8));
+        // A walk limit: the root, run0/, its capture, run1/, its capture — then it stops.
+        let short = ScanBudget {
+            max_entries: 5,
+            ..ScanBudget::default()
+        };
+        let s = m.scan_budgeted(&short);
+        assert_eq!(s.chosen.len(), 2, "{:?}", s.chosen);
+        assert!(s.stopped);
+        let said = s.skipped_message(&short).unwrap();
+        assert!(
+            said.starts_with("the scan stopped after 5 files and folders"),
+            "{said}"
+        );
         // The default takes everything here.
         let s = m.scan_budgeted(&ScanBudget::default());
         assert_eq!((s.chosen.len(), s.skipped), (10, 0));

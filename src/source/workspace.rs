@@ -70,15 +70,26 @@ pub struct Scan {
     /// dangling link, a link out of the scanned folder) and directories that could not be read:
     /// the path and why, one clause.
     pub skipped: Vec<(PathBuf, String)>,
+    /// The walk stopped at its entry limit before the end of the tree.
+    pub stopped: bool,
 }
 
 /// [`find_captures`], also naming what it skipped ([`Scan::skipped`]). Links are not followed
 /// out of `root`; a link inside it to a capture is read at its target (once).
 pub fn scan_captures(root: &Path, globs: &GlobSet) -> Scan {
+    scan_captures_within(root, globs, usize::MAX)
+}
+
+/// [`scan_captures`] that stops after `max_entries` entries of the walk ([`Scan::stopped`]).
+pub fn scan_captures_within(root: &Path, globs: &GlobSet, max_entries: usize) -> Scan {
     let mut scan = Scan::default();
     let real_root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
     let mut seen = std::collections::HashSet::new();
-    for entry in walk(root) {
+    for (n, entry) in walk(root).enumerate() {
+        if n >= max_entries {
+            scan.stopped = true;
+            break;
+        }
         let e = match entry {
             Ok(e) => e,
             Err(err) => {
