@@ -13,7 +13,9 @@ use crate::findings::{self, Severity};
 use crate::options::Options;
 use crate::report::{CaptureKind, CaptureReport, Engine};
 use crate::source::locate::Locator;
-use crate::source::workspace::{DEFAULT_CAPTURE_GLOBS, capture_globset, find_captures};
+use crate::source::workspace::{
+    DEFAULT_CAPTURE_GLOBS, capture_globset, find_captures, scan_captures,
+};
 use crate::torch::load::load_snapshot;
 use crate::torch::ranks::{RankComparison, RankRow, number_in_name};
 use crate::{torch, xla};
@@ -75,11 +77,49 @@ pub fn locate(reports: &mut [CaptureReport], opts: &Options) {
     }
 }
 
-/// Analyse one file or one capture directory (per-rank snapshots, `plugins/profile/<run>/`).
+/// [`run`] that keeps going past captures of a directory that cannot be read: the others'
+/// reports (ranks compared among the good ones) and the errors. `Err` only when `path` itself
+/// cannot be read or holds no capture.
+pub fn run_partial(path: &Path, opts: &Options) -> Result<Partial, CaptureError> {
+    let mut partial = analyze_path_partial(path, opts)?;
+    crate::timings::time("locate", || locate(&mut partial.reports, opts));
+    Ok(partial)
+}
+
+/// The captures of a path that could be read, and the errors of those that could not.
+#[derive(Default)]
+pub struct Partial {
+    pub reports: Vec<CaptureReport>,
+    pub errors: Vec<CaptureError>,
+}
+
+impl Partial {
+    fn keep(&mut self, r: Result<CaptureReport, CaptureError>) {
+        match r {
+            Ok(r) => self.reports.push(r),
+            Err(e) => self.errors.push(e),
+        }
+    }
+}
+
+/// Analyse one file or one capture directory (per-rank snapshots, `plugins/profile/<run>/`); the
+/// first capture that cannot be read fails the whole (see [`analyze_path_partial`]).
 pub fn analyze_path(path: &Path, opts: &Options) -> Result<Vec<CaptureReport>, CaptureError> {
+    let mut partial = analyze_path_partial(path, opts)?;
+    if !partial.errors.is_empty() {
+        return Err(partial.errors.swap_remove(0));
+    }
+    Ok(partial.reports)
+}
+
+/// [`analyze_path`], going on past the captures of a directory that cannot be read.
+pub fn analyze_path_partial(path: &Path, opts: &Options) -> Result<Partial, CaptureError> {
     let meta = std::fs::metadata(path).map_err(|e| CaptureError::io(path, &e))?;
     if !meta.is_dir() {
-        return Ok(vec![analyze_file(path, opts)?]);
+        return Ok(Partial {
+            reports: vec![analyze_file(path, opts)?],
+            errors: Vec::new(),
+        });
     }
     let files = captures_in_dir(path);
     if files.is_empty() {
@@ -95,28 +135,30 @@ pub fn analyze_path(path: &Path, opts: &Options) -> Result<Vec<CaptureReport>, C
         .iter()
         .filter(|p| detect_kind(p) == Some(CaptureKind::TorchSnapshot))
         .collect();
-    let mut out = Vec::new();
+    let mut out = Partial::default();
     match torch_groups(&torch) {
         TorchGroups::Ranks(ranks, rest) => {
-            out.extend(analyze_ranks(&ranks, opts)?);
+            let (reports, errors) = analyze_ranks(&ranks, opts);
+            out.reports.extend(reports);
+            out.errors.extend(errors);
             for p in rest {
-                out.push(analyze_file(p, opts)?);
+                out.keep(analyze_file(p, opts));
             }
         }
         TorchGroups::Steps(first, last, rest) => {
-            out.push(analyze_diff(first, last, opts)?);
+            out.keep(analyze_diff(first, last, opts));
             for p in rest {
-                out.push(analyze_file(p, opts)?);
+                out.keep(analyze_file(p, opts));
             }
         }
-        TorchGroups::One(p) => out.push(analyze_file(p, opts)?),
+        TorchGroups::One(p) => out.keep(analyze_file(p, opts)),
         TorchGroups::None => {}
     }
     for p in files
         .iter()
         .filter(|p| detect_kind(p) == Some(CaptureKind::XlaCapture))
     {
-        out.push(analyze_file(p, opts)?);
+        out.keep(analyze_file(p, opts));
     }
     Ok(out)
 }
@@ -238,7 +280,7 @@ fn torch_output(path: &Path, opts: &Options) -> Result<torch::Output, CaptureErr
 }
 
 fn xla_file(path: &Path, opts: &Options) -> Result<CaptureReport, CaptureError> {
-    let mut cap = xla::Capture::open(path)?;
+    let mut cap = xla::Capture::open_with(path, &opts.decode)?;
     cap.file.progress = opts.decode.progress.clone();
     cap.file.cancel = opts.decode.cancel.clone();
     checkpoint(path, opts)?;
@@ -255,11 +297,12 @@ fn xla_file(path: &Path, opts: &Options) -> Result<CaptureReport, CaptureError> 
 
 /// Per-rank snapshots: each analysed alone, `opts.jobs()` at a time (a snapshot is dropped once
 /// its output exists, so at most that many are resident), then every report carries the
-/// comparison of all (built from the ranks' summaries) and its rank's PT012 findings.
+/// comparison of all that could be read (built from the ranks' summaries) and its rank's PT012
+/// findings; the ranks that could not be read are the errors.
 pub fn analyze_ranks(
     paths: &[&PathBuf],
     opts: &Options,
-) -> Result<Vec<CaptureReport>, CaptureError> {
+) -> (Vec<CaptureReport>, Vec<CaptureError>) {
     // Every rank's report is kept until all are read (each gains the comparison), so the
     // stacks the ranks have in common, usually all of them, are kept once.
     let stacks = std::sync::Mutex::new(crate::findings::StackSet::default());
@@ -282,12 +325,7 @@ pub fn analyze_ranks(
     if jobs == 1 {
         for (i, p) in paths.iter().enumerate() {
             progress(i, paths.len(), p);
-            let r = one(p);
-            let failed = r.is_err();
-            results[i] = Some(r);
-            if failed {
-                break;
-            }
+            results[i] = Some(one(p));
         }
     } else {
         let next = std::sync::atomic::AtomicUsize::new(0);
@@ -300,13 +338,8 @@ pub fn analyze_ranks(
                         let Some(p) = paths.get(i) else { break };
                         progress(i, paths.len(), p);
                         let r = one(p);
-                        let failed = r.is_err();
                         if let Ok(mut d) = done.lock() {
                             d[i] = Some(r);
-                        }
-                        if failed {
-                            // The others stop at their next file.
-                            next.store(paths.len(), std::sync::atomic::Ordering::Relaxed);
                         }
                     }
                 });
@@ -314,11 +347,12 @@ pub fn analyze_ranks(
         });
     }
     let mut outputs = Vec::with_capacity(paths.len());
+    let mut errors = Vec::new();
     for (p, r) in paths.iter().zip(results) {
         match r {
             Some(Ok(out)) => outputs.push(((*p).clone(), out)),
-            Some(Err(e)) => return Err(e),
-            None => {} // not started: an earlier file failed
+            Some(Err(e)) => errors.push(e),
+            None => {}
         }
     }
     let rows = outputs
@@ -330,7 +364,7 @@ pub fn analyze_ranks(
         })
         .collect();
     let cmp = std::sync::Arc::new(RankComparison::with_rows(rows));
-    Ok(outputs
+    let reports = outputs
         .into_iter()
         .enumerate()
         .map(|(i, (path, mut out))| {
@@ -340,7 +374,8 @@ pub fn analyze_ranks(
             out.summary.rank_comparison = Some(cmp.clone());
             torch_report(&path, out)
         })
-        .collect())
+        .collect();
+    (reports, errors)
 }
 
 /// Reports of per-rank snapshots analysed one by one (`--check`, the server): those whose file
@@ -482,8 +517,19 @@ pub fn collect_captures(paths: &[PathBuf]) -> (Vec<PathBuf>, Vec<CaptureError>) 
         let err = match std::fs::metadata(path) {
             Err(e) => CaptureError::io(path, &e),
             Ok(meta) if meta.is_dir() => {
-                let found = find_captures(path, &globs);
-                if !found.is_empty() {
+                let scan = scan_captures(path, &globs);
+                // What the scan passed over is named with the captures that could not be read.
+                for (p, why) in &scan.skipped {
+                    errors.push(CaptureError::new(
+                        p,
+                        ErrorKind::Io,
+                        None,
+                        format!("skipped: {why}"),
+                        "name the capture file itself, or make the folder readable",
+                    ));
+                }
+                let found = scan.found;
+                if !found.is_empty() || !scan.skipped.is_empty() {
                     files.extend(found);
                     continue;
                 }

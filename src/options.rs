@@ -15,11 +15,43 @@ pub struct DecodeOptions {
     pub max_trace_events: Option<usize>,
     /// Files larger than this are refused (bytes).
     pub max_file_bytes: u64,
+    /// Snapshots whose model would hold more than this are refused before it is built (bytes;
+    /// `None`: 8 × the file's size, at least 64 MiB — `model_budget`).
+    pub max_model_bytes: Option<u64>,
     /// Set by whoever asked for the analysis when the answer is no longer wanted (the server,
     /// when the capture changes again): the decoders stop at their next progress point.
     pub cancel: Cancel,
     /// Where the decoders publish how much input they have read (for a progress display).
     pub progress: Progress,
+}
+
+/// The default model budget (`DecodeOptions::max_model_bytes` unset): this many times the
+/// file's size…
+pub const MODEL_FILE_MULTIPLE: u64 = 8;
+/// …but never less than this (a small file may name a few devices and segments legitimately).
+pub const MODEL_FLOOR: u64 = 64 << 20;
+
+impl DecodeOptions {
+    /// The most a decoded model of a file of `file_len` bytes may hold in memory.
+    pub fn model_budget(&self, file_len: u64) -> u64 {
+        self.max_model_bytes.unwrap_or_else(|| {
+            file_len
+                .saturating_mul(MODEL_FILE_MULTIPLE)
+                .max(MODEL_FLOOR)
+        })
+    }
+
+    /// Where [`DecodeOptions::model_budget`] comes from, for an error message.
+    pub fn model_budget_rule(&self, file_len: u64) -> String {
+        match self.max_model_bytes {
+            Some(_) => "--max-model-bytes".to_string(),
+            None => format!(
+                "{MODEL_FILE_MULTIPLE} × the {} file, at least {}",
+                crate::findings::fmt_bytes(file_len),
+                crate::findings::fmt_bytes(MODEL_FLOOR)
+            ),
+        }
+    }
 }
 
 /// A flag that stops a running analysis (checked every few MiB of input and between stages).
@@ -48,6 +80,7 @@ impl Default for DecodeOptions {
         DecodeOptions {
             max_trace_events: None,
             max_file_bytes: 4 << 30,
+            max_model_bytes: None,
             cancel: Cancel::default(),
             progress: Progress::default(),
         }

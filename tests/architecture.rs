@@ -28,6 +28,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         &[
             "pickle",
             "torch::load",
+            "torch::budget",
             "torch::intern",
             "xla::pb",
             "xla::wire",

@@ -40,18 +40,25 @@ pub(super) fn run(args: CompareArgs) -> i32 {
                 }
             };
             found.sort();
-            files.extend(found);
+            files.extend(found.into_iter().map(|f| (f, true)));
         } else {
-            files.push(p.clone());
+            files.push((p.clone(), false));
         }
     }
+    // A summary of a folder that cannot be read is named on stderr and the others are compared
+    // (exit 2, as `--check` when a capture could not be read); a file named on the command line
+    // must be read.
     let mut ranked: Vec<Ranked> = Vec::new();
-    for f in &files {
+    let mut unreadable = 0;
+    for (f, in_dir) in &files {
         match read_summary(f) {
             Ok(mut r) => ranked.append(&mut r),
             Err(e) => {
                 eprintln!("memlsp: {e}");
-                return 2;
+                if !in_dir {
+                    return 2;
+                }
+                unreadable += 1;
             }
         }
     }
@@ -122,6 +129,13 @@ pub(super) fn run(args: CompareArgs) -> i32 {
         }
     };
     emit(&out);
+    if unreadable > 0 {
+        eprintln!(
+            "memlsp: {unreadable} summary file(s) could not be read; the comparison covers the other {} rank(s)",
+            ranked.len()
+        );
+        return 2;
+    }
     0
 }
 

@@ -172,6 +172,10 @@ struct CommonArgs {
     /// Refuse capture files larger than this (bytes; K, M, G suffixes allowed)
     #[arg(long, value_name = "BYTES", value_parser = parse_size)]
     max_file_bytes: Option<u64>,
+    /// Refuse snapshots whose decoded model would hold more than this (bytes; K, M, G suffixes
+    /// allowed) [default: 8 × the file's size, at least 64M]
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    max_model_bytes: Option<u64>,
     /// Frames whose path contains SUBSTR are not the user's (repeatable)
     #[arg(long = "exclude-frames", value_name = "SUBSTR")]
     exclude_frames: Vec<String>,
@@ -179,7 +183,10 @@ struct CommonArgs {
 
 impl CommonArgs {
     fn is_empty(&self) -> bool {
-        self.path_map.is_empty() && self.max_file_bytes.is_none() && self.exclude_frames.is_empty()
+        self.path_map.is_empty()
+            && self.max_file_bytes.is_none()
+            && self.max_model_bytes.is_none()
+            && self.exclude_frames.is_empty()
     }
 
     /// Options for a run whose workspace is `workspace`.
@@ -188,6 +195,7 @@ impl CommonArgs {
         if let Some(max) = self.max_file_bytes {
             opts.decode.max_file_bytes = max;
         }
+        opts.decode.max_model_bytes = self.max_model_bytes;
         opts.analysis.frames = FrameFilter::new(self.exclude_frames.clone());
         opts.locate.workspace = vec![workspace];
         opts.locate.path_mappings = self.mappings();

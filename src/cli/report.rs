@@ -1,6 +1,6 @@
 //! `memlsp report FILE`: the full report of one capture, as text or JSON.
 
-use crate::analyze::{run, run_diff};
+use crate::analyze::{Partial, run_diff, run_partial};
 
 use std::io::Write;
 
@@ -40,22 +40,34 @@ fn report_inner(args: ReportArgs) -> i32 {
         super::progress::Watch::start(&args.file, total, &progress)
     });
     let result = match &args.diff {
-        Some(later) => run_diff(&args.file, later, &opts).map(|r| vec![r]),
-        None => run(&args.file, &opts),
+        Some(later) => run_diff(&args.file, later, &opts).map(|r| Partial {
+            reports: vec![r],
+            errors: Vec::new(),
+        }),
+        None => run_partial(&args.file, &opts),
     };
     drop(watch);
-    let reports = match result {
-        Ok(reports) => reports,
+    let Partial { reports, errors } = match result {
+        Ok(p) => p,
         Err(e) => {
             eprintln!("memlsp: {e}");
             return 2;
         }
     };
+    // A folder with a capture that cannot be read: the others are reported, each bad one is a
+    // line on stderr (and in the JSON document's errors), and the exit status is 2, as `--check`.
+    for e in &errors {
+        eprintln!("memlsp: {e}");
+    }
+    if !errors.is_empty() && reports.is_empty() {
+        return 2;
+    }
+    let failed = if errors.is_empty() { 0 } else { 2 };
     // The JSON document is written a capture at a time (many ranks' text is never held whole);
     // the text report and the page are built, then written.
     let write = |w: &mut dyn Write| -> std::io::Result<()> {
         let built = match args.format {
-            ReportFormat::Json => return json::write_document(&reports, &[], w),
+            ReportFormat::Json => return json::write_document(&reports, &errors, w),
             ReportFormat::Text => {
                 crate::timings::time("render", || text::report(&reports, opts.analysis.top))
             }
@@ -74,7 +86,7 @@ fn report_inner(args: ReportArgs) -> i32 {
                 w.flush()
             });
             match written {
-                Ok(()) => 0,
+                Ok(()) => failed,
                 Err(e) => {
                     eprintln!(
                         "memlsp: {}: cannot write the report ({e}); pass a writable -o FILE",
@@ -86,7 +98,7 @@ fn report_inner(args: ReportArgs) -> i32 {
         }
         None => {
             emit_with(write);
-            0
+            failed
         }
     })
 }

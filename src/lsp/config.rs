@@ -31,7 +31,12 @@ pub struct Settings {
     /// Sites smaller than this get no inlay hint (a share of a tiny heap says little).
     pub inlay_min_bytes: u64,
     pub max_file_bytes: u64,
+    /// `maxModelBytes`: snapshots whose model would hold more are refused (`None`: 8 × the
+    /// file's size, at least 64 MiB).
+    pub max_model_bytes: Option<u64>,
     pub top_sites: usize,
+    /// `scan.maxCaptures` / `scan.maxBytes`: what the start-up scan hands to the analyses.
+    pub scan: crate::lsp::workspace::ScanBudget,
     /// A "Show memory timeline" code lens on every finding's line.
     pub code_lens: bool,
     /// `baseline.file`: a baseline (`memlsp baseline`) to compare every capture with (BL001);
@@ -54,7 +59,9 @@ impl Default for Settings {
             inlay_min_percent: 1.0,
             inlay_min_bytes: 1 << 20,
             max_file_bytes: opts.decode.max_file_bytes,
+            max_model_bytes: opts.decode.max_model_bytes,
             top_sites: opts.analysis.top,
+            scan: Default::default(),
             code_lens: true,
             baseline_file: None,
             baseline_max_growth: 5.0,
@@ -178,6 +185,29 @@ impl Settings {
                 None => problems.push("maxFileBytes must be a positive integer".into()),
             }
         }
+        if let Some(scan) = obj.get("scan").and_then(Value::as_object) {
+            match scan.get("maxCaptures").map(Value::as_u64) {
+                None => {}
+                Some(Some(n)) if n > 0 => s.scan.max_captures = n as usize,
+                Some(_) => problems.push("scan.maxCaptures must be a positive integer".into()),
+            }
+            match scan.get("maxEntries").map(Value::as_u64) {
+                None => {}
+                Some(Some(n)) if n > 0 => s.scan.max_entries = n as usize,
+                Some(_) => problems.push("scan.maxEntries must be a positive integer".into()),
+            }
+            match scan.get("maxBytes").map(Value::as_u64) {
+                None => {}
+                Some(Some(n)) if n > 0 => s.scan.max_bytes = n,
+                Some(_) => problems.push("scan.maxBytes must be a positive integer".into()),
+            }
+        }
+        if let Some(n) = obj.get("maxModelBytes") {
+            match n.as_u64() {
+                Some(n) if n > 0 => s.max_model_bytes = Some(n),
+                _ => problems.push("maxModelBytes must be a positive integer".into()),
+            }
+        }
         if let Some(n) = obj.get("topSites") {
             match n.as_u64() {
                 Some(n) if n > 0 => s.top_sites = n as usize,
@@ -192,16 +222,18 @@ impl Settings {
         let mut opts = Options::default();
         opts.analysis.top = self.top_sites;
         opts.decode.max_file_bytes = self.max_file_bytes;
+        opts.decode.max_model_bytes = self.max_model_bytes;
         opts.analysis.frames = FrameFilter::new(self.user_frame_excludes.clone());
         opts
     }
 
     /// The settings that change engine results (a change invalidates the cache). Path mappings
     /// only change the locate step, which runs again on every publish.
-    pub fn options_key(&self) -> (usize, u64, &[String]) {
+    pub fn options_key(&self) -> (usize, u64, Option<u64>, &[String]) {
         (
             self.top_sites,
             self.max_file_bytes,
+            self.max_model_bytes,
             &self.user_frame_excludes,
         )
     }

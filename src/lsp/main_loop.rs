@@ -343,7 +343,7 @@ impl Owner {
                 let _ = reply.send(());
             }
             Event::WatchError(e) => {
-                self.log(lsp::MessageType::WARNING, format!("file watcher: {e}"))
+                self.log(lsp::MessageType::WARNING, format!("workspace: {e}"))
                     .await
             }
             Event::Shutdown => {}
@@ -470,9 +470,14 @@ impl Owner {
     fn rescan(&self) {
         let matcher = self.matcher.clone();
         let tx = self.tx.clone();
+        let budget = self.settings.scan;
         tokio::spawn(async move {
-            if let Ok(found) = tokio::task::spawn_blocking(move || matcher.scan()).await {
-                let _ = tx.send(Event::Paths(found));
+            let scan = tokio::task::spawn_blocking(move || matcher.scan_budgeted(&budget)).await;
+            if let Ok(scan) = scan {
+                if let Some(m) = scan.skipped_message(&budget) {
+                    let _ = tx.send(Event::WatchError(m));
+                }
+                let _ = tx.send(Event::Paths(scan.chosen));
             }
         });
     }
@@ -513,7 +518,13 @@ impl Owner {
                     let _ = tx_err.send(Event::WatchError(e));
                 },
             ) {
-                Ok(w) => self.watcher = Some(w),
+                Ok(w) => {
+                    // Said once: what the watcher left out; the rest is watched.
+                    if let Some(m) = w.skipped_message() {
+                        self.log(lsp::MessageType::WARNING, m).await;
+                    }
+                    self.watcher = Some(w)
+                }
                 Err(e) => {
                     self.log(
                         lsp::MessageType::WARNING,

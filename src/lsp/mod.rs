@@ -28,7 +28,9 @@
 //! - Commands: `memlsp.reanalyze` (forget the cache, rescan), `memlsp.explain` (advice fixes).
 //! - Settings: `captureGlobs`, `pathMappings` (`{"recorded prefix": "local path"}`,
 //!   `${workspaceFolder}` expanded), `userFrameExcludes`, `inlayHints.enable`,
-//!   `inlayHints.minPercent` (default 1), `inlayHints.minBytes` (default 1 MiB), `maxFileBytes`,
+//!   `inlayHints.minPercent` (default 1), `inlayHints.minBytes` (default 1 MiB), `maxFileBytes`, `maxModelBytes`,
+//!   `scan.maxCaptures` (default 64), `scan.maxBytes` (default 8 GiB), `scan.maxEntries`
+//!   (default 1,000,000),
 //!   `topSites`.
 
 pub mod commands;

@@ -6,6 +6,8 @@
 //! label. Works from `file://` and inside a VS Code webview (a click on a band posts
 //! `{command: "reveal", file, line}` to the extension).
 
+use std::collections::{HashMap, HashSet};
+
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -58,16 +60,35 @@ fn finding(f: &Finding) -> PageFinding {
     }
 }
 
+/// Items of `list` grouped by device, in their order (one pass: a page of many devices stays
+/// linear in them).
+fn by_device<T>(list: &[T], device: impl Fn(&T) -> i64) -> HashMap<i64, Vec<&T>> {
+    let mut m: HashMap<i64, Vec<&T>> = HashMap::new();
+    for x in list {
+        m.entry(device(x)).or_default().push(x);
+    }
+    m
+}
+
 fn torch(r: &CaptureReport, t: &crate::torch::summary::Summary) -> Value {
+    let mut segment_bars = HashMap::new();
+    for (d, v) in &t.segment_bars {
+        segment_bars.entry(*d).or_insert(v);
+    }
+    let fragmentation = by_device(&t.fragmentation, |f| f.device);
+    let states = by_device(&t.state_bars, |p| p.device);
+    let mut validated: HashMap<i64, bool> = HashMap::new();
+    for d in &t.replay.devices {
+        *validated.entry(d.device).or_default() |= d.validated;
+    }
+    let traced: HashSet<i64> = t.series.iter().map(|s| s.device).collect();
     let devices: Vec<Value> = t
         .series
         .iter()
         .map(|s| {
-            let segs = t
-                .segment_bars
-                .iter()
-                .find(|(d, _)| *d == s.device)
-                .map(|(_, v)| v.clone())
+            let segs = segment_bars
+                .get(&s.device)
+                .map(|v| (*v).clone())
                 .unwrap_or_default();
             json!({
                 "device": s.device,
@@ -82,11 +103,11 @@ fn torch(r: &CaptureReport, t: &crate::torch::summary::Summary) -> Value {
                 "peak": s.peak,
                 "ooms": s.ooms,
                 "segments": segs,
-                "fragmentation": t.fragmentation.iter().filter(|f| f.device == s.device).collect::<Vec<_>>(),
+                "fragmentation": fragmentation.get(&s.device).map_or(&[][..], Vec::as_slice),
                 // The allocator at the peak and at the first OOM, replayed where the replay of
                 // this device validates.
-                "validated": t.replay.devices.iter().any(|d| d.device == s.device && d.validated),
-                "states": t.state_bars.iter().filter(|p| p.device == s.device).collect::<Vec<_>>(),
+                "validated": validated.get(&s.device).copied().unwrap_or(false),
+                "states": states.get(&s.device).map_or(&[][..], Vec::as_slice),
             })
         })
         .collect();
@@ -103,12 +124,12 @@ fn torch(r: &CaptureReport, t: &crate::torch::summary::Summary) -> Value {
     let untraced: Vec<Value> = t
         .segment_bars
         .iter()
-        .filter(|(d, _)| !t.series.iter().any(|s| s.device == *d))
+        .filter(|(d, _)| !traced.contains(d))
         .map(|(d, segs)| {
             json!({
                 "device": d,
                 "segments": segs,
-                "fragmentation": t.fragmentation.iter().filter(|f| f.device == *d).collect::<Vec<_>>(),
+                "fragmentation": fragmentation.get(d).map_or(&[][..], Vec::as_slice),
             })
         })
         .collect();

@@ -130,9 +130,8 @@ pub fn diagnose(snap: &Snapshot, totals: &Totals, timeline: &Timeline) -> Vec<Oo
         let largest_any = m.largest_inactive.unwrap_or(0);
         // Only a cached block of the request's pool and stream can serve it.
         let largest = snap
-            .segments
-            .iter()
-            .filter(|s| s.device == oom.device && s.serves(oom.stream, oom.size))
+            .segments_of(oom.device)
+            .filter(|s| s.serves(oom.stream, oom.size))
             .flat_map(|s| s.blocks.iter())
             .filter(|b| b.state == BlockState::Inactive)
             .map(|b| b.size)

@@ -11,6 +11,7 @@ use rustc_hash::FxHashMap;
 
 use crate::error::{CaptureError, ErrorKind};
 use crate::pickle::{self, Kind, Limits, PickleErrorKind, Tree, Val};
+use crate::torch::budget;
 use crate::torch::intern::{Interner, Pipeline, RUN_COLLISION, THREAD_FROM};
 use crate::torch::model::{
     Action, AllocatorSettings, Block, BlockState, Segment, Snapshot, SnapshotFormat, StackId,
@@ -192,7 +193,7 @@ fn decode_pickle(
         };
         CaptureError::new(path, kind, Some(e.offset), e.message, hint)
     })?;
-    finish_streamed(path, opts, sink, tree)
+    finish_streamed(path, bytes.len(), opts, sink, tree)
 }
 
 /// Decode the JSON form, streaming its trace to the same [`TraceSink`] (no run cache: JSON has
@@ -211,13 +212,14 @@ fn decode_json(
         pickle::json::JsonError::Cancelled => CaptureError::cancelled(path),
         pickle::json::JsonError::Syntax(e) => json_error(path, bytes, &e),
     })?;
-    finish_streamed(path, opts, sink, tree)?.ok_or_else(|| unexpected_collision(path))
+    finish_streamed(path, bytes.len(), opts, sink, tree)?.ok_or_else(|| unexpected_collision(path))
 }
 
 /// The snapshot model from a decoded tree and what its sink collected; `Ok(None)` on a run-cache
 /// collision.
 fn finish_streamed(
     path: &Path,
+    file_len: usize,
     opts: &DecodeOptions,
     mut sink: TraceSink<'_>,
     tree: Tree<'_>,
@@ -236,7 +238,7 @@ fn finish_streamed(
         }
     };
     let mut snap = crate::timings::time("model: build", || {
-        build(path, &tree, opts, sink.interner, streamed)
+        build(path, file_len, &tree, opts, sink.interner, streamed)
     })?;
     snap.pickle_protocol = tree.protocol;
     crate::timings::count(
@@ -564,6 +566,7 @@ type Streamed = Option<Vec<(Vec<TraceEntry>, u64)>>;
 
 fn build(
     path: &Path,
+    file_len: usize,
     t: &Tree<'_>,
     opts: &DecodeOptions,
     interner: Interner,
@@ -585,6 +588,7 @@ fn build(
                 .filter_map(|(k, _)| t.str(k).map(str::to_string))
                 .collect();
             let [segments, traces, settings] = b.fields(root, TOP_KEYS);
+            within_budget(path, file_len, t, segments, traces, &streamed, opts)?;
             match segments {
                 Some(s) => b.segments(s)?,
                 None => {
@@ -604,6 +608,7 @@ fn build(
         }
         Kind::List => {
             b.snap.format = Some(SnapshotFormat::SegmentList);
+            within_budget(path, file_len, t, Some(root), None, &streamed, opts)?;
             b.segments(root)?;
         }
         Kind::Consumed => {
@@ -620,6 +625,26 @@ fn build(
     b.snap.other_actions = std::mem::take(&mut b.interner.other_actions);
     b.snap.stacks = std::mem::take(&mut b.interner.table.stacks);
     Ok(b.snap)
+}
+
+/// Refuse a tree whose model would not fit the budget (`torch::budget`), before building it.
+fn within_budget(
+    path: &Path,
+    file_len: usize,
+    t: &Tree<'_>,
+    segments: Option<Val>,
+    traces: Option<Val>,
+    streamed: &Streamed,
+    opts: &DecodeOptions,
+) -> Result<(), CaptureError> {
+    let lens: Vec<u64> = streamed
+        .iter()
+        .flatten()
+        .map(|(e, _)| e.len() as u64)
+        .collect();
+    let c = budget::count(t, segments, traces, &lens, opts.max_trace_events);
+    crate::timings::count("model bytes (estimated)", c.bytes());
+    budget::check(path, &c, file_len as u64, opts)
 }
 
 const TOP_KEYS: &[&str; 3] = &["segments", "device_traces", "allocator_settings"];
@@ -1353,7 +1378,7 @@ sys.stdout.write(json.dumps({'segments': [seg], 'device_traces': [tr, []]}))
         let opts = DecodeOptions::default();
         let streamed = decode_snapshot(path, &bytes, &opts).unwrap();
         let tree = tree_from_json(path, &bytes).unwrap();
-        let whole = build(path, &tree, &opts, Interner::default(), None).unwrap();
+        let whole = build(path, bytes.len(), &tree, &opts, Interner::default(), None).unwrap();
         use crate::torch::model::Frame;
         let frames = |s: &Snapshot| -> Vec<Vec<Frame>> {
             let mut v: Vec<Vec<Frame>> = s

@@ -4,6 +4,9 @@
 //! into the engine's typed [`Output`] (summary, sites, findings). Loading files and combining
 //! ranks or two snapshots of one run is the pipeline's job (`crate::analyze`).
 
+pub mod budget;
+#[cfg(test)]
+mod device_scale_tests;
 pub mod diff;
 pub mod fragmentation;
 mod intern;

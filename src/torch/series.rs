@@ -99,13 +99,7 @@ fn state_name(s: &BlockState) -> &'static str {
 /// The allocator state at the snapshot: segments of `device`, at most `max_segments`, largest
 /// first, blocks below 1/500 of the largest segment merged into their neighbour of that state.
 pub fn segments(snap: &Snapshot, device: i64, max_segments: usize) -> Vec<SegmentBar> {
-    segment_bars(
-        snap.segments
-            .iter()
-            .filter(|s| s.device == device)
-            .collect(),
-        max_segments,
-    )
+    segment_bars(snap.segments_of(device).collect(), max_segments)
 }
 
 /// Bars of the segments `segs` (one device's), as [`segments`] draws them. Where that would
@@ -211,6 +205,7 @@ pub fn state_panels(
     max_segments: usize,
 ) -> Vec<StatePanel> {
     let mut out = Vec::new();
+    let validated: rustc_hash::FxHashSet<i64> = validated.iter().copied().collect();
     for s in series.iter().filter(|s| validated.contains(&s.device)) {
         let trace = snap.trace(s.device);
         let oom = trace.iter().position(|e| e.action == Action::Oom);
@@ -280,17 +275,17 @@ pub fn compute(snap: &Snapshot, stacks: &StackIndex, live_start: &[(i64, i64)]) 
     let Some(traces) = &snap.device_traces else {
         return Vec::new();
     };
+    let mut starts: rustc_hash::FxHashMap<i64, i64> = rustc_hash::FxHashMap::default();
+    for (dev, b) in live_start {
+        starts.entry(*dev).or_insert(*b);
+    }
     traces
         .iter()
         .enumerate()
         .filter(|(_, t)| !t.is_empty())
         .map(|(d, list)| {
             let device = d as i64;
-            let start = live_start
-                .iter()
-                .find(|(dev, _)| *dev == device)
-                .map(|(_, b)| (*b).max(0) as u64)
-                .unwrap_or(0);
+            let start = starts.get(&device).map_or(0, |b| (*b).max(0) as u64);
             device_series(snap, stacks, device, list, start)
         })
         .collect()
@@ -421,9 +416,7 @@ fn device_series(
     // Reserved at the first entry: the dump's reserved bytes minus the trace's net segment
     // traffic.
     let reserved_end: u64 = snap
-        .segments
-        .iter()
-        .filter(|s| s.device == device)
+        .segments_of(device)
         .fold(0u64, |a, s| a.saturating_add(s.total_size));
     let net: i64 = list
         .iter()

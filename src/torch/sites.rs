@@ -3,7 +3,7 @@
 
 use rustc_hash::FxHashMap;
 
-use crate::torch::model::{BlockState, Snapshot, StackId};
+use crate::torch::model::{BlockState, Segment, Snapshot, StackId};
 use crate::torch::stacks::{Role, SiteKey, SiteKind, StackIndex, site_string};
 
 /// Live memory attributed to one site.
@@ -92,10 +92,11 @@ fn kind_slot(k: SiteKind) -> usize {
 pub fn compute(snap: &Snapshot, stacks: &StackIndex, device: Option<i64>) -> Sites {
     let mut map: FxHashMap<SiteKey, SiteStat> = FxHashMap::default();
     let mut out = Sites::default();
-    for seg in &snap.segments {
-        if device.is_some_and(|d| d != seg.device) {
-            continue;
-        }
+    let segments: Box<dyn Iterator<Item = &Segment>> = match device {
+        Some(d) => Box::new(snap.segments_of(d)),
+        None => Box::new(snap.segments.iter()),
+    };
+    for seg in segments {
         for b in &seg.blocks {
             if b.state != BlockState::ActiveAllocated {
                 continue;

@@ -660,6 +660,11 @@ impl Summary {
     }
 
     pub fn device_timeline(&self, device: i64) -> Option<&DeviceTimelineSummary> {
-        self.timeline.iter().find(|t| t.device == device)
+        // Sorted by device, like the engine's timeline.
+        let i = self
+            .timeline
+            .binary_search_by_key(&device, |t| t.device)
+            .ok()?;
+        self.timeline.get(i)
     }
 }

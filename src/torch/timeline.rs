@@ -175,7 +175,9 @@ pub struct Timeline {
 
 impl Timeline {
     pub fn device(&self, d: i64) -> Option<&DeviceTimeline> {
-        self.devices.iter().find(|t| t.device == d)
+        // Sorted by device (`compute` walks the trace lists in order).
+        let i = self.devices.binary_search_by_key(&d, |t| t.device).ok()?;
+        self.devices.get(i)
     }
 }
 
@@ -503,7 +505,7 @@ fn close_run(
 
 fn live_bytes_at_end(snap: &Snapshot, device: i64) -> i64 {
     let mut total: u64 = 0;
-    for seg in snap.segments.iter().filter(|s| s.device == device) {
+    for seg in snap.segments_of(device) {
         for b in &seg.blocks {
             if matches!(
                 b.state,
@@ -545,7 +547,7 @@ pub fn live_at(
     let mut set: FxHashMap<u64, (u64, Option<StackId>)> = FxHashMap::default();
     let mut reserved_added_after: i64 = 0;
     let mut changed_after = false;
-    for seg in snap.segments.iter().filter(|s| s.device == device) {
+    for seg in snap.segments_of(device) {
         for b in &seg.blocks {
             if matches!(
                 b.state,

@@ -115,7 +115,12 @@ impl Totals {
     }
 
     pub fn device(&self, device: i64) -> Option<&DeviceTotals> {
-        self.devices.iter().find(|d| d.device == device)
+        // Sorted by device (`Snapshot::devices`): a lookup per OOM stays cheap with many devices.
+        let i = self
+            .devices
+            .binary_search_by_key(&device, |d| d.device)
+            .ok()?;
+        self.devices.get(i)
     }
 }
 
@@ -204,7 +209,7 @@ pub fn compute(snap: &Snapshot, stacks: &StackIndex) -> Totals {
     let mut devices = Vec::new();
     let traces = snap.device_traces.as_deref();
     for device in snap.devices() {
-        let memory = memory_of(snap.segments.iter().filter(|s| s.device == device));
+        let memory = memory_of(snap.segments_of(device));
         let list = usize::try_from(device)
             .ok()
             .and_then(|d| traces.and_then(|t| t.get(d)));

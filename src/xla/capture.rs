@@ -6,6 +6,7 @@ use std::path::Path;
 use super::hlo::{self, ModuleEntry};
 use super::space::SpaceFile;
 use crate::error::CaptureError;
+use crate::options::DecodeOptions;
 
 /// The planes of a capture and its HLO modules, read from `/host:metadata` only (no event is
 /// decoded).
@@ -19,7 +20,12 @@ pub struct Capture {
 impl Capture {
     /// Open a capture and read its module list.
     pub fn open(path: &Path) -> Result<Capture, CaptureError> {
-        let file = SpaceFile::open(path)?;
+        Capture::open_with(path, &DecodeOptions::default())
+    }
+
+    /// [`Capture::open`] with the decoder's limits (the model budget of each plane's metadata).
+    pub fn open_with(path: &Path, opts: &DecodeOptions) -> Result<Capture, CaptureError> {
+        let file = SpaceFile::open_with(path, opts)?;
         let mut modules = Vec::new();
         let mut versions = Vec::new();
         let metas: Vec<_> = file.find(|n| n == "/host:metadata").cloned().collect();

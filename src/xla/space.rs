@@ -60,6 +60,9 @@ pub struct SpaceFile {
     /// (at each line and every [`RELEASE_STEP`] within one), and the flag that stops them there.
     pub progress: crate::options::Progress,
     pub cancel: crate::options::Cancel,
+    /// The most a loaded plane's metadata may hold in memory, and where that number comes from
+    /// (`DecodeOptions::model_budget`).
+    budget: (u64, String),
 }
 
 /// What a one-pass walk returns when a line's header (id, name, timestamp) follows its events,
@@ -70,6 +73,14 @@ pub(crate) const LATE_HEADER: &str = "a line's header follows its events";
 impl SpaceFile {
     /// Open and index a capture: walks the top-level framing and each plane's field headers only.
     pub fn open(path: &Path) -> Result<SpaceFile, CaptureError> {
+        SpaceFile::open_with(path, &crate::options::DecodeOptions::default())
+    }
+
+    /// [`SpaceFile::open`] with the decoder's limits (the model budget).
+    pub fn open_with(
+        path: &Path,
+        opts: &crate::options::DecodeOptions,
+    ) -> Result<SpaceFile, CaptureError> {
         let file = File::open(path).map_err(|e| CaptureError::io(path, &e))?;
         let len = file
             .metadata()
@@ -91,6 +102,7 @@ impl SpaceFile {
             exact_lines: std::sync::atomic::AtomicBool::new(false),
             progress: Default::default(),
             cancel: Default::default(),
+            budget: (opts.model_budget(len), opts.model_budget_rule(len)),
             file,
             len,
             planes: Vec::new(),
@@ -250,7 +262,7 @@ impl SpaceFile {
                 PlaneBytes::Read(bytes)
             }
         };
-        let mut plane = Plane::parse(&self.path, bytes, idx.start)?;
+        let mut plane = Plane::parse(&self.path, bytes, idx.start, &self.budget)?;
         plane.exact = self.walks_lines_exactly();
         plane.progress = self.progress.clone();
         plane.cancel = self.cancel.clone();
@@ -380,13 +392,19 @@ pub struct Plane {
 }
 
 impl Plane {
-    fn parse(path: &Path, bytes: PlaneBytes, base: u64) -> Result<Plane, CaptureError> {
+    fn parse(
+        path: &Path,
+        bytes: PlaneBytes,
+        base: u64,
+        budget: &(u64, String),
+    ) -> Result<Plane, CaptureError> {
         let mut name = String::new();
         let mut lines = Vec::new();
         let mut event_meta = FxHashMap::default();
         let mut event_meta_offset = FxHashMap::default();
         let mut stat_names = FxHashMap::default();
         let mut stats = Vec::new();
+        let mut held = MetadataHeld::default();
         {
             let mut r = Reader::new(&bytes, base);
             while let Some((f, v)) = r.next().map_err(|e| wire_error(path, e))? {
@@ -398,15 +416,33 @@ impl Plane {
                     }
                     (4, Value::Len(b, off)) => {
                         let (k, m) = map_entry::<xpb::XEventMetadata>(path, b, off)?;
+                        // Checked before the insert: a table that must grow doubles.
+                        held.heap = held.heap.saturating_add(event_meta_heap(&m));
+                        held.tables = table_after_insert(&event_meta)
+                            .saturating_add(table_after_insert(&event_meta_offset))
+                            .saturating_add(table_bytes(&stat_names));
+                        held.entries += 1;
+                        held.check(path, off, budget)?;
                         event_meta.insert(k, m);
                         event_meta_offset.insert(k, off);
                     }
                     (5, Value::Len(b, off)) => {
                         let (k, m) = map_entry::<xpb::XStatMetadata>(path, b, off)?;
+                        held.heap = held.heap.saturating_add(alloc(m.name.capacity()));
+                        held.tables = table_bytes(&event_meta)
+                            .saturating_add(table_bytes(&event_meta_offset))
+                            .saturating_add(table_after_insert(&stat_names));
+                        held.entries += 1;
+                        held.check(path, off, budget)?;
                         stat_names.insert(k, m.name);
                     }
                     (6, Value::Len(b, off)) => {
                         stats.push(decode_msg::<xpb::XStat>(path, b, off)?);
+                        held.heap = held
+                            .heap
+                            .saturating_add(std::mem::size_of::<xpb::XStat>() as u64 * 2);
+                        held.entries += 1;
+                        held.check(path, off, budget)?;
                     }
                     _ => {}
                 }
@@ -741,6 +777,83 @@ fn decode_msg<M: Message + Default>(path: &Path, b: &[u8], off: u64) -> Result<M
             "the capture is damaged; re-capture it",
         )
     })
+}
+
+/// What a plane's decoded metadata holds in memory, counted while it is decoded: the hash
+/// tables at their capacity and what each entry owns. Millions of tiny event-metadata entries
+/// (22 bytes each in the file) would otherwise hold about 22× the file.
+#[derive(Default)]
+struct MetadataHeld {
+    tables: u64,
+    heap: u64,
+    entries: u64,
+}
+
+impl MetadataHeld {
+    fn check(&self, path: &Path, off: u64, budget: &(u64, String)) -> Result<(), CaptureError> {
+        let held = self.tables.saturating_add(self.heap);
+        if held <= budget.0 {
+            return Ok(());
+        }
+        Err(CaptureError::new(
+            path,
+            ErrorKind::Limit,
+            Some(off),
+            format!(
+                "the plane's metadata would hold more than {} in memory ({} entries so far), \
+                 over the budget of {} ({})",
+                crate::findings::fmt_bytes(held),
+                self.entries,
+                crate::findings::fmt_bytes(budget.0),
+                budget.1
+            ),
+            "no profiler writes this many metadata entries for a capture this size; if you trust \
+             the file, raise --max-model-bytes (server: maxModelBytes)",
+        ))
+    }
+}
+
+/// Bytes of a hash table's slots (hashbrown: a power of two of buckets, 7/8 of them usable, one
+/// control byte each).
+fn table_bytes<K, V>(m: &FxHashMap<K, V>) -> u64 {
+    slots_bytes::<K, V>(m.capacity())
+}
+
+/// [`table_bytes`] while one more entry goes in: a full table doubles, and holds its old slots
+/// and its new ones while it moves them.
+fn table_after_insert<K, V>(m: &FxHashMap<K, V>) -> u64 {
+    if m.len() < m.capacity() {
+        return table_bytes(m);
+    }
+    table_bytes(m).saturating_add(slots_bytes::<K, V>((m.capacity() * 2).max(3)))
+}
+
+fn slots_bytes<K, V>(capacity: usize) -> u64 {
+    let buckets = if capacity < 8 {
+        capacity + 1
+    } else {
+        (capacity / 7 * 8).next_power_of_two()
+    };
+    (buckets as u64).saturating_mul(std::mem::size_of::<(K, V)>() as u64 + 1)
+}
+
+/// What an allocation of `n` bytes takes from the allocator (a header, 16-byte steps, 32 at least).
+fn alloc(n: usize) -> u64 {
+    if n == 0 {
+        0
+    } else {
+        ((n as u64 + 8).div_ceil(16) * 16).max(32)
+    }
+}
+
+/// What one event-metadata entry owns besides its slot.
+fn event_meta_heap(m: &xpb::XEventMetadata) -> u64 {
+    let stats = m.stats.capacity() * std::mem::size_of::<xpb::XStat>();
+    alloc(m.name.capacity())
+        + alloc(m.display_name.capacity())
+        + alloc(m.metadata.capacity())
+        + alloc(stats)
+        + alloc(m.child_id.capacity() * 8)
 }
 
 /// Decode a `map<int64, M>` entry `{key = 1, value = 2}`.

@@ -37,6 +37,7 @@ pub struct Key {
     locate: LocateOptions,
     max_trace_events: Option<usize>,
     max_file_bytes: u64,
+    max_model_bytes: Option<u64>,
     /// Weak: a kept page does not keep an old index alive, and the address it compares by is
     /// not reused while the key exists.
     resolver: Option<Weak<Resolver>>,
@@ -53,6 +54,7 @@ impl Key {
             locate: view.options.locate.clone(),
             max_trace_events: view.options.decode.max_trace_events,
             max_file_bytes: view.options.decode.max_file_bytes,
+            max_model_bytes: view.options.decode.max_model_bytes,
             resolver: view.resolver.as_ref().map(Arc::downgrade),
         })
     }
@@ -75,6 +77,7 @@ impl Key {
             && self.locate == o.locate
             && self.max_trace_events == o.max_trace_events
             && self.max_file_bytes == o.max_file_bytes
+            && self.max_model_bytes == o.max_model_bytes
     }
 }
 

@@ -165,11 +165,7 @@ struct Prepared {
 /// The trace of `device` (empty when it has none).
 fn prepare(snap: &Snapshot, device: i64) -> Prepared {
     let trace = snap.trace(device);
-    let segments: Vec<_> = snap
-        .segments
-        .iter()
-        .filter(|s| s.device == device)
-        .collect();
+    let segments: Vec<_> = snap.segments_of(device).collect();
     let mut remarks = Vec::new();
     let mut blocker = None;
     let settings = match &snap.allocator_settings {

@@ -254,9 +254,7 @@ fn alloc_info(snap: &Snapshot, p: &Prepared) -> Vec<(u64, Option<StackId>)> {
     let trace = snap.trace(p.device);
     let mut info: Vec<(u64, Option<StackId>)> = vec![(0, None); p.plan.arefs];
     let end_stack: FxHashMap<u64, Option<StackId>> = snap
-        .segments
-        .iter()
-        .filter(|s| s.device == p.device)
+        .segments_of(p.device)
         .flat_map(|s| s.blocks.iter())
         .map(|b| (b.address, b.stack))
         .collect();
