@@ -79,6 +79,7 @@ fn torch(r: &CaptureReport, t: &crate::torch::summary::Summary) -> Value {
                 })).collect::<Vec<_>>(),
                 "columns": s.columns.iter().map(|c| json!([c.first, c.last, c.at, c.total_min, c.total_max, c.reserved, c.values, c.time_us])).collect::<Vec<_>>(),
                 "peak": s.peak,
+                "stages": crate::present::stages::bands(t, s.device),
                 "ooms": s.ooms,
                 "segments": segs,
                 "fragmentation": t.fragmentation.iter().filter(|f| f.device == s.device).collect::<Vec<_>>(),

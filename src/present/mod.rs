@@ -5,3 +5,4 @@
 pub mod hint;
 pub mod html;
 pub mod json;
+pub mod stages;

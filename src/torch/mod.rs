@@ -15,6 +15,7 @@ pub mod replay;
 pub mod series;
 pub mod sites;
 pub mod stacks;
+pub mod stages;
 pub mod summary;
 pub mod timeline;
 pub mod totals;
@@ -34,6 +35,8 @@ pub struct Analysis {
     /// Sites per device (same order as `totals.devices`).
     pub device_sites: Vec<sites::Sites>,
     pub timeline: timeline::Timeline,
+    /// Recorded and inferred training stages per traced device.
+    pub stages: stages::Stages,
     pub fragmentation: Vec<fragmentation::OomDiagnosis>,
     pub findings: Vec<Finding>,
     pub stacks: StackIndex,
@@ -80,6 +83,7 @@ pub fn analyse(snap: &Snapshot, opts: &AnalysisOptions) -> Analysis {
         }
         let (totals, all_sites, device_sites) = others(&stacks);
         let timeline = time("timeline", || timeline::compute(snap, &stacks));
+        let stages = time("stages", || stages::compute(snap, &stacks, &timeline));
         let fragmentation = time("fragmentation", || {
             fragmentation::diagnose(snap, &totals, &timeline)
         });
@@ -88,6 +92,7 @@ pub fn analyse(snap: &Snapshot, opts: &AnalysisOptions) -> Analysis {
             sites: all_sites,
             device_sites,
             timeline,
+            stages,
             fragmentation,
             findings: Vec::new(),
             stacks,

@@ -265,6 +265,25 @@ pub struct AllocatorSettings {
     pub garbage_collection_threshold: Option<f64>,
 }
 
+/// `external_annotations[i].stage` (torch 2.5+): a `record_function` scope entered or left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AnnotationStage {
+    Start,
+    End,
+}
+
+/// One `external_annotations` entry (torch 2.5+, FORMAT.md §8): a user `record_function` scope
+/// (`Optimizer.step#AdamW.step`, `enumerate(DataLoader)#…`, `… (dynamo_timed)`) entered or left
+/// on one device at one time.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Annotation {
+    pub name: String,
+    pub stage: AnnotationStage,
+    pub device: i64,
+    /// µs since the epoch, on the trace entries' clock.
+    pub time_us: Option<i64>,
+}
+
 /// A whole snapshot file.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Snapshot {
@@ -283,6 +302,8 @@ pub struct Snapshot {
     pub allocator_settings: Option<AllocatorSettings>,
     /// Oldest trace entries dropped by `--max-trace-events`, per device list.
     pub dropped_trace_entries: u64,
+    /// `external_annotations` in file order (empty when absent).
+    pub annotations: Vec<Annotation>,
 }
 
 impl Snapshot {

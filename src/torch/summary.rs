@@ -31,6 +31,11 @@ pub struct Summary {
     pub allocation_sites: SitesSummary,
     pub timeline: Vec<DeviceTimelineSummary>,
     pub fragmentation: Vec<Fragmentation>,
+    /// Recorded (`external_annotations`) and inferred training stages, device then trace order.
+    pub stages: Vec<crate::torch::stages::summary::StageSummary>,
+    /// The stage holding each traced device's peak; whether the snapshot recorded annotations.
+    pub stage_at_peak: Vec<crate::torch::stages::summary::StageAtPeak>,
+    pub annotations_recorded: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub diff: Option<DiffSummary>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -631,6 +636,9 @@ pub fn summarize_with(snap: &Snapshot, a: &Analysis, top: usize, replay: Capture
             .map(|t| timeline(t, snap))
             .collect(),
         fragmentation: a.fragmentation.iter().map(fragmentation).collect(),
+        stages: crate::torch::stages::summary::stages(snap, &a.stages),
+        stage_at_peak: crate::torch::stages::summary::at_peak(&a.stages),
+        annotations_recorded: a.stages.recorded,
         diff: None,
         rank: None,
         rank_comparison: None,

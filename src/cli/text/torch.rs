@@ -35,6 +35,7 @@ pub(super) fn sections(
     ranks(s, t, first_of_group);
     sites(s, r, t, top);
     timeline(s, t);
+    s.push_str(&crate::present::stages::text(t));
     diff(s, t);
 }
 
