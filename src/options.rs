@@ -99,6 +99,49 @@ pub struct AnalysisOptions {
     /// Also compute what pictures draw (memory over time, allocator state, the heap over the
     /// program order): the HTML page and the editor's timeline ask for it.
     pub pictures: bool,
+    /// `--category NAME=REGEX`, in the order given (the first that matches a block wins).
+    pub categories: Vec<Category>,
+}
+
+/// A user category (`--category NAME=REGEX`): the live blocks whose stack has a frame whose
+/// `filename:function` the regex matches.
+#[derive(Clone, Debug)]
+pub struct Category {
+    pub name: String,
+    pub regex: regex::Regex,
+}
+
+impl PartialEq for Category {
+    fn eq(&self, o: &Category) -> bool {
+        self.name == o.name && self.regex.as_str() == o.regex.as_str()
+    }
+}
+impl Eq for Category {}
+
+impl Category {
+    /// `NAME=REGEX` (the first `=` splits; the name is not empty).
+    pub fn parse(s: &str) -> Result<Category, String> {
+        let (name, re) = s
+            .split_once('=')
+            .ok_or_else(|| format!("`{s}` is not NAME=REGEX (e.g. optimizer=torch/optim/)"))?;
+        if name.trim().is_empty() {
+            return Err(format!("`{s}`: the category name is empty"));
+        }
+        let regex = regex::Regex::new(re).map_err(|e| {
+            format!(
+                "`{re}` is not a regular expression: {}",
+                e.to_string().lines().last().unwrap_or("")
+            )
+        })?;
+        Ok(Category {
+            name: name.trim().to_string(),
+            regex,
+        })
+    }
+    /// Whether a frame belongs to this category.
+    pub fn matches(&self, filename: &str, function: &str) -> bool {
+        self.regex.is_match(&format!("{filename}:{function}"))
+    }
 }
 
 impl Default for AnalysisOptions {
@@ -108,6 +151,7 @@ impl Default for AnalysisOptions {
             module: None,
             frames: FrameFilter::default(),
             pictures: false,
+            categories: Vec::new(),
         }
     }
 }

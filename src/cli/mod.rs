@@ -154,11 +154,18 @@ struct CommonArgs {
     /// Frames whose path contains SUBSTR are not the user's (repeatable)
     #[arg(long = "exclude-frames", value_name = "SUBSTR")]
     exclude_frames: Vec<String>,
+    /// A category of live memory at the peak (repeatable, first match wins): the blocks whose
+    /// stack has a frame whose `filename:function` matches REGEX, e.g. optimizer=torch/optim/
+    #[arg(long = "category", value_name = "NAME=REGEX", value_parser = crate::options::Category::parse)]
+    categories: Vec<crate::options::Category>,
 }
 
 impl CommonArgs {
     fn is_empty(&self) -> bool {
-        self.path_map.is_empty() && self.max_file_bytes.is_none() && self.exclude_frames.is_empty()
+        self.path_map.is_empty()
+            && self.max_file_bytes.is_none()
+            && self.exclude_frames.is_empty()
+            && self.categories.is_empty()
     }
 
     /// Options for a run whose workspace is `workspace`.
@@ -168,6 +175,7 @@ impl CommonArgs {
             opts.decode.max_file_bytes = max;
         }
         opts.analysis.frames = FrameFilter::new(self.exclude_frames.clone());
+        opts.analysis.categories = self.categories.clone();
         opts.locate.workspace = vec![workspace];
         opts.locate.path_mappings = self.mappings();
         opts

@@ -121,6 +121,7 @@ fn torch(r: &CaptureReport, t: &crate::torch::summary::Summary) -> Value {
             "grown": d.grown.iter().take(20).map(|g| json!({"site": g.site, "before": g.bytes_before, "after": g.bytes_after, "blocks": g.blocks_delta})).collect::<Vec<_>>(),
         })),
         "rank": t.rank,
+        "categories": t.categories,
         "totals": {
             "reserved": t.totals.memory.reserved_bytes,
             "allocated": t.totals.memory.allocated_bytes,

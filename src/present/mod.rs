@@ -2,6 +2,7 @@
 //! html`, the editor's timeline webview), the JSON document of reports (`--format json`, the MCP
 //! tools' structured content), and the words a finding shows at the end of its line (`hint`).
 
+pub mod categories;
 pub mod hint;
 pub mod html;
 pub mod json;

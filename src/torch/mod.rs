@@ -4,6 +4,7 @@
 //! into the engine's typed [`Output`] (summary, sites, findings). Loading files and combining
 //! ranks or two snapshots of one run is the pipeline's job (`crate::analyze`).
 
+pub mod categories;
 pub mod diff;
 pub mod fragmentation;
 mod intern;
@@ -119,6 +120,9 @@ pub fn output(snap: &Snapshot, a: &Analysis, opts: &AnalysisOptions) -> Output {
     use crate::timings::time;
     let mut summary = time("summary", || summary::summarize(snap, a, opts.top));
     summary.rank_summary = time("rank summary", || ranks::RankSummary::of(snap, a));
+    summary.categories = time("categories", || {
+        categories::compute(snap, &a.stacks, &a.timeline, &opts.categories)
+    });
     if opts.pictures {
         time("pictures", || pictures(snap, a, &mut summary));
     }

@@ -36,6 +36,8 @@ pub struct Summary {
     /// The stage holding each traced device's peak; whether the snapshot recorded annotations.
     pub stage_at_peak: Vec<crate::torch::stages::summary::StageAtPeak>,
     pub annotations_recorded: bool,
+    /// Live memory at each device's peak by role and by `--category` (docs/CATEGORIES.md).
+    pub categories: Vec<crate::torch::categories::DeviceCategories>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub diff: Option<DiffSummary>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -639,6 +641,7 @@ pub fn summarize_with(snap: &Snapshot, a: &Analysis, top: usize, replay: Capture
         stages: crate::torch::stages::summary::stages(snap, &a.stages),
         stage_at_peak: crate::torch::stages::summary::at_peak(&a.stages),
         annotations_recorded: a.stages.recorded,
+        categories: Vec::new(),
         diff: None,
         rank: None,
         rank_comparison: None,

@@ -36,6 +36,7 @@ pub(super) fn sections(
     sites(s, r, t, top);
     timeline(s, t);
     s.push_str(&crate::present::stages::text(t));
+    s.push_str(&crate::present::categories::text(t));
     diff(s, t);
 }
 
