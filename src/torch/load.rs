@@ -13,8 +13,8 @@ use crate::error::{CaptureError, ErrorKind};
 use crate::pickle::{self, Kind, Limits, PickleErrorKind, Tree, Val};
 use crate::torch::intern::{Interner, Pipeline, RUN_COLLISION, THREAD_FROM};
 use crate::torch::model::{
-    Action, AllocatorSettings, Annotation, AnnotationStage, Block, BlockState, Segment, Snapshot,
-    SnapshotFormat, StackId, TraceEntry,
+    Action, AllocatorSettings, Block, BlockState, Segment, Snapshot, SnapshotFormat, StackId,
+    TraceEntry,
 };
 
 use crate::options::DecodeOptions;
@@ -584,7 +584,16 @@ fn build(
                 .pairs(root)
                 .filter_map(|(k, _)| t.str(k).map(str::to_string))
                 .collect();
-            let [segments, traces, settings, annotations] = b.fields(root, TOP_KEYS);
+            let [
+                segments,
+                traces,
+                settings,
+                annotations,
+                overflowed,
+                max_entries,
+                host_segments,
+                host_traces,
+            ] = b.fields(root, TOP_KEYS);
             match segments {
                 Some(s) => b.segments(s)?,
                 None => {
@@ -603,6 +612,10 @@ fn build(
             }
             if let Some(a) = annotations {
                 b.annotations(a);
+            }
+            b.ring_buffers(overflowed, max_entries);
+            if host_segments.is_some() || host_traces.is_some() {
+                b.host(host_segments, host_traces);
             }
         }
         Kind::List => {
@@ -625,13 +638,16 @@ fn build(
     Ok(b.snap)
 }
 
-const TOP_KEYS: &[&str; 4] = &[
+const TOP_KEYS: &[&str; 8] = &[
     "segments",
     "device_traces",
     "allocator_settings",
     "external_annotations",
+    "trace_alloc_overflowed",
+    "trace_alloc_max_entries",
+    "host_segments",
+    "host_traces",
 ];
-const ANNOTATION_KEYS: &[&str; 4] = &["name", "stage", "device", "time_us"];
 const SEGMENT_KEYS: &[&str; 12] = &[
     "device",
     "address",
@@ -965,35 +981,6 @@ impl<'t, 'a> Builder<'t, 'a> {
         self.snap.allocator_settings = Some(st);
     }
 
-    /// `external_annotations` (FORMAT.md §8): entries that are not dicts with a `START`/`END`
-    /// stage are skipped (an annotation only names a span; nothing else depends on it).
-    fn annotations(&mut self, list: Val) {
-        let t = self.t;
-        if !t.is_seq(list) {
-            return;
-        }
-        for &a in t.items(list) {
-            if !t.is_dict(a) {
-                continue;
-            }
-            let [name, stage, device, time_us] = self.fields(a, ANNOTATION_KEYS);
-            let stage = match stage.and_then(|s| t.str(s)) {
-                Some("START") => AnnotationStage::Start,
-                Some("END") => AnnotationStage::End,
-                _ => continue,
-            };
-            self.snap.annotations.push(Annotation {
-                name: name
-                    .and_then(|n| t.str(n))
-                    .unwrap_or("<unnamed>")
-                    .to_string(),
-                stage,
-                device: self.int(device).unwrap_or(0),
-                time_us: self.int(time_us),
-            });
-        }
-    }
-
     fn stack(&mut self, list: Val) -> Result<Option<StackId>, CaptureError> {
         let t = self.t;
         self.interner
@@ -1001,6 +988,8 @@ impl<'t, 'a> Builder<'t, 'a> {
             .map_err(|m| self.shape_error(&m))
     }
 }
+
+mod extras;
 
 #[cfg(test)]
 mod tests {

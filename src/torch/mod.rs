@@ -12,6 +12,7 @@ pub mod load;
 pub mod model;
 pub mod patterns;
 pub mod ranks;
+pub mod recording;
 pub mod replay;
 pub mod series;
 pub mod sites;

@@ -38,6 +38,12 @@ pub struct Summary {
     pub annotations_recorded: bool,
     /// Live memory at each device's peak by role and by `--category` (docs/CATEGORIES.md).
     pub categories: Vec<crate::torch::categories::DeviceCategories>,
+    /// Per traced device: whether its trace starts mid-run (read from the ring buffer's
+    /// `trace_alloc_overflowed` where recorded, else inferred).
+    pub trace_start: Vec<crate::torch::recording::TraceStart>,
+    /// The pinned host allocator (`host_segments`), never part of the device totals.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<crate::torch::recording::HostSummary>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub diff: Option<DiffSummary>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -642,6 +648,8 @@ pub fn summarize_with(snap: &Snapshot, a: &Analysis, top: usize, replay: Capture
         stage_at_peak: crate::torch::stages::summary::at_peak(&a.stages),
         annotations_recorded: a.stages.recorded,
         categories: Vec::new(),
+        trace_start: crate::torch::recording::trace_start(snap, &a.timeline),
+        host: crate::torch::recording::host(snap),
         diff: None,
         rank: None,
         rank_comparison: None,
