@@ -7,6 +7,7 @@
 
 mod check;
 mod compare;
+mod compare_labels;
 mod github;
 #[cfg(test)]
 mod presenter_tests;
@@ -90,9 +91,13 @@ enum Command {
 #[derive(Args, Debug)]
 struct CompareCliArgs {
     /// Summaries (`memlsp report SNAPSHOT --format json -o rankN.json`) or directories of them
-    #[arg(value_name = "SUMMARY", required = true)]
+    #[arg(value_name = "SUMMARY", required_unless_present = "labels")]
     paths: Vec<PathBuf>,
-    /// Output format (text or json)
+    /// A labelled PyTorch snapshot to compare side by side (repeatable, two or more; deltas are
+    /// against the first), e.g. --label "no AC"=a.pickle --label AC=b.pickle
+    #[arg(long = "label", value_name = "NAME=SNAPSHOT", value_parser = parse_label, conflicts_with = "paths")]
+    labels: Vec<(String, PathBuf)>,
+    /// Output format (text, json; html with --label)
     #[arg(long, value_enum, value_name = "FORMAT", default_value_t = ReportFormat::Text)]
     format: ReportFormat,
     #[command(flatten)]
@@ -229,6 +234,17 @@ fn parse_path_map(s: &str) -> Result<PathMap, String> {
     }
 }
 
+fn parse_label(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((name, path)) if !name.trim().is_empty() && !path.trim().is_empty() => {
+            Ok((name.trim().to_string(), PathBuf::from(path.trim())))
+        }
+        _ => Err(format!(
+            "`{s}` is not NAME=SNAPSHOT (e.g. \"no AC\"=a.pickle)"
+        )),
+    }
+}
+
 fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
@@ -291,6 +307,9 @@ pub fn run() -> Run {
         Some(_) if cli.check => Run::Exit(usage("--check cannot be combined with a subcommand")),
         Some(Command::Report(args)) => Run::Exit(report::run_report(args)),
         Some(Command::Baseline(args)) => Run::Exit(check::record_baseline(args)),
+        Some(Command::Compare(args)) if !args.labels.is_empty() => {
+            Run::Exit(compare_labels::run(args.labels, args.format, args.common))
+        }
         Some(Command::Compare(args)) => Run::Exit(compare::run(compare::CompareArgs {
             paths: args.paths,
             format: args.format,

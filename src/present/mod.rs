@@ -3,6 +3,7 @@
 //! tools' structured content), and the words a finding shows at the end of its line (`hint`).
 
 pub mod categories;
+pub mod compare;
 pub mod hint;
 pub mod html;
 pub mod json;
