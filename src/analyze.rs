@@ -229,9 +229,22 @@ fn torch_file(path: &Path, opts: &Options) -> Result<CaptureReport, CaptureError
 fn torch_output(path: &Path, opts: &Options) -> Result<torch::Output, CaptureError> {
     let snap = load_snapshot(path, &opts.decode)?;
     checkpoint(path, opts)?;
+    let (snap, cuts) = match &opts.range {
+        Some(r) => torch::range::cut(snap, r).map_err(|m| {
+            CaptureError::new(
+                path,
+                crate::error::ErrorKind::Invalid,
+                None,
+                format!("--range: {m}"),
+                "choose a range inside the trace",
+            )
+        })?,
+        None => (snap, Vec::new()),
+    };
     let a = torch::analyse(&snap, &opts.analysis);
     checkpoint(path, opts)?;
-    let out = torch::output(&snap, &a, &opts.analysis);
+    let mut out = torch::output(&snap, &a, &opts.analysis);
+    out.summary.range = cuts;
     // Freeing the snapshot and the analysis is part of the run.
     crate::timings::time("drop", || drop((a, snap)));
     Ok(out)

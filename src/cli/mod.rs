@@ -133,6 +133,10 @@ struct ReportArgs {
     /// Keep only the newest N trace events per device
     #[arg(long, value_name = "N")]
     max_trace_events: Option<usize>,
+    /// PyTorch: analyse only entries A..B of each device's trace (indices, or seconds from the
+    /// trace start with an `s`: 2s..4.5s; either end may be left out)
+    #[arg(long, value_name = "A..B", value_parser = crate::options::Range::parse)]
+    range: Option<crate::options::Range>,
     /// Output format
     #[arg(long, value_enum, value_name = "FORMAT", default_value_t = ReportFormat::Text)]
     format: ReportFormat,

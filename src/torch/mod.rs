@@ -11,6 +11,7 @@ mod intern;
 pub mod load;
 pub mod model;
 pub mod patterns;
+pub mod range;
 pub mod ranks;
 pub mod recording;
 pub mod replay;

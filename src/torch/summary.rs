@@ -41,6 +41,9 @@ pub struct Summary {
     /// Per traced device: whether its trace starts mid-run (read from the ring buffer's
     /// `trace_alloc_overflowed` where recorded, else inferred).
     pub trace_start: Vec<crate::torch::recording::TraceStart>,
+    /// `--range A..B`: the part of each device's trace analysed (absent without `--range`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub range: Vec<crate::torch::range::Cut>,
     /// The pinned host allocator (`host_segments`), never part of the device totals.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host: Option<crate::torch::recording::HostSummary>,
@@ -649,6 +652,7 @@ pub fn summarize_with(snap: &Snapshot, a: &Analysis, top: usize, replay: Capture
         annotations_recorded: a.stages.recorded,
         categories: Vec::new(),
         trace_start: crate::torch::recording::trace_start(snap, &a.timeline),
+        range: Vec::new(),
         host: crate::torch::recording::host(snap),
         diff: None,
         rank: None,

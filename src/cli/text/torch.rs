@@ -31,6 +31,16 @@ pub(super) fn sections(
     top: usize,
     first_of_group: bool,
 ) {
+    for c in &t.range {
+        let _ = writeln!(
+            s,
+            "Range: device {} entries {}..{} of {} (--range; the allocator state at entry {} rebuilt by the replay that reproduces the recorded events)",
+            c.device, c.start_index, c.end_index, c.of_entries, c.end_index
+        );
+    }
+    if !t.range.is_empty() {
+        s.push('\n');
+    }
     totals(s, t);
     if let Some(h) = &t.host {
         // Pinned host memory is the host's: never added to the device totals above.
