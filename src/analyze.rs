@@ -103,6 +103,12 @@ pub fn analyze_path(path: &Path, opts: &Options) -> Result<Vec<CaptureReport>, C
                 out.push(analyze_file(p, opts)?);
             }
         }
+        TorchGroups::Series(steps, rest) => {
+            out.push(analyze_series(&steps, opts)?);
+            for p in rest {
+                out.push(analyze_file(p, opts)?);
+            }
+        }
         TorchGroups::Steps(first, last, rest) => {
             out.push(analyze_diff(first, last, opts)?);
             for p in rest {
@@ -130,6 +136,8 @@ enum TorchGroups<'a> {
     /// `memlsp_capture` writes them): what grew from the first to the last, and the other files
     /// (`snapshot_oom`) on their own.
     Steps(&'a PathBuf, &'a PathBuf, Vec<&'a PathBuf>),
+    /// Three or more steps of one process: the trend over all of them (`torch::trend`).
+    Series(Vec<(u64, &'a PathBuf)>, Vec<&'a PathBuf>),
     One(&'a PathBuf),
     None,
 }
@@ -172,6 +180,9 @@ fn torch_groups<'a>(torch: &[&'a PathBuf]) -> TorchGroups<'a> {
             .copied()
             .filter(|p| number_in_name(p, "step").is_none())
             .collect();
+        if stepped.len() >= 3 {
+            return TorchGroups::Series(stepped, rest);
+        }
         return TorchGroups::Steps(first, last, rest);
     }
     match torch {
@@ -208,6 +219,53 @@ pub fn analyze_diff(
     findings::sort(&mut a_after.findings);
     let mut out = torch::output(&after, &a_after, &opts.analysis);
     out.summary.diff = Some(torch::summary::diff(&d, earlier, later));
+    Ok(torch_report(later, out))
+}
+
+/// Three or more snapshots of one run, oldest step first: the report of the last, with what
+/// grew since the first (`diff`) and the trend over all (`trend`); PT011 comes from the whole
+/// series (a site that grew at every snapshot), not from the first and last alone.
+pub fn analyze_series(
+    steps: &[(u64, &PathBuf)],
+    opts: &Options,
+) -> Result<CaptureReport, CaptureError> {
+    let mut analysed = Vec::with_capacity(steps.len());
+    let mut first = None;
+    let mut last = None;
+    for (i, (step, p)) in steps.iter().enumerate() {
+        check_size(p, opts)?;
+        let snap = load_snapshot(p, &opts.decode)?;
+        checkpoint(p, opts)?;
+        let a = torch::analyse(&snap, &opts.analysis);
+        analysed.push((*step, p.display().to_string(), a));
+        if i == 0 {
+            first = Some(snap);
+        } else if i + 1 == steps.len() {
+            last = Some(snap);
+        }
+    }
+    let (Some(before), Some(after)) = (first, last) else {
+        return Err(CaptureError::new(
+            steps[0].1,
+            ErrorKind::Empty,
+            None,
+            "a series needs three or more snapshots",
+            "name them …step<K>…",
+        ));
+    };
+    let refs: Vec<(u64, String, &torch::Analysis)> = analysed
+        .iter()
+        .map(|(s, p, a)| (*s, p.clone(), a))
+        .collect();
+    let trend = torch::trend::compute(&refs);
+    let (earlier, later) = (steps[0].1, steps[steps.len() - 1].1);
+    let (a_before, a_after) = (&analysed[0].2, &analysed[analysed.len() - 1].2);
+    let d = torch::diff::diff(&before, a_before, &after, a_after);
+    let mut out = torch::output(&after, a_after, &opts.analysis);
+    out.findings.extend(torch::trend::findings(&after, &trend));
+    findings::sort(&mut out.findings);
+    out.summary.diff = Some(torch::summary::diff(&d, earlier, later));
+    out.summary.trend = Some(trend);
     Ok(torch_report(later, out))
 }
 

@@ -8,3 +8,4 @@ pub mod hint;
 pub mod html;
 pub mod json;
 pub mod stages;
+pub mod trend;

@@ -22,6 +22,7 @@ pub mod stages;
 pub mod summary;
 pub mod timeline;
 pub mod totals;
+pub mod trend;
 pub mod whatif;
 
 use crate::findings::{self, Code, Finding, Label};

@@ -41,6 +41,9 @@ pub struct Summary {
     /// Per traced device: whether its trace starts mid-run (read from the ring buffer's
     /// `trace_alloc_overflowed` where recorded, else inferred).
     pub trace_start: Vec<crate::torch::recording::TraceStart>,
+    /// Three or more snapshots of one run: per-site bytes per step, slope, leak verdict.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trend: Option<crate::torch::trend::Trend>,
     /// `--range A..B`: the part of each device's trace analysed (absent without `--range`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub range: Vec<crate::torch::range::Cut>,
@@ -653,6 +656,7 @@ pub fn summarize_with(snap: &Snapshot, a: &Analysis, top: usize, replay: Capture
         categories: Vec::new(),
         trace_start: crate::torch::recording::trace_start(snap, &a.timeline),
         range: Vec::new(),
+        trend: None,
         host: crate::torch::recording::host(snap),
         diff: None,
         rank: None,
