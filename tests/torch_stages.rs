@@ -218,3 +218,19 @@ fn the_page_carries_stage_bands() {
     assert!(bands.iter().any(|b| b[5] == true && b[2] == "backward"));
     assert!(html.contains("Stage bands under the picture"));
 }
+
+/// An SGD run with no optimizer step recorded: its `zero_grad` calls number the steps.
+#[test]
+fn zero_grad_numbers_the_steps_without_an_optimizer_step() {
+    let Some(p) = real("ZidongLiu__2f29ac4e_memory.pickle") else {
+        return;
+    };
+    let st = stages(&report(&p, "json").json());
+    let zg: Vec<u64> = st
+        .iter()
+        .filter(|s| s["name"] == "Optimizer.zero_grad#SGD.zero_grad")
+        .map(|s| s["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(zg, vec![1, 2]);
+    assert_eq!(st.last().unwrap()["step"], 2);
+}

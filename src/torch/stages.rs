@@ -92,7 +92,7 @@ pub struct Stages {
 /// Sites kept per stage.
 pub const TOP_SITES: usize = 3;
 /// Stages that get their live sites (each costs one pass over the trace).
-pub const SITES_FOR: usize = 24;
+pub const SITES_FOR: usize = 8;
 /// Inferred stages per device at most (the rest of the trace stays unstaged).
 pub const MAX_INFERRED: usize = 96;
 /// Entries per block of the running-maximum index.
@@ -396,6 +396,14 @@ fn number(spans: &mut [Stage]) {
         }
     }
     optimizer_ends.sort_unstable();
+    // Without any optimizer step (an SGD without state, a zeroth-order method), recorded
+    // `zero_grad` calls mark the steps instead: each one starts the next.
+    let mut zero_grads: Vec<u64> = spans
+        .iter()
+        .filter(|s| s.source == StageSource::Recorded && s.name.starts_with("Optimizer.zero_grad#"))
+        .map(|s| s.start)
+        .collect();
+    zero_grads.sort_unstable();
     for s in spans.iter_mut() {
         let c = match counts.iter_mut().find(|(n, _)| *n == s.name) {
             Some((_, c)) => {
@@ -409,8 +417,11 @@ fn number(spans: &mut [Stage]) {
         };
         s.occurrence = c;
         // An optimizer stage belongs to the step it ends.
-        let before = optimizer_ends.partition_point(|&e| e <= s.start) as u32;
-        s.step = before + 1;
+        s.step = if optimizer_ends.is_empty() && !zero_grads.is_empty() {
+            (zero_grads.partition_point(|&z| z <= s.start) as u32).max(1)
+        } else {
+            optimizer_ends.partition_point(|&e| e <= s.start) as u32 + 1
+        };
     }
 }
 
