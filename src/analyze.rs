@@ -145,6 +145,12 @@ pub fn analyze_path_partial(path: &Path, opts: &Options) -> Result<Partial, Capt
                 out.keep(analyze_file(p, opts));
             }
         }
+        TorchGroups::Series(steps, rest) => {
+            out.keep(analyze_series(&steps, opts));
+            for p in rest {
+                out.keep(analyze_file(p, opts));
+            }
+        }
         TorchGroups::Steps(first, last, rest) => {
             out.keep(analyze_diff(first, last, opts));
             for p in rest {
@@ -172,6 +178,8 @@ enum TorchGroups<'a> {
     /// `memlsp_capture` writes them): what grew from the first to the last, and the other files
     /// (`snapshot_oom`) on their own.
     Steps(&'a PathBuf, &'a PathBuf, Vec<&'a PathBuf>),
+    /// Three or more steps of one process: the trend over all of them (`torch::trend`).
+    Series(Vec<(u64, &'a PathBuf)>, Vec<&'a PathBuf>),
     One(&'a PathBuf),
     None,
 }
@@ -214,6 +222,9 @@ fn torch_groups<'a>(torch: &[&'a PathBuf]) -> TorchGroups<'a> {
             .copied()
             .filter(|p| number_in_name(p, "step").is_none())
             .collect();
+        if stepped.len() >= 3 {
+            return TorchGroups::Series(stepped, rest);
+        }
         return TorchGroups::Steps(first, last, rest);
     }
     match torch {
@@ -253,6 +264,53 @@ pub fn analyze_diff(
     Ok(torch_report(later, out))
 }
 
+/// Three or more snapshots of one run, oldest step first: the report of the last, with what
+/// grew since the first (`diff`) and the trend over all (`trend`); PT011 comes from the whole
+/// series (a site that grew at every snapshot), not from the first and last alone.
+pub fn analyze_series(
+    steps: &[(u64, &PathBuf)],
+    opts: &Options,
+) -> Result<CaptureReport, CaptureError> {
+    let mut analysed = Vec::with_capacity(steps.len());
+    let mut first = None;
+    let mut last = None;
+    for (i, (step, p)) in steps.iter().enumerate() {
+        check_size(p, opts)?;
+        let snap = load_snapshot(p, &opts.decode)?;
+        checkpoint(p, opts)?;
+        let a = torch::analyse(&snap, &opts.analysis);
+        analysed.push((*step, p.display().to_string(), a));
+        if i == 0 {
+            first = Some(snap);
+        } else if i + 1 == steps.len() {
+            last = Some(snap);
+        }
+    }
+    let (Some(before), Some(after)) = (first, last) else {
+        return Err(CaptureError::new(
+            steps[0].1,
+            ErrorKind::Empty,
+            None,
+            "a series needs three or more snapshots",
+            "name them …step<K>…",
+        ));
+    };
+    let refs: Vec<(u64, String, &torch::Analysis)> = analysed
+        .iter()
+        .map(|(s, p, a)| (*s, p.clone(), a))
+        .collect();
+    let trend = torch::trend::compute(&refs);
+    let (earlier, later) = (steps[0].1, steps[steps.len() - 1].1);
+    let (a_before, a_after) = (&analysed[0].2, &analysed[analysed.len() - 1].2);
+    let d = torch::diff::diff(&before, a_before, &after, a_after);
+    let mut out = torch::output(&after, a_after, &opts.analysis);
+    out.findings.extend(torch::trend::findings(&after, &trend));
+    findings::sort(&mut out.findings);
+    out.summary.diff = Some(torch::summary::diff(&d, earlier, later));
+    out.summary.trend = Some(trend);
+    Ok(torch_report(later, out))
+}
+
 fn torch_report(path: &Path, out: torch::Output) -> CaptureReport {
     CaptureReport {
         path: path.to_path_buf(),
@@ -271,9 +329,22 @@ fn torch_file(path: &Path, opts: &Options) -> Result<CaptureReport, CaptureError
 fn torch_output(path: &Path, opts: &Options) -> Result<torch::Output, CaptureError> {
     let snap = load_snapshot(path, &opts.decode)?;
     checkpoint(path, opts)?;
+    let (snap, cuts) = match &opts.range {
+        Some(r) => torch::range::cut(snap, r).map_err(|m| {
+            CaptureError::new(
+                path,
+                crate::error::ErrorKind::Invalid,
+                None,
+                format!("--range: {m}"),
+                "choose a range inside the trace",
+            )
+        })?,
+        None => (snap, Vec::new()),
+    };
     let a = torch::analyse(&snap, &opts.analysis);
     checkpoint(path, opts)?;
-    let out = torch::output(&snap, &a, &opts.analysis);
+    let mut out = torch::output(&snap, &a, &opts.analysis);
+    out.summary.range = cuts;
     // Freeing the snapshot and the analysis is part of the run.
     crate::timings::time("drop", || drop((a, snap)));
     Ok(out)

@@ -132,6 +132,49 @@ pub struct AnalysisOptions {
     /// Also compute what pictures draw (memory over time, allocator state, the heap over the
     /// program order): the HTML page and the editor's timeline ask for it.
     pub pictures: bool,
+    /// `--category NAME=REGEX`, in the order given (the first that matches a block wins).
+    pub categories: Vec<Category>,
+}
+
+/// A user category (`--category NAME=REGEX`): the live blocks whose stack has a frame whose
+/// `filename:function` the regex matches.
+#[derive(Clone, Debug)]
+pub struct Category {
+    pub name: String,
+    pub regex: regex::Regex,
+}
+
+impl PartialEq for Category {
+    fn eq(&self, o: &Category) -> bool {
+        self.name == o.name && self.regex.as_str() == o.regex.as_str()
+    }
+}
+impl Eq for Category {}
+
+impl Category {
+    /// `NAME=REGEX` (the first `=` splits; the name is not empty).
+    pub fn parse(s: &str) -> Result<Category, String> {
+        let (name, re) = s
+            .split_once('=')
+            .ok_or_else(|| format!("`{s}` is not NAME=REGEX (e.g. optimizer=torch/optim/)"))?;
+        if name.trim().is_empty() {
+            return Err(format!("`{s}`: the category name is empty"));
+        }
+        let regex = regex::Regex::new(re).map_err(|e| {
+            format!(
+                "`{re}` is not a regular expression: {}",
+                e.to_string().lines().last().unwrap_or("")
+            )
+        })?;
+        Ok(Category {
+            name: name.trim().to_string(),
+            regex,
+        })
+    }
+    /// Whether a frame belongs to this category.
+    pub fn matches(&self, filename: &str, function: &str) -> bool {
+        self.regex.is_match(&format!("{filename}:{function}"))
+    }
 }
 
 impl Default for AnalysisOptions {
@@ -141,6 +184,7 @@ impl Default for AnalysisOptions {
             module: None,
             frames: FrameFilter::default(),
             pictures: false,
+            categories: Vec::new(),
         }
     }
 }
@@ -154,10 +198,95 @@ pub struct LocateOptions {
     pub path_mappings: Vec<(String, PathBuf)>,
 }
 
+/// `--range A..B` (PyTorch): the part of each device's trace to analyse (`torch::range`).
+/// One end of a `--range`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Bound {
+    Entry(u64),
+    Seconds(f64),
+}
+
+/// `A..B` as given.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Range {
+    pub start: Option<Bound>,
+    pub end: Option<Bound>,
+}
+
+fn bound(s: &str) -> Result<Option<Bound>, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Ok(None);
+    }
+    if let Some(sec) = s.strip_suffix('s') {
+        return match sec.trim().parse::<f64>() {
+            Ok(v) if v.is_finite() && v >= 0.0 => Ok(Some(Bound::Seconds(v))),
+            _ => Err(format!("`{s}` is not a number of seconds (e.g. 2.5s)")),
+        };
+    }
+    s.parse::<u64>()
+        .map(|v| Some(Bound::Entry(v)))
+        .map_err(|_| format!("`{s}` is not an entry index or seconds (e.g. 1000 or 2.5s)"))
+}
+
+impl Range {
+    /// `A..B`, `A..`, `..B`.
+    pub fn parse(s: &str) -> Result<Range, String> {
+        let (a, b) = s.split_once("..").ok_or_else(|| {
+            format!("`{s}` is not A..B (entry indices or seconds: 1000..5000, 2s..4.5s)")
+        })?;
+        let r = Range {
+            start: bound(a)?,
+            end: bound(b)?,
+        };
+        if let (Some(Bound::Entry(x)), Some(Bound::Entry(y))) = (r.start, r.end)
+            && x >= y
+        {
+            return Err(format!("`{s}`: the range is empty (A must be below B)"));
+        }
+        Ok(r)
+    }
+
+    /// Entry indices `a..b` of a trace of `n` entries whose times (µs) `time` gives.
+    pub fn indices(
+        &self,
+        n: usize,
+        time: impl Fn(usize) -> Option<i64>,
+    ) -> Result<(usize, usize), String> {
+        let t0 = time(0);
+        let at = |b: Bound| -> Result<usize, String> {
+            match b {
+                Bound::Entry(i) => Ok(usize::try_from(i).unwrap_or(usize::MAX).min(n)),
+                Bound::Seconds(s) => {
+                    let t0 =
+                        t0.ok_or("its trace has no time_us (torch < 2.2): give entry indices")?;
+                    let t = t0.saturating_add((s * 1e6) as i64);
+                    // time_us is non-decreasing per device (FORMAT.md §5).
+                    let (mut lo, mut hi) = (0usize, n);
+                    while lo < hi {
+                        let mid = (lo + hi) / 2;
+                        if time(mid).unwrap_or(i64::MIN) < t {
+                            lo = mid + 1;
+                        } else {
+                            hi = mid;
+                        }
+                    }
+                    Ok(lo)
+                }
+            }
+        };
+        let a = self.start.map(at).transpose()?.unwrap_or(0);
+        let b = self.end.map(at).transpose()?.unwrap_or(n);
+        Ok((a, b.max(a)))
+    }
+}
+
 /// Everything one run of the pipeline is told (`report`, `--check`, the server).
 #[derive(Clone, Debug, Default)]
 pub struct Options {
     pub decode: DecodeOptions,
+    /// `--range A..B`: analyse only that part of each device's trace.
+    pub range: Option<Range>,
     pub analysis: AnalysisOptions,
     pub locate: LocateOptions,
     /// Snapshots analysed at once (per-rank directories); 0 = one per core. Peak memory is at

@@ -95,6 +95,7 @@ impl CaptureReport {
             }
             None => format!("{prefix}{}", self.all_clear()),
         };
+        let sentence = self.with_stage_at_peak(sentence);
         match &self.engine {
             Engine::Torch(t) => match &t.rank_comparison {
                 Some(c) if c.imbalance.is_some_and(|x| x > 1.2) => format!(
@@ -108,6 +109,28 @@ impl CaptureReport {
             },
             Engine::Xla(_) => sentence,
         }
+    }
+
+    /// A snapshot that recorded `external_annotations` names the stage holding its peak (the
+    /// peak device's): "…; peak in `Optimizer.step#AdamW.step` of step 3".
+    fn with_stage_at_peak(&self, sentence: String) -> String {
+        let Engine::Torch(t) = &self.engine else {
+            return sentence;
+        };
+        if !t.annotations_recorded {
+            return sentence;
+        }
+        let device = t.totals.peak_active_bytes_trace_relative.map(|p| p.device);
+        let Some(s) = t
+            .stage_at_peak
+            .iter()
+            .find(|s| Some(s.device) == device)
+            .or(t.stage_at_peak.first())
+        else {
+            return sentence;
+        };
+        let end = if sentence.ends_with('.') { "." } else { "" };
+        format!("{}; {}{end}", sentence.trim_end_matches('.'), s.phrase())
     }
 
     /// What the report is about, when a capture holds several things (the JAX module).

@@ -7,6 +7,7 @@
 
 mod check;
 mod compare;
+mod compare_labels;
 mod github;
 #[cfg(test)]
 mod presenter_tests;
@@ -111,9 +112,13 @@ pub struct McpArgs {
 #[derive(Args, Debug)]
 struct CompareCliArgs {
     /// Summaries (`memlsp report SNAPSHOT --format json -o rankN.json`) or directories of them
-    #[arg(value_name = "SUMMARY", required = true)]
+    #[arg(value_name = "SUMMARY", required_unless_present = "labels")]
     paths: Vec<PathBuf>,
-    /// Output format (text or json)
+    /// A labelled PyTorch snapshot to compare side by side (repeatable, two or more; deltas are
+    /// against the first), e.g. --label "no AC"=a.pickle --label AC=b.pickle
+    #[arg(long = "label", value_name = "NAME=SNAPSHOT", value_parser = parse_label, conflicts_with = "paths")]
+    labels: Vec<(String, PathBuf)>,
+    /// Output format (text, json; html with --label)
     #[arg(long, value_enum, value_name = "FORMAT", default_value_t = ReportFormat::Text)]
     format: ReportFormat,
     #[command(flatten)]
@@ -149,6 +154,10 @@ struct ReportArgs {
     /// Keep only the newest N trace events per device
     #[arg(long, value_name = "N")]
     max_trace_events: Option<usize>,
+    /// PyTorch: analyse only entries A..B of each device's trace (indices, or seconds from the
+    /// trace start with an `s`: 2s..4.5s; either end may be left out)
+    #[arg(long, value_name = "A..B", value_parser = crate::options::Range::parse)]
+    range: Option<crate::options::Range>,
     /// Output format
     #[arg(long, value_enum, value_name = "FORMAT", default_value_t = ReportFormat::Text)]
     format: ReportFormat,
@@ -179,6 +188,10 @@ struct CommonArgs {
     /// Frames whose path contains SUBSTR are not the user's (repeatable)
     #[arg(long = "exclude-frames", value_name = "SUBSTR")]
     exclude_frames: Vec<String>,
+    /// A category of live memory at the peak (repeatable, first match wins): the blocks whose
+    /// stack has a frame whose `filename:function` matches REGEX, e.g. optimizer=torch/optim/
+    #[arg(long = "category", value_name = "NAME=REGEX", value_parser = crate::options::Category::parse)]
+    categories: Vec<crate::options::Category>,
 }
 
 impl CommonArgs {
@@ -187,6 +200,7 @@ impl CommonArgs {
             && self.max_file_bytes.is_none()
             && self.max_model_bytes.is_none()
             && self.exclude_frames.is_empty()
+            && self.categories.is_empty()
     }
 
     /// Options for a run whose workspace is `workspace`.
@@ -197,6 +211,7 @@ impl CommonArgs {
         }
         opts.decode.max_model_bytes = self.max_model_bytes;
         opts.analysis.frames = FrameFilter::new(self.exclude_frames.clone());
+        opts.analysis.categories = self.categories.clone();
         opts.locate.workspace = vec![workspace];
         opts.locate.path_mappings = self.mappings();
         opts
@@ -246,6 +261,17 @@ fn parse_path_map(s: &str) -> Result<PathMap, String> {
         }),
         _ => Err(format!(
             "`{s}` is not FROM=TO (a recorded path prefix, `=`, a local directory)"
+        )),
+    }
+}
+
+fn parse_label(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((name, path)) if !name.trim().is_empty() && !path.trim().is_empty() => {
+            Ok((name.trim().to_string(), PathBuf::from(path.trim())))
+        }
+        _ => Err(format!(
+            "`{s}` is not NAME=SNAPSHOT (e.g. \"no AC\"=a.pickle)"
         )),
     }
 }
@@ -312,6 +338,9 @@ pub fn run() -> Run {
         Some(_) if cli.check => Run::Exit(usage("--check cannot be combined with a subcommand")),
         Some(Command::Report(args)) => Run::Exit(report::run_report(args)),
         Some(Command::Baseline(args)) => Run::Exit(check::record_baseline(args)),
+        Some(Command::Compare(args)) if !args.labels.is_empty() => {
+            Run::Exit(compare_labels::run(args.labels, args.format, args.common))
+        }
         Some(Command::Compare(args)) => Run::Exit(compare::run(compare::CompareArgs {
             paths: args.paths,
             format: args.format,

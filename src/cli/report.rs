@@ -27,6 +27,7 @@ fn report_inner(args: ReportArgs) -> i32 {
         opts.analysis.top = top;
     }
     opts.decode.max_trace_events = args.max_trace_events;
+    opts.range = args.range;
     opts.analysis.module = args.module.clone();
     opts.analysis.pictures = args.format == ReportFormat::Html;
     opts.jobs = args.jobs.unwrap_or(0) as usize;

@@ -101,6 +101,7 @@ fn torch(r: &CaptureReport, t: &crate::torch::summary::Summary) -> Value {
                 })).collect::<Vec<_>>(),
                 "columns": s.columns.iter().map(|c| json!([c.first, c.last, c.at, c.total_min, c.total_max, c.reserved, c.values, c.time_us])).collect::<Vec<_>>(),
                 "peak": s.peak,
+                "stages": crate::present::stages::bands(t, s.device),
                 "ooms": s.ooms,
                 "segments": segs,
                 "fragmentation": fragmentation.get(&s.device).map_or(&[][..], Vec::as_slice),
@@ -142,6 +143,7 @@ fn torch(r: &CaptureReport, t: &crate::torch::summary::Summary) -> Value {
             "grown": d.grown.iter().take(20).map(|g| json!({"site": g.site, "before": g.bytes_before, "after": g.bytes_after, "blocks": g.blocks_delta})).collect::<Vec<_>>(),
         })),
         "rank": t.rank,
+        "categories": t.categories,
         "totals": {
             "reserved": t.totals.memory.reserved_bytes,
             "allocated": t.totals.memory.allocated_bytes,

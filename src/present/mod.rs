@@ -4,8 +4,12 @@
 //! escaping of capture strings for each place they are shown (`escape`), and what both servers
 //! answer to a message they cannot take (`jsonrpc`).
 
+pub mod categories;
+pub mod compare;
 pub mod escape;
 pub mod hint;
 pub mod html;
 pub mod json;
 pub mod jsonrpc;
+pub mod stages;
+pub mod trend;

@@ -587,7 +587,16 @@ fn build(
                 .pairs(root)
                 .filter_map(|(k, _)| t.str(k).map(str::to_string))
                 .collect();
-            let [segments, traces, settings] = b.fields(root, TOP_KEYS);
+            let [
+                segments,
+                traces,
+                settings,
+                annotations,
+                overflowed,
+                max_entries,
+                host_segments,
+                host_traces,
+            ] = b.fields(root, TOP_KEYS);
             within_budget(path, file_len, t, segments, traces, &streamed, opts)?;
             match segments {
                 Some(s) => b.segments(s)?,
@@ -604,6 +613,13 @@ fn build(
             }
             if let Some(s) = settings {
                 b.settings(s);
+            }
+            if let Some(a) = annotations {
+                b.annotations(a);
+            }
+            b.ring_buffers(overflowed, max_entries);
+            if host_segments.is_some() || host_traces.is_some() {
+                b.host(host_segments, host_traces);
             }
         }
         Kind::List => {
@@ -647,7 +663,16 @@ fn within_budget(
     budget::check(path, &c, file_len as u64, opts)
 }
 
-const TOP_KEYS: &[&str; 3] = &["segments", "device_traces", "allocator_settings"];
+const TOP_KEYS: &[&str; 8] = &[
+    "segments",
+    "device_traces",
+    "allocator_settings",
+    "external_annotations",
+    "trace_alloc_overflowed",
+    "trace_alloc_max_entries",
+    "host_segments",
+    "host_traces",
+];
 const SEGMENT_KEYS: &[&str; 12] = &[
     "device",
     "address",
@@ -988,6 +1013,8 @@ impl<'t, 'a> Builder<'t, 'a> {
             .map_err(|m| self.shape_error(&m))
     }
 }
+
+mod extras;
 
 #[cfg(test)]
 mod tests {

@@ -5,6 +5,7 @@
 //! ranks or two snapshots of one run is the pipeline's job (`crate::analyze`).
 
 pub mod budget;
+pub mod categories;
 #[cfg(test)]
 mod device_scale_tests;
 pub mod diff;
@@ -13,14 +14,18 @@ mod intern;
 pub mod load;
 pub mod model;
 pub mod patterns;
+pub mod range;
 pub mod ranks;
+pub mod recording;
 pub mod replay;
 pub mod series;
 pub mod sites;
 pub mod stacks;
+pub mod stages;
 pub mod summary;
 pub mod timeline;
 pub mod totals;
+pub mod trend;
 pub mod whatif;
 
 use crate::findings::{self, Code, Finding, Label};
@@ -37,6 +42,8 @@ pub struct Analysis {
     /// Sites per device (same order as `totals.devices`).
     pub device_sites: Vec<sites::Sites>,
     pub timeline: timeline::Timeline,
+    /// Recorded and inferred training stages per traced device.
+    pub stages: stages::Stages,
     pub fragmentation: Vec<fragmentation::OomDiagnosis>,
     pub findings: Vec<Finding>,
     pub stacks: StackIndex,
@@ -83,6 +90,7 @@ pub fn analyse(snap: &Snapshot, opts: &AnalysisOptions) -> Analysis {
         }
         let (totals, all_sites, device_sites) = others(&stacks);
         let timeline = time("timeline", || timeline::compute(snap, &stacks));
+        let stages = time("stages", || stages::compute(snap, &stacks, &timeline));
         let fragmentation = time("fragmentation", || {
             fragmentation::diagnose(snap, &totals, &timeline)
         });
@@ -91,6 +99,7 @@ pub fn analyse(snap: &Snapshot, opts: &AnalysisOptions) -> Analysis {
             sites: all_sites,
             device_sites,
             timeline,
+            stages,
             fragmentation,
             findings: Vec::new(),
             stacks,
@@ -117,6 +126,9 @@ pub fn output(snap: &Snapshot, a: &Analysis, opts: &AnalysisOptions) -> Output {
     use crate::timings::time;
     let mut summary = time("summary", || summary::summarize(snap, a, opts.top));
     summary.rank_summary = time("rank summary", || ranks::RankSummary::of(snap, a));
+    summary.categories = time("categories", || {
+        categories::compute(snap, &a.stacks, &a.timeline, &opts.categories)
+    });
     if opts.pictures {
         time("pictures", || pictures(snap, a, &mut summary));
     }

@@ -265,6 +265,47 @@ pub struct AllocatorSettings {
     pub garbage_collection_threshold: Option<f64>,
 }
 
+/// `external_annotations[i].stage` (torch 2.5+): a `record_function` scope entered or left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AnnotationStage {
+    Start,
+    End,
+}
+
+/// One `external_annotations` entry (torch 2.5+, FORMAT.md §8): a user `record_function` scope
+/// (`Optimizer.step#AdamW.step`, `enumerate(DataLoader)#…`, `… (dynamo_timed)`) entered or left
+/// on one device at one time.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Annotation {
+    pub name: String,
+    pub stage: AnnotationStage,
+    pub device: i64,
+    /// µs since the epoch, on the trace entries' clock.
+    pub time_us: Option<i64>,
+}
+
+/// What the snapshot says about one device's trace ring buffer (`trace_alloc_overflowed`,
+/// `trace_alloc_max_entries`, PyTorch 2026; layout [unverified]: a list by device, a dict keyed
+/// by device, or one value for every device).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RingBuffer {
+    pub device: i64,
+    pub overflowed: Option<bool>,
+    pub max_entries: Option<u64>,
+}
+
+/// The pinned host allocator (`host_segments`, `host_traces`; torch 2.14 with
+/// `record_pinned_host_memory=True`; layout [unverified], read like device segments).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct HostMemory {
+    pub segments: u64,
+    /// Σ `total_size` (or `size`) of the host segments.
+    pub reserved_bytes: u64,
+    /// Σ `allocated_size`, or of the `active_allocated` blocks' sizes.
+    pub allocated_bytes: u64,
+    pub trace_entries: u64,
+}
+
 /// A whole snapshot file.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Snapshot {
@@ -285,6 +326,12 @@ pub struct Snapshot {
     pub dropped_trace_entries: u64,
     /// Segments by device, built on first use (see [`Snapshot::segments_of`]).
     pub by_device: DeviceIndex,
+    /// `external_annotations` in file order (empty when absent).
+    pub annotations: Vec<Annotation>,
+    /// Per device, where the snapshot recorded its ring buffer's state (empty when absent).
+    pub ring_buffers: Vec<RingBuffer>,
+    /// The pinned host allocator, when `host_segments` or `host_traces` is present.
+    pub host: Option<HostMemory>,
 }
 
 /// Positions in [`Snapshot::segments`] of each device's segments, built once on first use so

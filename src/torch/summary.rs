@@ -31,6 +31,25 @@ pub struct Summary {
     pub allocation_sites: SitesSummary,
     pub timeline: Vec<DeviceTimelineSummary>,
     pub fragmentation: Vec<Fragmentation>,
+    /// Recorded (`external_annotations`) and inferred training stages, device then trace order.
+    pub stages: Vec<crate::torch::stages::summary::StageSummary>,
+    /// The stage holding each traced device's peak; whether the snapshot recorded annotations.
+    pub stage_at_peak: Vec<crate::torch::stages::summary::StageAtPeak>,
+    pub annotations_recorded: bool,
+    /// Live memory at each device's peak by role and by `--category` (docs/CATEGORIES.md).
+    pub categories: Vec<crate::torch::categories::DeviceCategories>,
+    /// Per traced device: whether its trace starts mid-run (read from the ring buffer's
+    /// `trace_alloc_overflowed` where recorded, else inferred).
+    pub trace_start: Vec<crate::torch::recording::TraceStart>,
+    /// Three or more snapshots of one run: per-site bytes per step, slope, leak verdict.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trend: Option<crate::torch::trend::Trend>,
+    /// `--range A..B`: the part of each device's trace analysed (absent without `--range`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub range: Vec<crate::torch::range::Cut>,
+    /// The pinned host allocator (`host_segments`), never part of the device totals.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<crate::torch::recording::HostSummary>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub diff: Option<DiffSummary>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -631,6 +650,14 @@ pub fn summarize_with(snap: &Snapshot, a: &Analysis, top: usize, replay: Capture
             .map(|t| timeline(t, snap))
             .collect(),
         fragmentation: a.fragmentation.iter().map(fragmentation).collect(),
+        stages: crate::torch::stages::summary::stages(snap, &a.stages),
+        stage_at_peak: crate::torch::stages::summary::at_peak(&a.stages),
+        annotations_recorded: a.stages.recorded,
+        categories: Vec::new(),
+        trace_start: crate::torch::recording::trace_start(snap, &a.timeline),
+        range: Vec::new(),
+        trend: None,
+        host: crate::torch::recording::host(snap),
         diff: None,
         rank: None,
         rank_comparison: None,

@@ -111,6 +111,8 @@ pub struct LiveSet {
     /// (site, bytes, blocks, representative stack), bytes descending.
     pub sites: Vec<(SiteKey, u64, u64, Option<StackId>)>,
     pub role_bytes: FxHashMap<Role, u64>,
+    /// (stack, bytes, blocks) of the live blocks, bytes descending (for categories).
+    pub by_stack: Vec<(Option<StackId>, u64, u64)>,
     /// Segment bytes added (map/alloc) minus removed (unmap/free) after this index.
     pub reserved_added_after: i64,
     /// Whether any block was allocated or freed after this index (the dump is not this state).
@@ -584,7 +586,11 @@ pub fn live_at(
         ..Default::default()
     };
     let mut by: FxHashMap<SiteKey, (u64, u64, Option<StackId>, u64)> = FxHashMap::default();
+    let mut by_stack: FxHashMap<Option<StackId>, (u64, u64)> = FxHashMap::default();
     for (size, stack) in set.values() {
+        let st = by_stack.entry(*stack).or_default();
+        st.0 = st.0.saturating_add(*size);
+        st.1 += 1;
         out.bytes = out.bytes.saturating_add(*size);
         out.blocks += 1;
         let r = out.role_bytes.entry(stacks.role(*stack)).or_default();
@@ -602,6 +608,10 @@ pub fn live_at(
         by.into_iter().map(|(k, v)| (k, v.0, v.1, v.2)).collect();
     sites.sort_by(|a, b| b.1.cmp(&a.1).then(b.2.cmp(&a.2)).then(a.0.cmp(&b.0)));
     out.sites = sites;
+    let mut by_stack: Vec<(Option<StackId>, u64, u64)> =
+        by_stack.into_iter().map(|(k, v)| (k, v.0, v.1)).collect();
+    by_stack.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    out.by_stack = by_stack;
     out
 }
 

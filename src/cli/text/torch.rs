@@ -31,10 +31,34 @@ pub(super) fn sections(
     top: usize,
     first_of_group: bool,
 ) {
+    for c in &t.range {
+        let _ = writeln!(
+            s,
+            "Range: device {} entries {}..{} of {} (--range; the allocator state at entry {} rebuilt by the replay that reproduces the recorded events)",
+            c.device, c.start_index, c.end_index, c.of_entries, c.end_index
+        );
+    }
+    if !t.range.is_empty() {
+        s.push('\n');
+    }
     totals(s, t);
+    if let Some(h) = &t.host {
+        // Pinned host memory is the host's: never added to the device totals above.
+        let _ = writeln!(
+            s,
+            "Pinned host memory (host_segments, apart from the device totals)\n  reserved {} {R}; allocated {} {R}; {} segments, {} host trace entries {R}\n",
+            b(h.reserved_bytes),
+            b(h.allocated_bytes),
+            h.segments,
+            h.trace_entries
+        );
+    }
     ranks(s, t, first_of_group);
     sites(s, r, t, top);
     timeline(s, t);
+    s.push_str(&crate::present::stages::text(t));
+    s.push_str(&crate::present::categories::text(t));
+    s.push_str(&crate::present::trend::text(t));
     diff(s, t);
 }
 
@@ -471,9 +495,14 @@ pub(super) fn uncertainty(t: &Summary) -> Vec<String> {
     }
     let older = t.frees_of_older_blocks();
     let dropped = t.totals.dropped_trace_entries;
-    if older > 0 || dropped > 0 {
+    let read = t.trace_start.iter().any(|s| s.label == "read");
+    if read {
+        // The ring buffer's own word, per device.
+        out.extend(t.trace_start.iter().filter_map(|s| s.sentence()));
+    }
+    if (older > 0 && !read) || dropped > 0 {
         out.push(format!(
-            "the trace starts mid-run ({} frees of blocks allocated earlier{}): trace-relative peaks start at 0 \
+            "the trace starts mid-run ({} frees of blocks allocated earlier{}) {I}: trace-relative peaks start at 0 \
              whatever was already live",
             older,
             if dropped > 0 {

@@ -1,0 +1,145 @@
+use super::*;
+use crate::frames::FrameFilter;
+use crate::torch::model::{Annotation, Snapshot, TraceEntry};
+use crate::torch::stacks::tests::intern;
+
+fn alloc(addr: u64, size: u64, t: i64, stack: Option<u32>) -> TraceEntry {
+    TraceEntry::new(Action::Alloc, addr, size, 0)
+        .with_time_us(Some(t))
+        .with_stack(stack)
+}
+fn free(addr: u64, size: u64, t: i64) -> TraceEntry {
+    TraceEntry::new(Action::FreeCompleted, addr, size, 0).with_time_us(Some(t))
+}
+fn ann(name: &str, start: bool, t: i64) -> Annotation {
+    Annotation {
+        name: name.into(),
+        stage: if start {
+            AnnotationStage::Start
+        } else {
+            AnnotationStage::End
+        },
+        device: 0,
+        time_us: Some(t),
+    }
+}
+
+#[test]
+fn span_maxima_match_a_plain_walk() {
+    let list: Vec<TraceEntry> = (0..(3 * BLOCK as u64 + 17))
+        .map(|i| {
+            if i % 3 == 2 {
+                free(i - 1, (i * 7) % 1000, i as i64)
+            } else {
+                alloc(i, (i * 13) % 997, i as i64, None)
+            }
+        })
+        .collect();
+    let live = Live::new(&list, 100);
+    let after: Vec<i64> = list
+        .iter()
+        .scan(100i64, |r, e| {
+            *r += delta(e);
+            Some(*r)
+        })
+        .collect();
+    let n = list.len() as u64;
+    for (a, b) in [
+        (0, n),
+        (5, 9),
+        (0, BLOCK as u64),
+        (BLOCK as u64, 2 * BLOCK as u64 + 3),
+        (17, 3 * BLOCK as u64),
+        (n - 1, n),
+        (4, 4),
+    ] {
+        let mut want = (if a == 0 { 100 } else { after[a as usize - 1] }, a);
+        for i in a..b {
+            if after[i as usize] > want.0 {
+                want = (after[i as usize], i);
+            }
+        }
+        assert_eq!(live.max(a, b), want, "{a}..{b}");
+        let before = if b == 0 { 100 } else { after[b as usize - 1] };
+        assert_eq!(live.before(b), before, "before {b}");
+    }
+}
+
+/// A step: forward allocations, autograd's backward, an AdamW step recorded as an annotation.
+#[test]
+fn recorded_spans_hold_the_peak_and_gaps_are_inferred() {
+    let mut snap = Snapshot::default();
+    let fwd = intern(&mut snap, &[("/w/model.py", 10, "forward")]);
+    let bwd = intern(
+        &mut snap,
+        &[
+            ("/w/train.py", 20, "main"),
+            ("torch/autograd/graph.py", 1, "_engine_run_backward"),
+        ],
+    );
+    let opt = intern(&mut snap, &[("torch/optim/adamw.py", 5, "step")]);
+    let mut tr = vec![
+        alloc(1, 1000, 10, Some(fwd)),
+        alloc(2, 1000, 11, Some(fwd)),
+        alloc(3, 500, 20, Some(bwd)),
+        free(1, 1000, 21),
+        free(2, 1000, 22),
+        alloc(4, 4000, 31, Some(opt)),
+        free(4, 4000, 32),
+    ];
+    tr.push(alloc(5, 10, 40, Some(fwd)));
+    snap.device_traces = Some(vec![tr]);
+    snap.annotations = vec![
+        ann("Optimizer.step#AdamW.step", true, 30),
+        ann("Optimizer.step#AdamW.step", false, 33),
+    ];
+    let stacks = StackIndex::new(&snap, &FrameFilter::default());
+    let timeline = crate::torch::timeline::compute(&snap, &stacks);
+    let st = compute(&snap, &stacks, &timeline);
+    let names: Vec<(&str, StageSource, u64, u64, u32)> = st
+        .stages
+        .iter()
+        .map(|s| (s.name.as_str(), s.source, s.start, s.end, s.step))
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            ("forward", StageSource::Inferred, 0, 2, 1),
+            ("backward", StageSource::Inferred, 2, 5, 1),
+            ("Optimizer.step#AdamW.step", StageSource::Recorded, 5, 7, 1),
+            ("forward", StageSource::Inferred, 7, 8, 2),
+        ]
+    );
+    let step = &st.stages[2];
+    assert_eq!(
+        (step.peak_bytes - step.start_bytes, step.growth()),
+        (4000, 0)
+    );
+    assert_eq!(
+        st.at_peak,
+        vec![(0, 2)],
+        "the optimizer step holds the peak"
+    );
+    assert_eq!(
+        step.top_sites.first().map(|s| s.1),
+        Some(4000),
+        "live at the peak"
+    );
+    let bwd_stage = &st.stages[1];
+    assert_eq!(bwd_stage.growth(), -1500);
+}
+
+#[test]
+fn unmatched_ends_are_counted_and_open_starts_run_to_the_end() {
+    let mut snap = Snapshot {
+        device_traces: Some(vec![vec![alloc(1, 10, 5, None), alloc(2, 10, 6, None)]]),
+        ..Snapshot::default()
+    };
+    snap.annotations = vec![ann("x", false, 1), ann("y", true, 6)];
+    let stacks = StackIndex::new(&snap, &FrameFilter::default());
+    let timeline = crate::torch::timeline::compute(&snap, &stacks);
+    let st = compute(&snap, &stacks, &timeline);
+    assert_eq!(st.unplaced, 1);
+    let y = st.stages.iter().find(|s| s.name == "y").unwrap();
+    assert_eq!((y.start, y.end, y.end_us), (1, 2, Some(6)));
+}

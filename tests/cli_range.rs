@@ -1,0 +1,104 @@
+//! `report --range A..B` on a real snapshot: only that part of the trace is analysed, its
+//! entries counted in `totals.trace_entries`, the allocator state at B rebuilt by the replay.
+
+mod common;
+
+use std::path::Path;
+
+const NIU: &str =
+    "torch_snapshots/real/NiuHuangxiaozi__16edf316_forward_and_backward_memory_snapshot_150.pickle";
+
+fn json(args: &[&str]) -> serde_json::Value {
+    let r = common::memlsp(args, Path::new(env!("CARGO_MANIFEST_DIR")));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    r.json()
+}
+
+/// Step 2 of NiuHuangxiaozi's three training steps (its zero_grad to its optimizer step).
+#[test]
+fn the_second_step_alone() {
+    let Some(p) = common::shared(NIU) else { return };
+    let whole = json(&["report", common::arg(&p), "--format", "json"]);
+    let part = json(&[
+        "report",
+        common::arg(&p),
+        "--range",
+        "3904..7691",
+        "--format",
+        "json",
+    ]);
+    let t = &part["captures"][0]["torch"];
+    assert_eq!(t["totals"]["trace_entries"], 7691 - 3904);
+    assert_eq!(
+        t["range"],
+        serde_json::json!([{"device": 0, "start_index": 3904, "end_index": 7691, "of_entries": 11477}])
+    );
+    // The state at entry 7691 (after the step) is not the dump's: the replay rebuilt it.
+    let w = &whole["captures"][0]["torch"];
+    assert_ne!(
+        t["totals"]["allocated_bytes"],
+        w["totals"]["allocated_bytes"]
+    );
+    // The part's stages: its recorded optimizer step (indices within the part), holding less
+    // than the whole run's peak, which falls in this step's backward.
+    let step = t["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "Optimizer.step#NIUAdam.step")
+        .unwrap();
+    assert_eq!(
+        (&step["span"]["start_index"], &step["span"]["end_index"]),
+        (&(6053 - 3904).into(), &(7691 - 3904).into())
+    );
+    let peak = t["timeline"][0]["live_bytes_reconstructed"]["peak_index"]
+        .as_u64()
+        .unwrap();
+    let whole_peak = w["timeline"][0]["live_bytes_reconstructed"]["peak_index"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(peak + 3904, whole_peak, "the run's peak is in step 2");
+}
+
+#[test]
+fn seconds_and_open_ends() {
+    let Some(p) = common::shared(NIU) else { return };
+    // The trace spans ~1.01 s; from 0.5 s to the end keeps the dump's own state.
+    let part = json(&[
+        "report",
+        common::arg(&p),
+        "--range",
+        "0.5s..",
+        "--format",
+        "json",
+    ]);
+    let c = &part["captures"][0]["torch"]["range"][0];
+    assert_eq!(c["end_index"], 11477);
+    let a = c["start_index"].as_u64().unwrap();
+    assert!(a > 0 && a < 11477, "{c}");
+    assert_eq!(
+        part["captures"][0]["torch"]["totals"]["trace_entries"],
+        11477 - a
+    );
+    let head = json(&[
+        "report",
+        common::arg(&p),
+        "--range",
+        "..100",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(head["captures"][0]["torch"]["totals"]["trace_entries"], 100);
+}
+
+#[test]
+fn bad_ranges_are_one_line() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    common::memlsp(&["report", "x.pickle", "--range", "5..2"], dir)
+        .assert_one_line_error("the range is empty");
+    common::memlsp(&["report", "x.pickle", "--range", "abc"], dir)
+        .assert_one_line_error("is not A..B");
+    let Some(p) = common::shared(NIU) else { return };
+    common::memlsp(&["report", common::arg(&p), "--range", "20000.."], dir)
+        .assert_one_line_error("the range holds no entry");
+}
