@@ -7,6 +7,7 @@
 
 mod check;
 mod compare;
+mod fit;
 mod github;
 #[cfg(test)]
 mod presenter_tests;
@@ -85,6 +86,20 @@ enum Command {
     Compare(CompareCliArgs),
     /// Run the Model Context Protocol server on stdio (tools for coding agents)
     Mcp,
+    /// The smallest device a PyTorch capture needs, and what happens on a given one (simulated)
+    ///
+    /// Example: memlsp fit snapshot.pickle --on A100-40GB
+    #[command(
+        after_help = "Example:\n  memlsp fit snapshot.pickle --on A100-40GB\n  memlsp fit snapshot.pickle --on 24GiB --format json\n\nExit status: 0 done (fits on --on), 1 does not fit on --on, 2 unreadable capture or usage error."
+    )]
+    Fit(fit::FitArgs),
+    /// Predict a larger run from captures of the same program at smaller sizes (simulated)
+    ///
+    /// Example: memlsp predict ctx=128:a.pickle ctx=256:b.pickle --at ctx=512 --on 40GiB
+    #[command(
+        after_help = "Example:\n  memlsp predict ctx=128:a.pickle ctx=256:b.pickle --at ctx=512 --on 40GiB\n\nExit status: 0 done (fits on --on), 1 does not fit on --on, 2 the captures do not match (where, on stderr), unreadable capture or usage error."
+    )]
+    Predict(fit::PredictArgs),
 }
 
 #[derive(Args, Debug)]
@@ -290,6 +305,8 @@ pub fn run() -> Run {
         })),
         Some(Command::Lsp { .. }) => Run::Lsp,
         Some(Command::Mcp) => Run::Mcp,
+        Some(Command::Fit(args)) => Run::Exit(fit::run_fit(args)),
+        Some(Command::Predict(args)) => Run::Exit(fit::run_predict(args)),
         None if cli.check => {
             if cli.baseline.is_none() && (cli.max_growth.is_some() || cli.timing) {
                 return Run::Exit(usage("--max-growth and --timing need --baseline FILE"));

@@ -5,6 +5,7 @@
 //! ranks or two snapshots of one run is the pipeline's job (`crate::analyze`).
 
 pub mod diff;
+pub mod fit;
 pub mod fragmentation;
 mod intern;
 pub mod load;

@@ -1,0 +1,319 @@
+//! `memlsp fit` and `memlsp predict` as text, JSON and an HTML page. Every number is
+//! `simulated` (a replay of the recorded requests through the validated allocator model) and
+//! says so; a device whose replay does not validate says why and shows none.
+
+use serde_json::{Value, json};
+
+use crate::findings::{Location, fmt_bytes};
+use crate::torch::fit::{DeviceFitReport, FailureReport, PredictionReport};
+use crate::torch::replay::fit::AtCapacity;
+use crate::torch::replay::predict::show_value;
+
+/// One capture's fit, as `memlsp fit` shows it.
+pub struct FitCapture<'a> {
+    pub file: &'a str,
+    pub devices: &'a [DeviceFitReport],
+    /// The capacity as the user named it (`H100 80 GB (… after a 512 MiB CUDA context)`).
+    pub capacity_shown: Option<&'a str>,
+}
+
+/// The inputs of a prediction, as `memlsp predict` shows them.
+pub struct PredictInputs<'a> {
+    /// (value, file) of each capture.
+    pub points: &'a [(f64, String)],
+    pub capacity_shown: Option<&'a str>,
+}
+
+fn site_text(l: &Option<Location>) -> String {
+    match l {
+        Some(l) => format!("{}:{} ({})", l.shown(), l.line, l.function),
+        None => "<no user frame>".into(),
+    }
+}
+
+fn site_json(l: &Option<Location>) -> Value {
+    match l {
+        Some(l) => json!({"file": l.shown(), "line": l.line, "function": l.function}),
+        None => Value::Null,
+    }
+}
+
+fn failure_json(f: &FailureReport) -> Value {
+    json!({
+        "entry": f.failure.entry,
+        "size": f.failure.request_bytes,
+        "site": site_json(&f.site),
+        "reserved_bytes": f.failure.reserved_bytes,
+        "allocated_bytes": f.failure.allocated_bytes,
+        "live": f.live_sites.iter().map(|s| json!({
+            "site": site_json(&s.site),
+            "role": s.role,
+            "bytes": s.bytes,
+            "blocks": s.blocks,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn on_json(o: &AtCapacity, failure: Option<&FailureReport>, shown: Option<&str>) -> Value {
+    json!({
+        "capacity_bytes": o.capacity_bytes,
+        "capacity": shown,
+        "fits": o.fits,
+        "spare_bytes": o.spare_bytes,
+        "peak_reserved_bytes": o.peak_reserved_bytes,
+        "first_failure": failure.map(failure_json),
+        "fits_with": o.fits_with,
+    })
+}
+
+/// One device of `captures[].torch.fit`.
+pub fn device_json(d: &DeviceFitReport, capacity_shown: Option<&str>) -> Value {
+    let f = &d.fit;
+    let n = f.needs.as_ref();
+    let mut v = json!({
+        "device": f.device,
+        "validated": f.validated,
+        "label": if f.validated { "simulated" } else { "not simulated" },
+        "needs_bytes": n.map(|n| n.needs_bytes),
+        "needs_bytes_expandable": f.needs_bytes_expandable,
+        "needs_bytes_max_split": f.needs_bytes_max_split,
+        "best_max_split_size_mb": f.best_max_split_size_mb,
+        "max_split": f.max_split,
+        "peak_allocated_bytes": n.map(|n| n.peak_allocated_bytes),
+        "peak_reserved_bytes": n.map(|n| n.peak_reserved_bytes),
+        "monotonic": n.map(|n| n.monotonic),
+        "capacities_checked": n.map(|n| n.capacities_checked),
+        "recorded_capacity_bytes": f.recorded_capacity_bytes,
+        "note": f.note,
+    });
+    if let Some(o) = &f.on {
+        v["on"] = on_json(o, d.first_failure.as_ref(), capacity_shown);
+    }
+    v
+}
+
+/// `{"memlsp": version, "captures": [{"file", "kind": "torch", "torch": {"fit": [...]}}]}`.
+pub fn fit_json(captures: &[FitCapture]) -> String {
+    let doc = json!({
+        "memlsp": crate::present::json::VERSION,
+        "captures": captures.iter().map(|c| json!({
+            "file": c.file,
+            "kind": "torch",
+            "torch": {"fit": c.devices.iter().map(|d| device_json(d, c.capacity_shown)).collect::<Vec<_>>()},
+        })).collect::<Vec<_>>(),
+    });
+    crate::present::json::render(&doc)
+}
+
+fn failure_text(out: &mut String, f: &FailureReport, indent: &str) {
+    match f.failure.entry {
+        Some(e) => out.push_str(&format!(
+            "{indent}first failing request: {} at trace entry {e}, {}\n",
+            fmt_bytes(f.failure.request_bytes),
+            site_text(&f.site)
+        )),
+        None => out.push_str(&format!(
+            "{indent}the blocks live at the first trace entry do not fit by themselves\n"
+        )),
+    }
+    out.push_str(&format!(
+        "{indent}then: {} reserved, {} allocated; live by site and role:\n",
+        fmt_bytes(f.failure.reserved_bytes),
+        fmt_bytes(f.failure.allocated_bytes)
+    ));
+    for s in &f.live_sites {
+        out.push_str(&format!(
+            "{indent}  {:>11}  {}  {} ({} block{})\n",
+            fmt_bytes(s.bytes),
+            site_text(&s.site),
+            s.role,
+            s.blocks,
+            if s.blocks == 1 { "" } else { "s" }
+        ));
+    }
+}
+
+fn on_text(
+    out: &mut String,
+    o: &AtCapacity,
+    f: Option<&FailureReport>,
+    shown: Option<&str>,
+    needs: u64,
+) {
+    let cap = shown.map_or_else(|| fmt_bytes(o.capacity_bytes), str::to_string);
+    if o.fits {
+        out.push_str(&format!(
+            "  on {cap}: fits, {} spare  [simulated]\n",
+            fmt_bytes(o.spare_bytes.unwrap_or(0))
+        ));
+        return;
+    }
+    out.push_str(&format!(
+        "  on {cap}: OOM — this run needs {}  [simulated]\n",
+        fmt_bytes(needs)
+    ));
+    if let Some(f) = f {
+        failure_text(out, f, "    ");
+    }
+    if o.fits_with.is_empty() {
+        out.push_str("    no allocator setting tried makes it fit there\n");
+    } else {
+        out.push_str(&format!(
+            "    fits there with PYTORCH_CUDA_ALLOC_CONF={}  [simulated]\n",
+            o.fits_with.join(" or ")
+        ));
+    }
+}
+
+/// The text of `memlsp fit`.
+pub fn fit_text(captures: &[FitCapture]) -> String {
+    let mut out = String::new();
+    for c in captures {
+        out.push_str(&format!("{}\n", c.file));
+        if c.devices.is_empty() {
+            out.push_str("  no device trace: memory history was not recorded, nothing to replay\n");
+        }
+        for d in c.devices {
+            let f = &d.fit;
+            out.push_str(&format!("device {}\n", f.device));
+            let Some(n) = &f.needs else {
+                out.push_str(&format!(
+                    "  {}\n",
+                    f.note.as_deref().unwrap_or("not simulated")
+                ));
+                continue;
+            };
+            out.push_str(&format!(
+                "  needs {}: the smallest device on which it runs without an OOM, exact to 2 MiB  [simulated]\n",
+                fmt_bytes(n.needs_bytes)
+            ));
+            out.push_str(&format!(
+                "    peak allocated {}, peak reserved {} without a limit  [simulated]\n",
+                fmt_bytes(n.peak_allocated_bytes),
+                fmt_bytes(n.peak_reserved_bytes)
+            ));
+            if let Some(e) = f.needs_bytes_expandable {
+                out.push_str(&format!(
+                    "  with expandable_segments:True: {}  [simulated]\n",
+                    fmt_bytes(e)
+                ));
+            }
+            if let (Some(mb), Some(b)) = (f.best_max_split_size_mb, f.needs_bytes_max_split) {
+                out.push_str(&format!(
+                    "  with max_split_size_mb:{mb} (the best of 20, 32, 64, 128, 256, 512): {}  [simulated]\n",
+                    fmt_bytes(b)
+                ));
+            }
+            if let Some(cap) = f.recorded_capacity_bytes {
+                out.push_str(&format!(
+                    "  the recorded device had {} (reserved + free at its OOM)  [read]\n",
+                    fmt_bytes(cap)
+                ));
+            }
+            if let Some(o) = &f.on {
+                on_text(
+                    &mut out,
+                    o,
+                    d.first_failure.as_ref(),
+                    c.capacity_shown,
+                    n.needs_bytes,
+                );
+            }
+            if let Some(note) = &f.note {
+                out.push_str(&format!("  note: {note}\n"));
+            }
+        }
+    }
+    out
+}
+
+/// The top-level `prediction` object.
+pub fn prediction_json(p: &PredictionReport, inputs: &PredictInputs) -> String {
+    let q = &p.prediction;
+    let mut v = json!({
+        "parameter": q.parameter,
+        "at": q.at,
+        "device": q.device,
+        "label": "simulated",
+        "peak_allocated_bytes": q.peak_allocated_bytes,
+        "peak_reserved_bytes": q.peak_reserved_bytes,
+        "reserved_bytes": q.reserved_bytes,
+        "needs_bytes": q.needs_bytes,
+        "largest_fitting": q.largest_fitting,
+        "basis": q.basis.describe(),
+        "basis_counts": q.basis,
+        "inputs": inputs.points.iter().map(|(v, f)| json!({"value": v, "file": f})).collect::<Vec<_>>(),
+        "note": q.note,
+    });
+    if let Some(o) = &q.on {
+        v["on"] = on_json(o, p.first_failure.as_ref(), inputs.capacity_shown);
+    }
+    crate::present::json::render(&json!({
+        "memlsp": crate::present::json::VERSION,
+        "prediction": v,
+    }))
+}
+
+/// The text of `memlsp predict`.
+pub fn prediction_text(p: &PredictionReport, inputs: &PredictInputs) -> String {
+    let q = &p.prediction;
+    let name = &q.parameter;
+    let from: Vec<String> = inputs
+        .points
+        .iter()
+        .map(|(v, f)| format!("{name}={} ({f})", show_value(*v)))
+        .collect();
+    let mut out = format!(
+        "predicted {name}={} from {}, device {}\n",
+        show_value(q.at),
+        from.join(", "),
+        q.device
+    );
+    out.push_str(&format!("  basis: {}\n", q.basis.describe()));
+    out.push_str(&format!(
+        "  peak allocated {}  [simulated]\n  reserved at the end {}  [simulated]\n  needs {}  [simulated]\n",
+        fmt_bytes(q.peak_allocated_bytes),
+        fmt_bytes(q.reserved_bytes),
+        fmt_bytes(q.needs_bytes)
+    ));
+    if let Some(o) = &q.on {
+        on_text(
+            &mut out,
+            o,
+            p.first_failure.as_ref(),
+            inputs.capacity_shown,
+            q.needs_bytes,
+        );
+        match q.largest_fitting {
+            Some(v) => out.push_str(&format!(
+                "  largest {name} that fits there: {}  [simulated]\n",
+                show_value(v)
+            )),
+            None => out.push_str(&format!("  no {name} tried fits there\n")),
+        }
+    }
+    if let Some(n) = &q.note {
+        out.push_str(&format!("  note: {n}\n"));
+    }
+    out
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// A self-contained page of a text result (`--format html`).
+pub fn page(title: &str, text: &str) -> String {
+    format!(
+        "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{t}</title>\
+         <style>body{{font-family:system-ui,sans-serif;margin:2em}}pre{{font-size:13px}}</style>\
+         </head><body><h1>{t}</h1><p>Every number marked [simulated] is a replay of the recorded \
+         requests through the allocator model that reproduces the recorded segment events.</p>\
+         <pre>{b}</pre></body></html>\n",
+        t = esc(title),
+        b = esc(text)
+    )
+}
