@@ -99,6 +99,9 @@ pub struct AnalysisOptions {
     /// Also compute what pictures draw (memory over time, allocator state, the heap over the
     /// program order): the HTML page and the editor's timeline ask for it.
     pub pictures: bool,
+    /// PyTorch: replay each validated device on a device of this many bytes and report the
+    /// first request that fails there (PT013, simulated).
+    pub capacity: Option<u64>,
 }
 
 impl Default for AnalysisOptions {
@@ -108,6 +111,7 @@ impl Default for AnalysisOptions {
             module: None,
             frames: FrameFilter::default(),
             pictures: false,
+            capacity: None,
         }
     }
 }

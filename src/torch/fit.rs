@@ -127,3 +127,94 @@ pub fn predict_report(
         first_failure,
     })
 }
+
+/// PT013 for each validated device whose recorded requests do not all fit on `capacity` bytes:
+/// on the line of the first request that fails there, with what the run needs (simulated).
+pub fn capacity_findings(
+    snap: &Snapshot,
+    a: &crate::torch::Analysis,
+    capacity: u64,
+) -> Vec<crate::findings::Finding> {
+    use crate::findings::{Code, Evidence, Finding, Label, Severity, fmt_bytes};
+    let opts = FitOptions {
+        capacity: Some(capacity),
+        settings_trials: false,
+        samples: 4,
+    };
+    let mut out = Vec::new();
+    for d in snap.devices() {
+        if snap.trace(d).is_empty() {
+            continue;
+        }
+        let fit = a.replays.fit(snap, d, &opts);
+        let (Some(n), Some(on)) = (&fit.needs, &fit.on) else {
+            continue;
+        };
+        if on.fits {
+            continue;
+        }
+        let cap = fmt_bytes(capacity);
+        let needs = fmt_bytes(n.needs_bytes);
+        let failure = on
+            .first_failure
+            .as_ref()
+            .map(|f| failure_report(snap, &a.stacks, f));
+        let stack = on.first_failure.as_ref().and_then(|f| f.stack);
+        let key = a.stacks.site(stack).0;
+        let (loc, frames) = crate::torch::patterns::culprit(snap, key, stack);
+        let what = match on.first_failure.as_ref().and_then(|f| f.entry) {
+            Some(e) => format!(
+                "a request of {} (trace entry {e})",
+                fmt_bytes(on.first_failure.as_ref().map_or(0, |f| f.request_bytes))
+            ),
+            None => "the blocks live at the first trace entry".into(),
+        };
+        let mut f = Finding::new(
+            Code::PT013,
+            Severity::Error,
+            format!("OOM here on {cap}: this step needs {needs} (device {d}; {what} fails first)."),
+        )
+        .bytes(n.needs_bytes, None, Label::Simulated)
+        .evidence(Evidence::new(Label::Simulated, format!(
+            "replayed on a device of {capacity} B through the allocator model (validated against \
+             this capture's segment events): {what} fails after the OOM path freed the cache"
+        )))
+        .evidence(Evidence::new(Label::Simulated, format!(
+            "needs {} B: the smallest capacity (to 2 MiB) on which every request of device {d} \
+             is served",
+            n.needs_bytes
+        )));
+        if let Some(fr) = &failure {
+            for s in fr.live_sites.iter().take(3) {
+                let at = s.site.as_ref().map_or_else(
+                    || "<no user frame>".into(),
+                    |l| format!("{}:{}", l.file, l.line),
+                );
+                f = f.evidence(Evidence::new(
+                    Label::Simulated,
+                    format!(
+                        "live then: {} in {} blocks from {at} ({}, role inferred)",
+                        fmt_bytes(s.bytes),
+                        s.blocks,
+                        s.role
+                    ),
+                ));
+            }
+        }
+        if !on.fits_with.is_empty() {
+            f = f.evidence(Evidence::new(
+                Label::Simulated,
+                format!(
+                    "fits on {cap} with PYTORCH_CUDA_ALLOC_CONF={}",
+                    on.fits_with.join(" or ")
+                ),
+            ));
+        }
+        if let Some(l) = loc {
+            f = f.at(Some(l), frames);
+        }
+        f.scope = Some(format!("device {d}"));
+        out.push(f);
+    }
+    out
+}

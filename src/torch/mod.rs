@@ -96,6 +96,9 @@ pub fn analyse(snap: &Snapshot, opts: &AnalysisOptions) -> Analysis {
         };
         let mut found = time("patterns", || patterns::detect(snap, &a));
         time("what-if", || whatif::simulate(snap, &a, &mut found));
+        if let Some(c) = opts.capacity {
+            time("fit", || found.extend(fit::capacity_findings(snap, &a, c)));
+        }
         findings::sort(&mut found);
         a.findings = found;
         a
