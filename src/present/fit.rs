@@ -92,17 +92,22 @@ pub fn device_json(d: &DeviceFitReport, capacity_shown: Option<&str>) -> Value {
     v
 }
 
-/// `{"memlsp": version, "captures": [{"file", "kind": "torch", "torch": {"fit": [...]}}]}`.
+/// `{"memlsp": version, "captures": [{"file", "kind": "torch", "torch": {"fit": [...]}}]}`,
+/// written.
 pub fn fit_json(captures: &[FitCapture]) -> String {
-    let doc = json!({
+    crate::present::json::render(&fit_document(captures))
+}
+
+/// The document of [`fit_json`] (the MCP tool `fit` answers with it).
+pub fn fit_document(captures: &[FitCapture]) -> Value {
+    json!({
         "memlsp": crate::present::json::VERSION,
         "captures": captures.iter().map(|c| json!({
             "file": c.file,
             "kind": "torch",
             "torch": {"fit": c.devices.iter().map(|d| device_json(d, c.capacity_shown)).collect::<Vec<_>>()},
         })).collect::<Vec<_>>(),
-    });
-    crate::present::json::render(&doc)
+    })
 }
 
 fn failure_text(out: &mut String, f: &FailureReport, indent: &str) {
