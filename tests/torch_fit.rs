@@ -189,3 +189,75 @@ fn xiaolin_ctx512_predicted_from_128_and_256() {
     assert!(err(p.peak_allocated_bytes, real_peak) < 0.02);
     assert!(err(p.reserved_bytes, real_reserved) < 0.05);
 }
+
+/// Another code path or another order at one size: the captures do not match one to one, and
+/// the prediction says at which request, instead of guessing.
+#[test]
+fn a_request_from_another_stack_or_in_another_order_stops_the_prediction() {
+    let Some(dir) = common::shared("torch_snapshots/series/xiaolin2004_forward_only_fp32") else {
+        return;
+    };
+    let a = load(&dir.join("ctx128.pickle"));
+    let b = load(&dir.join("ctx256.pickle"));
+    let opts = FitOptions {
+        settings_trials: false,
+        samples: 2,
+        ..FitOptions::default()
+    };
+    // One alloc from a stack with other frames.
+    let mut c = b.clone();
+    let t = &mut c.device_traces.as_mut().unwrap()[0];
+    let k = t
+        .iter()
+        .position(|e| e.action == memlsp::torch::model::Action::Alloc)
+        .unwrap();
+    let other = (0..c.stacks.len() as u32)
+        .find(|&s| c.stacks[s as usize] != c.stacks[t[k].stack().unwrap() as usize])
+        .expect("two distinct stacks");
+    let t = &mut c.device_traces.as_mut().unwrap()[0];
+    t[k].set_stack(Some(other));
+    let points = [
+        Point {
+            value: 128.0,
+            snap: &a,
+        },
+        Point {
+            value: 256.0,
+            snap: &c,
+        },
+    ];
+    let e = predict(&points, "ctx", 512.0, &opts).expect_err("stacks differ");
+    assert!(e.0.contains("from different stacks"), "{}", e.0);
+    assert!(
+        e.0.contains(&format!("trace entry {k} in ctx=128")),
+        "{}",
+        e.0
+    );
+    // A free that comes before the alloc it followed.
+    let mut d = b.clone();
+    let t = &mut d.device_traces.as_mut().unwrap()[0];
+    let j = (1..t.len())
+        .find(|&j| {
+            t[j].action == memlsp::torch::model::Action::FreeRequested
+                && t[j - 1].action == memlsp::torch::model::Action::Alloc
+                && t[j].addr != t[j - 1].addr
+        })
+        .unwrap();
+    t.swap(j - 1, j);
+    let points = [
+        Point {
+            value: 128.0,
+            snap: &a,
+        },
+        Point {
+            value: 256.0,
+            snap: &d,
+        },
+    ];
+    let e = predict(&points, "ctx", 512.0, &opts).expect_err("order differs");
+    assert!(
+        e.0.contains("alloc in ctx=128, free_requested in ctx=256"),
+        "{}",
+        e.0
+    );
+}

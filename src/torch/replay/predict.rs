@@ -32,7 +32,7 @@ pub enum Shape {
     Constant,
     /// `a + b·p` (or `b·p`).
     Linear,
-    /// `c·p²`, or `a + b·p + c·p²` with three or more captures.
+    /// `c·p²`, or `a + b·p + c·p²` with four or more captures.
     Quadratic,
     /// `c·p^k`, another exponent.
     Power,
@@ -151,7 +151,9 @@ pub fn model_sizes(ps: &[f64], ss: &[f64]) -> SizeModel {
     if let Some(c) = least_squares(ps, ss, 2) {
         candidates.push(scored(mk(Shape::Linear, c, false)));
     }
-    if ps.len() >= 3
+    // Three parameters go through any three points: only with four captures or more does the
+    // residual say something about this model.
+    if ps.len() >= 4
         && let Some(c) = least_squares(ps, ss, 3)
     {
         candidates.push(scored(mk(Shape::Quadratic, c, false)));
@@ -715,9 +717,10 @@ mod tests {
         let m = model_sizes(&[128.0, 256.0], &[1000.0 + 128.0, 1000.0 + 256.0]);
         assert_eq!(m.shape, Shape::Linear);
         assert_eq!(size_at(&m, 512.0), 1512);
-        // Three points: a + b·p + c·p².
+        // Four points: a + b·p + c·p².
         let f = |p: f64| 64.0 + 3.0 * p + 0.5 * p * p;
-        let m = model_sizes(&[128.0, 256.0, 384.0], &[f(128.0), f(256.0), f(384.0)]);
+        let ps = [128.0, 256.0, 384.0, 640.0];
+        let m = model_sizes(&ps, &ps.map(f));
         assert_eq!(m.shape, Shape::Quadratic);
         assert!(m.residual < 1e-9);
         assert_eq!(size_at(&m, 512.0), f(512.0) as u64);
@@ -728,5 +731,21 @@ mod tests {
         assert_eq!(largest_fitting(|v| v <= 700.0, 512.0, true), Some(700.0));
         assert_eq!(largest_fitting(|v| v <= 300.0, 512.0, true), Some(300.0));
         assert_eq!(largest_fitting(|_| false, 512.0, true), None);
+    }
+}
+
+#[cfg(test)]
+mod residual_tests {
+    use super::*;
+
+    /// A size that depends on data (here: no shape of the parameter) is fitted as well as it
+    /// can be, and its residual says so.
+    #[test]
+    fn a_size_no_model_follows_reports_its_residual() {
+        let m = model_sizes(&[128.0, 256.0, 512.0], &[1000.0, 2600.0, 2700.0]);
+        assert!(m.residual > 0.05, "{m:?}");
+        // Two captures cannot show it: every model goes through two points.
+        let m = model_sizes(&[128.0, 256.0], &[1000.0, 2600.0]);
+        assert!(m.residual < 1e-9, "{m:?}");
     }
 }
