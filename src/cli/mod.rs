@@ -36,7 +36,9 @@ pub use crate::present::json::VERSION;
     about = "GPU memory evidence (PyTorch snapshots, JAX/XLA captures) pinned to Python source lines",
     long_about = "GPU memory evidence (PyTorch CUDA snapshots, JAX/XLA .xplane.pb captures) pinned to \
                   Python source lines.\n\nWithout arguments memlsp runs the language server on stdio.",
-    after_help = "Exit status of --check: 0 no finding at or above --fail-on, 1 findings, \
+    after_help = "Will it fit:\n  memlsp fit snapshot.pickle --on A100-40GB\n  memlsp predict \
+                  ctx=128:a.pickle ctx=256:b.pickle --at ctx=512 --on 40GiB\n\n\
+                  Exit status of --check: 0 no finding at or above --fail-on, 1 findings, \
                   2 a capture could not be read or a usage error."
 )]
 struct Cli {

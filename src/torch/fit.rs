@@ -68,7 +68,7 @@ pub fn failure_report(snap: &Snapshot, idx: &StackIndex, f: &Failure) -> Failure
             }),
         }
     }
-    by.sort_by(|a, b| b.bytes.cmp(&a.bytes));
+    by.sort_by_key(|s| std::cmp::Reverse(s.bytes));
     by.truncate(LIVE_SITES_SHOWN);
     FailureReport {
         failure: f.clone(),

@@ -95,8 +95,9 @@ fn least_squares(ps: &[f64], ss: &[f64], n: usize) -> Option<[f64; 3]> {
         for r in 0..n {
             if r != i {
                 let f = m[r][i] / m[i][i];
-                for c in i..4 {
-                    m[r][c] -= f * m[i][c];
+                let row = m[i];
+                for (v, p) in m[r].iter_mut().zip(row).skip(i) {
+                    *v -= f * p;
                 }
             }
         }
