@@ -102,6 +102,9 @@ pub struct AnalysisOptions {
     /// PyTorch: replay each validated device on a device of this many bytes and report the
     /// first request that fails there (PT013, simulated).
     pub capacity: Option<u64>,
+    /// PyTorch: compute the "will it fit" section of the summary (`torch.fit`): the smallest
+    /// capacity each validated device needs, and the replay on `capacity` when set.
+    pub fit: bool,
 }
 
 impl Default for AnalysisOptions {
@@ -112,6 +115,7 @@ impl Default for AnalysisOptions {
             frames: FrameFilter::default(),
             pictures: false,
             capacity: None,
+            fit: false,
         }
     }
 }

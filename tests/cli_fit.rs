@@ -147,3 +147,46 @@ fn predict_refuses_captures_of_different_programs_with_where_they_differ() {
     common::memlsp(&["predict", &a, "seq=2:x.pickle", "--at", "ctx=512"], cwd())
         .assert_one_line_error("give one parameter");
 }
+
+/// `report --on`: the "Will it fit" section (`torch.fit`, the same entries as `memlsp fit`) and
+/// PT013 on the first failing request's line.
+#[test]
+fn report_on_a_capacity_has_the_fit_section_and_pt013() {
+    let Some(f) =
+        common::shared("torch_snapshots/real/silmont2000__memory_forward_bf16_128.pickle")
+    else {
+        return;
+    };
+    let f = f.to_string_lossy().into_owned();
+    let r = common::memlsp(&["report", &f, "--on", "700MiB", "--format", "json"], cwd());
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let doc = r.json();
+    let c = &doc["captures"][0];
+    let d = &c["torch"]["fit"][0];
+    assert_eq!(d["needs_bytes"], 818u64 << 20, "{d}");
+    assert_eq!(d["on"]["first_failure"]["entry"], 1704, "{d}");
+    let pt013: Vec<_> = c["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["code"] == "PT013")
+        .collect();
+    assert_eq!(pt013.len(), 1, "{c}");
+    assert!(
+        pt013[0]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("OOM here on 700.00 MiB: this step needs 818.00 MiB")
+    );
+    let r = common::memlsp(&["report", &f, "--fit"], cwd());
+    assert!(
+        r.stdout
+            .contains("Will it fit (docs/FITS.md)\n  device 0\n    needs 818.00 MiB"),
+        "{}",
+        r.stdout
+    );
+    assert!(!r.stdout.contains("PT013"), "{}", r.stdout);
+    // Without the flags the report is as before: no section.
+    let r = common::memlsp(&["report", &f], cwd());
+    assert!(!r.stdout.contains("Will it fit"), "{}", r.stdout);
+}

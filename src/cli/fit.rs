@@ -90,10 +90,13 @@ pub(super) fn run_fit(args: FitArgs) -> i32 {
     let devices = crate::torch::fit::capture_fit(&snap, &Replays::new(), &frames, &opts);
     let file = args.file.display().to_string();
     let shown = cap.as_ref().map(|c| c.shown.as_str());
+    let entries: Vec<crate::torch::fit::FitEntry> = devices
+        .iter()
+        .map(|d| crate::torch::fit::FitEntry::of(d, shown))
+        .collect();
     let captures = [FitCapture {
         file: &file,
-        devices: &devices,
-        capacity_shown: shown,
+        devices: &entries,
     }];
     emit(&match args.format {
         ReportFormat::Text => fit::fit_text(&captures),

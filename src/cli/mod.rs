@@ -151,6 +151,13 @@ struct ReportArgs {
     /// Write the result to FILE instead of stdout
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     output: Option<PathBuf>,
+    /// PyTorch: add the "will it fit" section (`memlsp fit`'s numbers, `torch.fit` in JSON)
+    #[arg(long)]
+    fit: bool,
+    /// PyTorch: replay on this device too (bytes, 24GiB or a GPU, see `memlsp fit --on`): the
+    /// section says whether it fits, and the first failing request is a PT013 finding
+    #[arg(long, value_name = "CAPACITY")]
+    on: Option<String>,
     /// Per-rank directories: snapshots analysed at once (peak memory is at most N snapshots'
     /// worth) [default: one per core]
     #[arg(long, short = 'j', value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]

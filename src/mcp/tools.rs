@@ -328,10 +328,14 @@ fn fit(a: FitArgs, ctx: &Ctx) -> Result<Output, String> {
         &fit_opts,
     );
     let file = path.display().to_string();
+    let shown = cap.as_ref().map(|c| c.shown.as_str());
+    let entries: Vec<crate::torch::fit::FitEntry> = devices
+        .iter()
+        .map(|d| crate::torch::fit::FitEntry::of(d, shown))
+        .collect();
     let captures = [show::FitCapture {
         file: &file,
-        devices: &devices,
-        capacity_shown: cap.as_ref().map(|c| c.shown.as_str()),
+        devices: &entries,
     }];
     Ok(Output {
         structured: show::fit_document(&captures),

@@ -4,17 +4,14 @@
 
 use serde_json::{Value, json};
 
-use crate::findings::{Location, fmt_bytes};
-use crate::torch::fit::{DeviceFitReport, FailureReport, PredictionReport};
-use crate::torch::replay::fit::AtCapacity;
+use crate::findings::fmt_bytes;
+use crate::torch::fit::{FailureEntry, FitEntry, OnEntry, PredictionReport, SiteEntry};
 use crate::torch::replay::predict::show_value;
 
 /// One capture's fit, as `memlsp fit` shows it.
 pub struct FitCapture<'a> {
     pub file: &'a str,
-    pub devices: &'a [DeviceFitReport],
-    /// The capacity as the user named it (`H100 80 GB (… after a 512 MiB CUDA context)`).
-    pub capacity_shown: Option<&'a str>,
+    pub devices: &'a [FitEntry],
 }
 
 /// The inputs of a prediction, as `memlsp predict` shows them.
@@ -24,72 +21,11 @@ pub struct PredictInputs<'a> {
     pub capacity_shown: Option<&'a str>,
 }
 
-fn site_text(l: &Option<Location>) -> String {
+fn site_text(l: &Option<SiteEntry>) -> String {
     match l {
-        Some(l) => format!("{}:{} ({})", l.shown(), l.line, l.function),
+        Some(l) => format!("{}:{} ({})", l.file, l.line, l.function),
         None => "<no user frame>".into(),
     }
-}
-
-fn site_json(l: &Option<Location>) -> Value {
-    match l {
-        Some(l) => json!({"file": l.shown(), "line": l.line, "function": l.function}),
-        None => Value::Null,
-    }
-}
-
-fn failure_json(f: &FailureReport) -> Value {
-    json!({
-        "entry": f.failure.entry,
-        "size": f.failure.request_bytes,
-        "site": site_json(&f.site),
-        "reserved_bytes": f.failure.reserved_bytes,
-        "allocated_bytes": f.failure.allocated_bytes,
-        "live": f.live_sites.iter().map(|s| json!({
-            "site": site_json(&s.site),
-            "role": s.role,
-            "bytes": s.bytes,
-            "blocks": s.blocks,
-        })).collect::<Vec<_>>(),
-    })
-}
-
-fn on_json(o: &AtCapacity, failure: Option<&FailureReport>, shown: Option<&str>) -> Value {
-    json!({
-        "capacity_bytes": o.capacity_bytes,
-        "capacity": shown,
-        "fits": o.fits,
-        "spare_bytes": o.spare_bytes,
-        "peak_reserved_bytes": o.peak_reserved_bytes,
-        "first_failure": failure.map(failure_json),
-        "fits_with": o.fits_with,
-    })
-}
-
-/// One device of `captures[].torch.fit`.
-pub fn device_json(d: &DeviceFitReport, capacity_shown: Option<&str>) -> Value {
-    let f = &d.fit;
-    let n = f.needs.as_ref();
-    let mut v = json!({
-        "device": f.device,
-        "validated": f.validated,
-        "label": if f.validated { "simulated" } else { "not simulated" },
-        "needs_bytes": n.map(|n| n.needs_bytes),
-        "needs_bytes_expandable": f.needs_bytes_expandable,
-        "needs_bytes_max_split": f.needs_bytes_max_split,
-        "best_max_split_size_mb": f.best_max_split_size_mb,
-        "max_split": f.max_split,
-        "peak_allocated_bytes": n.map(|n| n.peak_allocated_bytes),
-        "peak_reserved_bytes": n.map(|n| n.peak_reserved_bytes),
-        "monotonic": n.map(|n| n.monotonic),
-        "capacities_checked": n.map(|n| n.capacities_checked),
-        "recorded_capacity_bytes": f.recorded_capacity_bytes,
-        "note": f.note,
-    });
-    if let Some(o) = &f.on {
-        v["on"] = on_json(o, d.first_failure.as_ref(), capacity_shown);
-    }
-    v
 }
 
 /// `{"memlsp": version, "captures": [{"file", "kind": "torch", "torch": {"fit": [...]}}]}`,
@@ -105,16 +41,16 @@ pub fn fit_document(captures: &[FitCapture]) -> Value {
         "captures": captures.iter().map(|c| json!({
             "file": c.file,
             "kind": "torch",
-            "torch": {"fit": c.devices.iter().map(|d| device_json(d, c.capacity_shown)).collect::<Vec<_>>()},
+            "torch": {"fit": c.devices},
         })).collect::<Vec<_>>(),
     })
 }
 
-fn failure_text(out: &mut String, f: &FailureReport, indent: &str) {
-    match f.failure.entry {
+fn failure_text(out: &mut String, f: &FailureEntry, indent: &str) {
+    match f.entry {
         Some(e) => out.push_str(&format!(
             "{indent}first failing request: {} at trace entry {e}, {}\n",
-            fmt_bytes(f.failure.request_bytes),
+            fmt_bytes(f.size),
             site_text(&f.site)
         )),
         None => out.push_str(&format!(
@@ -123,10 +59,10 @@ fn failure_text(out: &mut String, f: &FailureReport, indent: &str) {
     }
     out.push_str(&format!(
         "{indent}then: {} reserved, {} allocated; live by site and role:\n",
-        fmt_bytes(f.failure.reserved_bytes),
-        fmt_bytes(f.failure.allocated_bytes)
+        fmt_bytes(f.reserved_bytes),
+        fmt_bytes(f.allocated_bytes)
     ));
-    for s in &f.live_sites {
+    for s in &f.live {
         out.push_str(&format!(
             "{indent}  {:>11}  {}  {} ({} block{})\n",
             fmt_bytes(s.bytes),
@@ -138,14 +74,11 @@ fn failure_text(out: &mut String, f: &FailureReport, indent: &str) {
     }
 }
 
-fn on_text(
-    out: &mut String,
-    o: &AtCapacity,
-    f: Option<&FailureReport>,
-    shown: Option<&str>,
-    needs: u64,
-) {
-    let cap = shown.map_or_else(|| fmt_bytes(o.capacity_bytes), str::to_string);
+fn on_text(out: &mut String, o: &OnEntry, needs: u64) {
+    let cap = o
+        .capacity
+        .clone()
+        .unwrap_or_else(|| fmt_bytes(o.capacity_bytes));
     if o.fits {
         out.push_str(&format!(
             "  on {cap}: fits, {} spare  [simulated]\n",
@@ -157,7 +90,7 @@ fn on_text(
         "  on {cap}: OOM — this run needs {}  [simulated]\n",
         fmt_bytes(needs)
     ));
-    if let Some(f) = f {
+    if let Some(f) = &o.first_failure {
         failure_text(out, f, "    ");
     }
     if o.fits_with.is_empty() {
@@ -170,6 +103,53 @@ fn on_text(
     }
 }
 
+/// The lines of one device's fit (also the "Will it fit" section of `memlsp report --on`).
+pub fn device_text(out: &mut String, f: &FitEntry) {
+    out.push_str(&format!("device {}\n", f.device));
+    let Some(needs) = f.needs_bytes else {
+        out.push_str(&format!(
+            "  {}\n",
+            f.note.as_deref().unwrap_or("not simulated")
+        ));
+        return;
+    };
+    out.push_str(&format!(
+        "  needs {}: the smallest device on which it runs without an OOM, exact to 2 MiB  [simulated]\n",
+        fmt_bytes(needs)
+    ));
+    if let (Some(a), Some(r)) = (f.peak_allocated_bytes, f.peak_reserved_bytes) {
+        out.push_str(&format!(
+            "    peak allocated {}, peak reserved {} without a limit  [simulated]\n",
+            fmt_bytes(a),
+            fmt_bytes(r)
+        ));
+    }
+    if let Some(e) = f.needs_bytes_expandable {
+        out.push_str(&format!(
+            "  with expandable_segments:True: {}  [simulated]\n",
+            fmt_bytes(e)
+        ));
+    }
+    if let (Some(mb), Some(b)) = (f.best_max_split_size_mb, f.needs_bytes_max_split) {
+        out.push_str(&format!(
+            "  with max_split_size_mb:{mb} (the best of 20, 32, 64, 128, 256, 512): {}  [simulated]\n",
+            fmt_bytes(b)
+        ));
+    }
+    if let Some(cap) = f.recorded_capacity_bytes {
+        out.push_str(&format!(
+            "  the recorded device had {} (reserved + free at its OOM)  [read]\n",
+            fmt_bytes(cap)
+        ));
+    }
+    if let Some(o) = &f.on {
+        on_text(out, o, needs);
+    }
+    if let Some(note) = &f.note {
+        out.push_str(&format!("  note: {note}\n"));
+    }
+}
+
 /// The text of `memlsp fit`.
 pub fn fit_text(captures: &[FitCapture]) -> String {
     let mut out = String::new();
@@ -179,54 +159,7 @@ pub fn fit_text(captures: &[FitCapture]) -> String {
             out.push_str("  no device trace: memory history was not recorded, nothing to replay\n");
         }
         for d in c.devices {
-            let f = &d.fit;
-            out.push_str(&format!("device {}\n", f.device));
-            let Some(n) = &f.needs else {
-                out.push_str(&format!(
-                    "  {}\n",
-                    f.note.as_deref().unwrap_or("not simulated")
-                ));
-                continue;
-            };
-            out.push_str(&format!(
-                "  needs {}: the smallest device on which it runs without an OOM, exact to 2 MiB  [simulated]\n",
-                fmt_bytes(n.needs_bytes)
-            ));
-            out.push_str(&format!(
-                "    peak allocated {}, peak reserved {} without a limit  [simulated]\n",
-                fmt_bytes(n.peak_allocated_bytes),
-                fmt_bytes(n.peak_reserved_bytes)
-            ));
-            if let Some(e) = f.needs_bytes_expandable {
-                out.push_str(&format!(
-                    "  with expandable_segments:True: {}  [simulated]\n",
-                    fmt_bytes(e)
-                ));
-            }
-            if let (Some(mb), Some(b)) = (f.best_max_split_size_mb, f.needs_bytes_max_split) {
-                out.push_str(&format!(
-                    "  with max_split_size_mb:{mb} (the best of 20, 32, 64, 128, 256, 512): {}  [simulated]\n",
-                    fmt_bytes(b)
-                ));
-            }
-            if let Some(cap) = f.recorded_capacity_bytes {
-                out.push_str(&format!(
-                    "  the recorded device had {} (reserved + free at its OOM)  [read]\n",
-                    fmt_bytes(cap)
-                ));
-            }
-            if let Some(o) = &f.on {
-                on_text(
-                    &mut out,
-                    o,
-                    d.first_failure.as_ref(),
-                    c.capacity_shown,
-                    n.needs_bytes,
-                );
-            }
-            if let Some(note) = &f.note {
-                out.push_str(&format!("  note: {note}\n"));
-            }
+            device_text(&mut out, d);
         }
     }
     out
@@ -251,7 +184,12 @@ pub fn prediction_json(p: &PredictionReport, inputs: &PredictInputs) -> String {
         "note": q.note,
     });
     if let Some(o) = &q.on {
-        v["on"] = on_json(o, p.first_failure.as_ref(), inputs.capacity_shown);
+        v["on"] = serde_json::to_value(OnEntry::of(
+            o,
+            p.first_failure.as_ref(),
+            inputs.capacity_shown,
+        ))
+        .unwrap_or(Value::Null);
     }
     crate::present::json::render(&json!({
         "memlsp": crate::present::json::VERSION,
@@ -282,13 +220,8 @@ pub fn prediction_text(p: &PredictionReport, inputs: &PredictInputs) -> String {
         fmt_bytes(q.needs_bytes)
     ));
     if let Some(o) = &q.on {
-        on_text(
-            &mut out,
-            o,
-            p.first_failure.as_ref(),
-            inputs.capacity_shown,
-            q.needs_bytes,
-        );
+        let o = OnEntry::of(o, p.first_failure.as_ref(), inputs.capacity_shown);
+        on_text(&mut out, &o, q.needs_bytes);
         match q.largest_fitting {
             Some(v) => out.push_str(&format!(
                 "  largest {name} that fits there: {}  [simulated]\n",

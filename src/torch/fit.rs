@@ -218,3 +218,149 @@ pub fn capacity_findings(
     }
     out
 }
+
+/// A user line as the fit's JSON names it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SiteEntry {
+    pub file: String,
+    pub line: u32,
+    pub function: String,
+}
+
+fn site_entry(l: &Option<Location>) -> Option<SiteEntry> {
+    l.as_ref().map(|l| SiteEntry {
+        file: l.shown().to_string(),
+        line: l.line,
+        function: l.function.clone(),
+    })
+}
+
+/// What was live at a failure, from one line.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LiveEntry {
+    pub site: Option<SiteEntry>,
+    pub role: &'static str,
+    pub bytes: u64,
+    pub blocks: u64,
+}
+
+/// `first_failure`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FailureEntry {
+    /// Trace index; `null`: the blocks live at the first trace entry do not fit.
+    pub entry: Option<u64>,
+    /// The request, rounded as the allocator rounds it.
+    pub size: u64,
+    pub site: Option<SiteEntry>,
+    pub reserved_bytes: u64,
+    pub allocated_bytes: u64,
+    pub live: Vec<LiveEntry>,
+}
+
+impl FailureEntry {
+    pub fn of(f: &FailureReport) -> FailureEntry {
+        FailureEntry {
+            entry: f.failure.entry,
+            size: f.failure.request_bytes,
+            site: site_entry(&f.site),
+            reserved_bytes: f.failure.reserved_bytes,
+            allocated_bytes: f.failure.allocated_bytes,
+            live: f
+                .live_sites
+                .iter()
+                .map(|s| LiveEntry {
+                    site: site_entry(&s.site),
+                    role: s.role,
+                    bytes: s.bytes,
+                    blocks: s.blocks,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// `on`: the replay on one capacity.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct OnEntry {
+    pub capacity_bytes: u64,
+    /// As the user named it (`H100 80 GB (79.15 GiB after a 512.00 MiB CUDA context)`).
+    pub capacity: Option<String>,
+    pub fits: bool,
+    pub spare_bytes: Option<u64>,
+    pub peak_reserved_bytes: u64,
+    pub first_failure: Option<FailureEntry>,
+    /// Settings under which the same capacity serves every request.
+    pub fits_with: Vec<String>,
+}
+
+impl OnEntry {
+    pub fn of(
+        o: &crate::torch::replay::fit::AtCapacity,
+        failure: Option<&FailureReport>,
+        shown: Option<&str>,
+    ) -> OnEntry {
+        OnEntry {
+            capacity_bytes: o.capacity_bytes,
+            capacity: shown.map(str::to_string),
+            fits: o.fits,
+            spare_bytes: o.spare_bytes,
+            peak_reserved_bytes: o.peak_reserved_bytes,
+            first_failure: failure.map(FailureEntry::of),
+            fits_with: o.fits_with.clone(),
+        }
+    }
+}
+
+/// One device of `captures[].torch.fit` (the keys scripts read: docs/FITS.md).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FitEntry {
+    pub device: i64,
+    pub validated: bool,
+    /// `simulated`, or `not simulated` (no numbers) where the replay does not validate.
+    pub label: &'static str,
+    pub needs_bytes: Option<u64>,
+    pub needs_bytes_expandable: Option<u64>,
+    pub needs_bytes_max_split: Option<u64>,
+    pub best_max_split_size_mb: Option<u64>,
+    pub max_split: Vec<crate::torch::replay::fit::SettingNeeds>,
+    pub peak_allocated_bytes: Option<u64>,
+    pub peak_reserved_bytes: Option<u64>,
+    pub monotonic: Option<bool>,
+    pub capacities_checked: Option<u32>,
+    /// Reserved + free at the recorded OOM (read from the capture).
+    pub recorded_capacity_bytes: Option<u64>,
+    pub note: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub on: Option<OnEntry>,
+}
+
+impl FitEntry {
+    pub fn of(d: &DeviceFitReport, capacity_shown: Option<&str>) -> FitEntry {
+        let f = &d.fit;
+        let n = f.needs.as_ref();
+        FitEntry {
+            device: f.device,
+            validated: f.validated,
+            label: if f.validated {
+                "simulated"
+            } else {
+                "not simulated"
+            },
+            needs_bytes: n.map(|n| n.needs_bytes),
+            needs_bytes_expandable: f.needs_bytes_expandable,
+            needs_bytes_max_split: f.needs_bytes_max_split,
+            best_max_split_size_mb: f.best_max_split_size_mb,
+            max_split: f.max_split.clone(),
+            peak_allocated_bytes: n.map(|n| n.peak_allocated_bytes),
+            peak_reserved_bytes: n.map(|n| n.peak_reserved_bytes),
+            monotonic: n.map(|n| n.monotonic),
+            capacities_checked: n.map(|n| n.capacities_checked),
+            recorded_capacity_bytes: f.recorded_capacity_bytes,
+            note: f.note.clone(),
+            on: f
+                .on
+                .as_ref()
+                .map(|o| OnEntry::of(o, d.first_failure.as_ref(), capacity_shown)),
+        }
+    }
+}

@@ -121,6 +121,18 @@ pub fn output(snap: &Snapshot, a: &Analysis, opts: &AnalysisOptions) -> Output {
     if opts.pictures {
         time("pictures", || pictures(snap, a, &mut summary));
     }
+    if opts.fit {
+        let fit_opts = replay::fit::FitOptions {
+            capacity: opts.capacity,
+            ..Default::default()
+        };
+        summary.fit = Some(time("fit", || {
+            fit::capture_fit(snap, &a.replays, &opts.frames, &fit_opts)
+                .iter()
+                .map(|d| fit::FitEntry::of(d, None))
+                .collect()
+        }));
+    }
     Output {
         summary,
         sites: time("report sites", || report_sites(snap, a, opts)),
