@@ -127,6 +127,26 @@ fn predict_json_holds_on_the_xiaolin_series() {
     );
     let largest = q["largest_fitting"].as_f64().unwrap();
     assert!(largest > 512.0, "{largest}");
+    // The page: a curve per capture and the predicted one (dashed), the capacity line.
+    let r = common::memlsp(
+        &[
+            "predict",
+            &p("128"),
+            &p("256"),
+            "--at",
+            "ctx=512",
+            "--on",
+            "8GiB",
+            "--format",
+            "html",
+        ],
+        cwd(),
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(r.stdout.matches("<polyline").count(), 3, "{}", r.stdout);
+    assert_eq!(r.stdout.matches("stroke-dasharray=\"6 3\"").count(), 1);
+    assert!(r.stdout.contains("capacity 8.00 GiB (simulated: fits)"));
+    assert!(r.stdout.contains("ctx=512 predicted [simulated]"));
 }
 
 #[test]

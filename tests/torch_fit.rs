@@ -188,6 +188,24 @@ fn xiaolin_ctx512_predicted_from_128_and_256() {
     );
     assert!(err(p.peak_allocated_bytes, real_peak) < 0.02);
     assert!(err(p.reserved_bytes, real_reserved) < 0.05);
+    // The page's curves: each capture's own sizes replayed from an empty device peak within
+    // 0.01 % of its own replay (a block can keep a remainder the allocator did not split), and
+    // the predicted curve peaks at the predicted peak.
+    let top =
+        |c: &memlsp::torch::replay::predict::Curve| c.points.iter().map(|x| x[1]).max().unwrap();
+    assert_eq!(p.curves.len(), 3);
+    for (c, s) in p.curves.iter().zip(&snaps[..2]) {
+        assert!(!c.predicted);
+        let own = replay_snapshot(s).devices[0].peak_allocated_bytes;
+        assert!(
+            err(top(c), own) < 1e-4,
+            "ctx={}: {} vs {own}",
+            c.value,
+            top(c)
+        );
+    }
+    assert!(p.curves[2].predicted);
+    assert_eq!(top(&p.curves[2]), p.peak_allocated_bytes);
 }
 
 /// Another code path or another order at one size: the captures do not match one to one, and

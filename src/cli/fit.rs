@@ -184,13 +184,7 @@ pub(super) fn run_predict(args: PredictArgs) -> i32 {
     emit(&match args.format {
         ReportFormat::Text => fit::prediction_text(&report, &inputs),
         ReportFormat::Json => fit::prediction_json(&report, &inputs),
-        ReportFormat::Html => fit::page(
-            &format!(
-                "memlsp predict {name}={}",
-                crate::torch::replay::predict::show_value(at)
-            ),
-            &fit::prediction_text(&report, &inputs),
-        ),
+        ReportFormat::Html => fit::prediction_page(&report, &inputs),
     });
     i32::from(report.prediction.on.as_ref().is_some_and(|o| !o.fits))
 }

@@ -255,3 +255,121 @@ pub fn page(title: &str, text: &str) -> String {
         b = esc(text)
     )
 }
+
+/// The page of `memlsp predict --format html`: allocated bytes over the matched requests for
+/// each capture and for the prediction, the capacity and `needs` lines (an inline SVG), then the
+/// text.
+pub fn prediction_page(p: &PredictionReport, inputs: &PredictInputs) -> String {
+    let q = &p.prediction;
+    let (w, h, pad) = (900.0f64, 320.0f64, 70.0f64);
+    let n = q
+        .curves
+        .iter()
+        .flat_map(|c| c.points.last())
+        .map(|x| x[0])
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64;
+    let mut ymax = q
+        .curves
+        .iter()
+        .flat_map(|c| c.points.iter().map(|x| x[1]))
+        .max()
+        .unwrap_or(1)
+        .max(q.needs_bytes);
+    if let Some(o) = &q.on {
+        ymax = ymax.max(o.capacity_bytes);
+    }
+    let ymax = ymax.max(1) as f64;
+    let x = |k: u64| pad + (w - pad - 10.0) * k as f64 / n;
+    let y = |v: u64| 10.0 + (h - 30.0) * (1.0 - v as f64 / ymax);
+    const COLORS: [&str; 6] = [
+        "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948",
+    ];
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" role=\"img\" \
+         aria-label=\"allocated bytes over the requests\">"
+    );
+    for k in 0..=4u64 {
+        let v = (ymax as u64) * k / 4;
+        svg.push_str(&format!(
+            "<line x1=\"{pad}\" x2=\"{}\" y1=\"{y:.1}\" y2=\"{y:.1}\" stroke=\"#ccc\"/>\
+             <text x=\"2\" y=\"{:.1}\" font-size=\"10\">{}</text>",
+            w - 10.0,
+            y(v) + 3.0,
+            esc(&fmt_bytes(v)),
+            y = y(v)
+        ));
+    }
+    let mut legend = String::new();
+    for (i, c) in q.curves.iter().enumerate() {
+        let color = if c.predicted {
+            "#8250df"
+        } else {
+            COLORS[i % COLORS.len()]
+        };
+        let pts: Vec<String> = c
+            .points
+            .iter()
+            .map(|p| format!("{:.1},{:.1}", x(p[0]), y(p[1])))
+            .collect();
+        svg.push_str(&format!(
+            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\"{} points=\"{}\"/>",
+            if c.predicted {
+                " stroke-dasharray=\"6 3\""
+            } else {
+                ""
+            },
+            pts.join(" ")
+        ));
+        legend.push_str(&format!(
+            "<li><span style=\"color:{color}\">■</span> {}={} {}</li>",
+            esc(&q.parameter),
+            show_value(c.value),
+            if c.predicted {
+                "predicted [simulated]"
+            } else {
+                "its recorded sizes, replayed from an empty device [simulated]"
+            }
+        ));
+    }
+    let mut hline = |v: u64, color: &str, label: String| {
+        svg.push_str(&format!(
+            "<line x1=\"{pad}\" x2=\"{}\" y1=\"{y:.1}\" y2=\"{y:.1}\" stroke=\"{color}\" \
+             stroke-dasharray=\"3 3\"/><text x=\"{}\" y=\"{:.1}\" font-size=\"11\" \
+             fill=\"{color}\">{}</text>",
+            w - 10.0,
+            pad + 4.0,
+            y(v) - 3.0,
+            esc(&label),
+            y = y(v)
+        ));
+    };
+    hline(
+        q.needs_bytes,
+        "#1a7f37",
+        format!("needs {} (simulated)", fmt_bytes(q.needs_bytes)),
+    );
+    if let Some(o) = &q.on {
+        hline(
+            o.capacity_bytes,
+            "#bf8700",
+            format!(
+                "capacity {} (simulated: {})",
+                fmt_bytes(o.capacity_bytes),
+                if o.fits { "fits" } else { "OOM" }
+            ),
+        );
+    }
+    svg.push_str("</svg>");
+    let title = format!("memlsp predict {}={}", q.parameter, show_value(q.at));
+    format!(
+        "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{t}</title>\
+         <style>body{{font-family:system-ui,sans-serif;margin:2em}}pre{{font-size:13px}}\
+         ul{{list-style:none;padding:0}}</style></head><body><h1>{t}</h1>\
+         <h2>Allocated bytes over the matched requests</h2>{svg}<ul>{legend}</ul>\
+         <pre>{b}</pre></body></html>\n",
+        t = esc(&title),
+        b = esc(&prediction_text(p, inputs))
+    )
+}

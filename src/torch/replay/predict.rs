@@ -254,6 +254,9 @@ pub struct Prediction {
     /// points), for locating a failure.
     #[serde(skip)]
     pub reference: usize,
+    /// Allocated bytes over the requests: each capture, then the prediction (for the page).
+    #[serde(skip)]
+    pub curves: Vec<Curve>,
     pub note: Option<String>,
 }
 
@@ -357,6 +360,8 @@ struct Matched {
     /// The reference capture's requests, with the size model of the sized ones.
     init: Vec<(SizeModel, u64, bool, u64)>,
     requests: Vec<(usize, Option<SizeModel>)>,
+    /// Each capture's own sizes: (blocks live at the start, requests; 0 for a free).
+    sizes: Vec<(Vec<u64>, Vec<u64>)>,
     basis: Basis,
 }
 
@@ -511,7 +516,22 @@ fn match_points(points: &[Point], parameter: &str) -> Result<Matched, Mismatch> 
         });
         requests.push((sides[reference].requests[k], model));
     }
+    let sizes = (0..points.len())
+        .map(|i| {
+            let init = sides[i].init.iter().map(|x| x.0).collect();
+            let req = sides[i]
+                .requests
+                .iter()
+                .map(|&j| match traces[i][j].action {
+                    Action::Alloc | Action::Oom => traces[i][j].size,
+                    _ => 0,
+                })
+                .collect();
+            (init, req)
+        })
+        .collect();
     Ok(Matched {
+        sizes,
         device,
         settings: sides[reference].settings.clone(),
         reference,
@@ -542,26 +562,110 @@ fn size_at(m: &SizeModel, at: f64) -> u64 {
 /// The predicted trace at `at`: the blocks live at the start allocated first, then the
 /// reference capture's requests with predicted sizes.
 fn predicted_trace(m: &Matched, reference: &[TraceEntry], at: f64) -> Vec<TraceEntry> {
+    trace_with(
+        m,
+        reference,
+        |k| size_at(&m.init[k].0, at),
+        |k| m.requests[k].1.as_ref().map(|model| size_at(model, at)),
+    )
+}
+
+/// The reference capture's requests with the sizes given: the blocks live at the start first
+/// (`init_size(k)`), then each request (`req_size(k)`, `None`: as recorded).
+fn trace_with(
+    m: &Matched,
+    reference: &[TraceEntry],
+    init_size: impl Fn(usize) -> u64,
+    req_size: impl Fn(usize) -> Option<u64>,
+) -> Vec<TraceEntry> {
     let mut t = Vec::with_capacity(m.init.len() * 2 + m.requests.len());
-    for (model, addr, pending, stream) in &m.init {
-        t.push(TraceEntry::new(
-            Action::Alloc,
-            *addr,
-            size_at(model, at),
-            *stream,
-        ));
+    for (k, (_, addr, pending, stream)) in m.init.iter().enumerate() {
+        t.push(TraceEntry::new(Action::Alloc, *addr, init_size(k), *stream));
         if *pending {
             t.push(TraceEntry::new(Action::FreeRequested, *addr, 0, *stream));
         }
     }
-    for (i, model) in &m.requests {
+    for (k, (i, _)) in m.requests.iter().enumerate() {
         let mut e = reference[*i].clone();
-        if let Some(model) = model {
-            e.size = size_at(model, at);
+        if let Some(size) = req_size(k) {
+            e.size = size;
         }
         t.push(e);
     }
     t
+}
+
+/// Allocated bytes over the matched requests, for the page: one run (a capture's own sizes, or
+/// the predicted ones) as the highest allocated total in each of [`CURVE_COLUMNS`] runs of
+/// requests.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Curve {
+    pub value: f64,
+    /// The predicted run; otherwise a capture's own recorded sizes, replayed the same way from
+    /// an empty device (both `simulated`: a block's size is the allocator's decision).
+    pub predicted: bool,
+    /// (first request of the column, highest allocated bytes in it).
+    pub points: Vec<[u64; 2]>,
+}
+
+/// Columns of a [`Curve`].
+pub const CURVE_COLUMNS: usize = 300;
+
+struct CurveObs {
+    offset: usize,
+    n: usize,
+    top: Vec<u64>,
+}
+
+impl run::Observer for CurveObs {
+    fn after(
+        &mut self,
+        op: &run::Op,
+        _done: run::Done,
+        m: &super::model::Model,
+        _addr_of: &run::AddrOf,
+    ) -> bool {
+        if op.pos >= self.offset && self.n > 0 {
+            let k = (op.pos - self.offset) * self.top.len() / self.n;
+            if let Some(t) = self.top.get_mut(k) {
+                *t = (*t).max(m.allocated);
+            }
+        }
+        true
+    }
+}
+
+fn curve(m: &Matched, trace: &[TraceEntry], value: f64, predicted: bool) -> Curve {
+    let init = InitialState::default();
+    let plan = run::plan(trace, &init);
+    let n = m.requests.len();
+    let cols = CURVE_COLUMNS.min(n.max(1));
+    let mut obs = CurveObs {
+        offset: trace.len() - n,
+        n,
+        top: vec![0; cols],
+    };
+    let edits = run::Edits::default();
+    run::replay(
+        trace,
+        &plan,
+        &init,
+        m.settings.clone(),
+        false,
+        None,
+        &edits,
+        &mut obs,
+    );
+    Curve {
+        value,
+        predicted,
+        points: obs
+            .top
+            .iter()
+            .enumerate()
+            .map(|(c, &v)| [(c * n / cols) as u64, v])
+            .collect(),
+    }
 }
 
 /// Predict the run at `at` from `points` (see the module doc). `capacity`: also replay on a
@@ -636,7 +740,24 @@ pub fn predict(
             m.basis.max_residual * 100.0
         ));
     }
+    let reference_trace = reference;
+    let mut curves: Vec<Curve> = points
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let (init_sizes, req_sizes) = &m.sizes[i];
+            let t = trace_with(
+                &m,
+                reference_trace,
+                |k| init_sizes[k],
+                |k| m.requests[k].1.map(|_| req_sizes[k]),
+            );
+            curve(&m, &t, p.value, false)
+        })
+        .collect();
+    curves.push(curve(&m, &trace, at, true));
     Ok(Prediction {
+        curves,
         parameter: parameter.to_string(),
         at,
         device: m.device,
