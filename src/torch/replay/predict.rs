@@ -297,18 +297,29 @@ fn side(snap: &Snapshot, device: i64) -> Side {
             })
             .unwrap_or(0)
     };
-    let mut init: Vec<(usize, u64, u64, u64, bool, u64)> = p
+    // The stack each block was allocated from (the snapshot's, for a block still live at the
+    // end; that of the entry freeing it otherwise).
+    let info = super::state::alloc_info(snap, &p);
+    type Key = (usize, Vec<(String, u64, String)>, u64, u64, u64, bool, u64);
+    let mut init: Vec<Key> = p
         .init
         .allocs
         .iter()
-        .map(|a| {
+        .enumerate()
+        .map(|(i, a)| {
             let freed = first_free.get(&a.addr).copied();
+            // Blocks the trace never frees (weights, buffers) have nothing to tie them across
+            // captures but their stack: the allocator placed them at different addresses in
+            // each run. They are matched by stack, then by size (the k-th smallest of a stack
+            // with the k-th smallest).
+            let (stack, size) = match freed {
+                Some(_) => (Vec::new(), 0),
+                None => (stack_text(snap, info.get(i).and_then(|x| x.1)), a.requested),
+            };
             (
                 freed.unwrap_or(usize::MAX),
-                // Blocks the trace never frees (weights, buffers) have nothing to tie them
-                // across captures: the allocator placed them at different addresses in each
-                // run, so they are matched by size (the k-th smallest with the k-th smallest).
-                if freed.is_some() { 0 } else { a.requested },
+                stack,
+                size,
                 a.addr,
                 a.requested,
                 a.pending,
@@ -321,7 +332,7 @@ fn side(snap: &Snapshot, device: i64) -> Side {
         settings: p.settings.clone(),
         init: init
             .into_iter()
-            .map(|(_, _, addr, req, pending, stream)| (req, addr, pending, stream))
+            .map(|(_, _, _, addr, req, pending, stream)| (req, addr, pending, stream))
             .collect(),
         requests: trace
             .iter()
