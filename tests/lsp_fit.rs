@@ -67,3 +67,43 @@ fn capacity_setting_puts_the_first_failing_request_on_its_line() {
     assert!(lsp.errors().is_empty(), "{:?}", lsp.errors());
     lsp.shutdown();
 }
+
+/// With `memlsp.capacity` set, the hover of any finding shows what the run needs, also where it
+/// fits (kkaitlyn111's training step on an H100: PT004 and PT001 on optimizers.py:82).
+#[test]
+fn hover_on_a_finding_shows_needs_when_a_capacity_is_set() {
+    let Some(src) =
+        lsp_support::shared("torch_snapshots/real/kkaitlyn111__memory_ctx128_fullstep.pickle")
+    else {
+        return;
+    };
+    let (_tmp, ws) = tempdir();
+    let opt = ws.join("cs336_basics/optimizers.py");
+    std::fs::create_dir_all(opt.parent().unwrap()).unwrap();
+    let text: String = (1..=450)
+        .map(|i| format!("        state_{i} = torch.zeros_like(p)  # line {i}\n"))
+        .collect();
+    std::fs::write(&opt, text).unwrap();
+    copy(&src, &ws.join("runs/memory_ctx128_fullstep.pickle"));
+    let mut lsp = Lsp::start(&ws, json!({"capacity": "H100"}));
+    lsp.open(&opt);
+    let diags = lsp
+        .diagnostics(&opt, Duration::from_secs(90), |d| {
+            d.iter().any(|x| x["code"] == "PT004")
+        })
+        .unwrap_or_else(|| panic!("no PT004: {:?}", lsp.messages()));
+    assert!(
+        !diags.iter().any(|x| x["code"] == "PT013"),
+        "it fits: {diags:?}"
+    );
+    let hover = lsp.request(
+        "textDocument/hover",
+        json!({"textDocument": {"uri": uri(&opt)}, "position": {"line": 81, "character": 8}}),
+    );
+    let md = hover["contents"]["value"].as_str().unwrap_or("");
+    assert!(
+        md.contains("device 0 needs 51.46 GiB to run without an OOM (fits on the 79.15 GiB set: 27.69 GiB spare)"),
+        "{md}"
+    );
+    lsp.shutdown();
+}

@@ -130,10 +130,14 @@ pub fn predict_report(
 
 /// PT013 for each validated device whose recorded requests do not all fit on `capacity` bytes:
 /// on the line of the first request that fails there, with what the run needs (simulated).
+///
+/// Every other finding of the capture gets the devices' `needs` as evidence (the editor's hover
+/// shows it), whether or not the capacity fits.
 pub fn capacity_findings(
     snap: &Snapshot,
     a: &crate::torch::Analysis,
     capacity: u64,
+    others: &mut [crate::findings::Finding],
 ) -> Vec<crate::findings::Finding> {
     use crate::findings::{Code, Evidence, Finding, Label, Severity, fmt_bytes};
     let opts = FitOptions {
@@ -150,6 +154,21 @@ pub fn capacity_findings(
         let (Some(n), Some(on)) = (&fit.needs, &fit.on) else {
             continue;
         };
+        let line = format!(
+            "device {d} needs {} to run without an OOM ({} on the {} set: {})",
+            fmt_bytes(n.needs_bytes),
+            if on.fits { "fits" } else { "does not fit" },
+            fmt_bytes(capacity),
+            if on.fits {
+                format!("{} spare", fmt_bytes(on.spare_bytes.unwrap_or(0)))
+            } else {
+                "PT013".to_string()
+            }
+        );
+        for f in others.iter_mut() {
+            f.evidence
+                .push(Evidence::new(Label::Simulated, line.clone()));
+        }
         if on.fits {
             continue;
         }

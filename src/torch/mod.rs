@@ -97,7 +97,8 @@ pub fn analyse(snap: &Snapshot, opts: &AnalysisOptions) -> Analysis {
         let mut found = time("patterns", || patterns::detect(snap, &a));
         time("what-if", || whatif::simulate(snap, &a, &mut found));
         if let Some(c) = opts.capacity {
-            time("fit", || found.extend(fit::capacity_findings(snap, &a, c)));
+            let more = time("fit", || fit::capacity_findings(snap, &a, c, &mut found));
+            found.extend(more);
         }
         findings::sort(&mut found);
         a.findings = found;
