@@ -162,7 +162,7 @@ pub fn capacity_findings(
             if on.fits {
                 format!("{} spare", fmt_bytes(on.spare_bytes.unwrap_or(0)))
             } else {
-                "PT013".to_string()
+                Code::PT013.to_string()
             }
         );
         for f in others.iter_mut() {
