@@ -69,6 +69,7 @@ pub enum Code {
     PT010,
     PT011,
     PT012,
+    PT013,
     JX001,
     JX002,
     JX003,
@@ -83,7 +84,7 @@ pub enum Code {
 
 impl Code {
     /// Every code, in documentation order.
-    pub const ALL: [Code; 22] = [
+    pub const ALL: [Code; 23] = [
         Code::PT001,
         Code::PT002,
         Code::PT003,
@@ -96,6 +97,7 @@ impl Code {
         Code::PT010,
         Code::PT011,
         Code::PT012,
+        Code::PT013,
         Code::JX001,
         Code::JX002,
         Code::JX003,
@@ -123,6 +125,7 @@ impl Code {
             Code::PT010 => "PT010",
             Code::PT011 => "PT011",
             Code::PT012 => "PT012",
+            Code::PT013 => "PT013",
             Code::JX001 => "JX001",
             Code::JX002 => "JX002",
             Code::JX003 => "JX003",
@@ -156,6 +159,7 @@ impl Code {
             Code::PT010 => "delayed free",
             Code::PT011 => "growth between snapshots",
             Code::PT012 => "rank skew",
+            Code::PT013 => "OOM on the configured capacity",
             Code::JX001 => "plan exceeds capacity",
             Code::JX002 => "forward activations kept for backward",
             Code::JX003 => "backward dominates",
@@ -175,7 +179,9 @@ impl Code {
     pub fn default_severity(self) -> Severity {
         match self {
             // A baseline breach fails the check whatever `--fail-on` says: the user asked for it.
-            Code::PT008 | Code::PT009 | Code::JX001 | Code::JX007 | Code::BL001 => Severity::Error,
+            Code::PT008 | Code::PT009 | Code::PT013 | Code::JX001 | Code::JX007 | Code::BL001 => {
+                Severity::Error
+            }
             Code::PT002
             | Code::PT003
             | Code::PT006
@@ -212,7 +218,8 @@ impl Code {
             | Code::PT009
             | Code::PT010
             | Code::PT011
-            | Code::PT012 => Family::Torch,
+            | Code::PT012
+            | Code::PT013 => Family::Torch,
             Code::JX001
             | Code::JX002
             | Code::JX003

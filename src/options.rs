@@ -134,6 +134,12 @@ pub struct AnalysisOptions {
     pub pictures: bool,
     /// `--category NAME=REGEX`, in the order given (the first that matches a block wins).
     pub categories: Vec<Category>,
+    /// PyTorch: replay each validated device on a device of this many bytes and report the
+    /// first request that fails there (PT013, simulated).
+    pub capacity: Option<u64>,
+    /// PyTorch: compute the "will it fit" section of the summary (`torch.fit`): the smallest
+    /// capacity each validated device needs, and the replay on `capacity` when set.
+    pub fit: bool,
 }
 
 /// A user category (`--category NAME=REGEX`): the live blocks whose stack has a frame whose
@@ -185,6 +191,8 @@ impl Default for AnalysisOptions {
             frames: FrameFilter::default(),
             pictures: false,
             categories: Vec::new(),
+            capacity: None,
+            fit: false,
         }
     }
 }

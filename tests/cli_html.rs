@@ -239,3 +239,49 @@ fn the_timeline_bands_point_at_workspace_files() {
         );
     }
 }
+
+/// `report --on CAPACITY --format html`: the page gets what the timeline draws for "will it
+/// fit": the capacity line, `needs`, and the first failing request's entry and line.
+#[test]
+fn the_page_draws_the_capacity_and_the_first_failing_request() {
+    let Some(f) =
+        common::shared("torch_snapshots/real/silmont2000__memory_forward_bf16_128.pickle")
+    else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("page.html");
+    let r = common::memlsp(
+        &[
+            "report",
+            common::arg(&f),
+            "--on",
+            "700MiB",
+            "--format",
+            "html",
+            "-o",
+            common::arg(&out),
+        ],
+        tmp.path(),
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let html = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        html.contains("\"capacity \" + bytes(cap)"),
+        "the page draws the capacity line"
+    );
+    let data = page_data(&html);
+    let fit = &data["captures"][0]["torch"]["fit"][0];
+    assert_eq!(fit["on"]["capacity_bytes"], 700u64 << 20, "{fit}");
+    assert_eq!(fit["needs_bytes"], 818u64 << 20, "{fit}");
+    assert_eq!(fit["on"]["first_failure"]["entry"], 1704, "{fit}");
+    assert_eq!(fit["on"]["first_failure"]["site"]["line"], 33, "{fit}");
+    // The timeline's columns cover the failing entry, so the marker has a place.
+    let cols = data["captures"][0]["torch"]["devices"][0]["columns"]
+        .as_array()
+        .unwrap();
+    assert!(
+        cols.iter()
+            .any(|k| k[0].as_u64() <= Some(1704) && k[1].as_u64() >= Some(1704))
+    );
+}

@@ -130,3 +130,78 @@ fn neovim_shows_the_finding_hint_hover_and_applies_the_fix() {
     );
     assert_eq!(seen["execute_command"]["captures"], 1);
 }
+
+/// `memlsp.capacity` in a real editor: Neovim shows PT013 on the line of the first request that
+/// fails on that device, with what the run needs in the message and the hover.
+#[test]
+fn neovim_shows_the_capacity_diagnostic_on_the_failing_line() {
+    let Some(nvim) = nvim() else {
+        lsp_support::skip("no Neovim >= 0.11 (set MEMLSP_NVIM or put nvim on PATH)");
+        return;
+    };
+    let Some(src) =
+        lsp_support::shared("torch_snapshots/real/silmont2000__memory_forward_bf16_128.pickle")
+    else {
+        return;
+    };
+    let (tmp, ws) = tempdir();
+    let py = ws.join("cs336_basics/model/swiglu.py");
+    std::fs::create_dir_all(py.parent().unwrap()).unwrap();
+    let text: String = (1..=80)
+        .map(|i| format!("        x_{i} = f(x)  # line {i}\n"))
+        .collect();
+    std::fs::write(&py, text).unwrap();
+    copy(&src, &ws.join("runs/memory_forward_bf16_128.pickle"));
+    let out = tmp.path().join("nvim.json");
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/lsp_support/nvim_capacity.lua");
+    let mut child = Command::new(&nvim)
+        .args([
+            "--headless",
+            "--clean",
+            "-u",
+            "NONE",
+            "-i",
+            "NONE",
+            "-n",
+            "-c",
+        ])
+        .arg(format!("luafile {}", script.display()))
+        .env("LSP_CMD", env!("CARGO_BIN_EXE_memlsp"))
+        .env("PY_FILE", &py)
+        .env("WS_ROOT", &ws)
+        .env("OUT_JSON", &out)
+        .env("CAPACITY", "700MiB")
+        .spawn()
+        .expect("start nvim");
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait nvim") {
+            break s;
+        }
+        if t0.elapsed() > Duration::from_secs(90) {
+            let _ = child.kill();
+            panic!("nvim did not finish within 90 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let seen: Value = serde_json::from_slice(&std::fs::read(&out).expect("nvim wrote no result"))
+        .expect("result JSON");
+    assert!(status.success(), "nvim failed: {seen:#}");
+    let d = &seen["diagnostics"][0];
+    assert_eq!(d["lnum"], 32, "{seen:#}");
+    assert_eq!(d["severity"], 1, "{seen:#}");
+    assert!(
+        d["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("OOM here on 700.00 MiB: this step needs 818.00 MiB")),
+        "{seen:#}"
+    );
+    assert!(
+        seen["hover"]
+            .as_str()
+            .is_some_and(|h| h.contains("**PT013") && h.contains("needs 857735168 B")),
+        "{}",
+        seen["hover"]
+    );
+}

@@ -169,7 +169,8 @@ fn an_agent_analyses_a_capture_asks_about_a_line_and_reads_a_finding_page() {
             "explain_line",
             "diff",
             "compare_ranks",
-            "check_baseline"
+            "check_baseline",
+            "fit"
         ]
     );
     let analyze_schema = &list["result"]["tools"][0]["inputSchema"];
@@ -647,4 +648,35 @@ fn a_call_stays_within_its_budget_and_says_when_it_cut_short() {
         .unwrap_or("")
         .to_string();
     assert!(cut.contains("time budget of 0 s"), "{r}");
+}
+
+/// `fit` answers with `memlsp fit --format json`'s document: on a capacity below what the
+/// capture needs, the first failing request with its Python line; a GPU the table does not know
+/// is a tool error naming the ones it does.
+#[test]
+fn fit_names_the_first_failing_request_on_a_capacity() {
+    let Some(src) =
+        common::shared("torch_snapshots/real/silmont2000__memory_forward_bf16_128.pickle")
+    else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let mut mcp = Mcp::start(tmp.path(), &[src.parent().unwrap()]);
+    mcp.request(
+        "initialize",
+        json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}),
+    );
+    mcp.notify("notifications/initialized", json!({}));
+    let r = mcp.call("fit", json!({"path": src, "on": "700MiB"}));
+    assert_eq!(r["isError"], false, "{r}");
+    let d = &r["structuredContent"]["captures"][0]["torch"]["fit"][0];
+    assert_eq!(d["validated"], true, "{d}");
+    assert_eq!(d["needs_bytes"], 818u64 << 20, "{d}");
+    assert_eq!(d["on"]["fits"], false, "{d}");
+    assert_eq!(d["on"]["first_failure"]["entry"], 1704, "{d}");
+    assert_eq!(d["on"]["first_failure"]["site"]["line"], 33, "{d}");
+    let text = r["content"][0]["text"].as_str().unwrap();
+    assert!(text.contains("OOM — this run needs 818.00 MiB"), "{text}");
+    let r = mcp.call("fit", json!({"path": src, "on": "A100"}));
+    assert_eq!(r["isError"], true, "{r}");
 }

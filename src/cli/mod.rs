@@ -8,6 +8,7 @@
 mod check;
 mod compare;
 mod compare_labels;
+mod fit;
 mod github;
 #[cfg(test)]
 mod presenter_tests;
@@ -36,7 +37,9 @@ pub use crate::present::json::VERSION;
     about = "GPU memory evidence (PyTorch snapshots, JAX/XLA captures) pinned to Python source lines",
     long_about = "GPU memory evidence (PyTorch CUDA snapshots, JAX/XLA .xplane.pb captures) pinned to \
                   Python source lines.\n\nWithout arguments memlsp runs the language server on stdio.",
-    after_help = "Exit status of --check: 0 no finding at or above --fail-on, 1 findings, \
+    after_help = "Will it fit:\n  memlsp fit snapshot.pickle --on A100-40GB\n  memlsp predict \
+                  ctx=128:a.pickle ctx=256:b.pickle --at ctx=512 --on 40GiB\n\n\
+                  Exit status of --check: 0 no finding at or above --fail-on, 1 findings, \
                   2 a capture could not be read or a usage error."
 )]
 struct Cli {
@@ -86,6 +89,20 @@ enum Command {
     Compare(CompareCliArgs),
     /// Run the Model Context Protocol server on stdio (tools for coding agents)
     Mcp(McpArgs),
+    /// The smallest device a PyTorch capture needs, and what happens on a given one (simulated)
+    ///
+    /// Example: memlsp fit snapshot.pickle --on A100-40GB
+    #[command(
+        after_help = "Example:\n  memlsp fit snapshot.pickle --on A100-40GB\n  memlsp fit snapshot.pickle --on 24GiB --format json\n\nExit status: 0 done (fits on --on), 1 does not fit on --on, 2 unreadable capture or usage error."
+    )]
+    Fit(fit::FitArgs),
+    /// Predict a larger run from captures of the same program at smaller sizes (simulated)
+    ///
+    /// Example: memlsp predict ctx=128:a.pickle ctx=256:b.pickle --at ctx=512 --on 40GiB
+    #[command(
+        after_help = "Example:\n  memlsp predict ctx=128:a.pickle ctx=256:b.pickle --at ctx=512 --on 40GiB\n\nExit status: 0 done (fits on --on), 1 does not fit on --on, 2 the captures do not match (where, on stderr), unreadable capture or usage error."
+    )]
+    Predict(fit::PredictArgs),
 }
 
 /// `memlsp mcp`: where the tools may read and what one tool call may spend. Handed to the server
@@ -164,6 +181,13 @@ struct ReportArgs {
     /// Write the result to FILE instead of stdout
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     output: Option<PathBuf>,
+    /// PyTorch: add the "will it fit" section (`memlsp fit`'s numbers, `torch.fit` in JSON)
+    #[arg(long)]
+    fit: bool,
+    /// PyTorch: replay on this device too (bytes, 24GiB or a GPU, see `memlsp fit --on`): the
+    /// section says whether it fits, and the first failing request is a PT013 finding
+    #[arg(long, value_name = "CAPACITY")]
+    on: Option<String>,
     /// Per-rank directories: snapshots analysed at once (peak memory is at most N snapshots'
     /// worth) [default: one per core]
     #[arg(long, short = 'j', value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
@@ -348,6 +372,8 @@ pub fn run() -> Run {
         })),
         Some(Command::Lsp { .. }) => Run::Lsp,
         Some(Command::Mcp(args)) => Run::Mcp(args),
+        Some(Command::Fit(args)) => Run::Exit(fit::run_fit(args)),
+        Some(Command::Predict(args)) => Run::Exit(fit::run_predict(args)),
         None if cli.check => {
             if cli.baseline.is_none() && (cli.max_growth.is_some() || cli.timing) {
                 return Run::Exit(usage("--max-growth and --timing need --baseline FILE"));

@@ -30,6 +30,14 @@ fn report_inner(args: ReportArgs) -> i32 {
     opts.range = args.range;
     opts.analysis.module = args.module.clone();
     opts.analysis.pictures = args.format == ReportFormat::Html;
+    if let Some(on) = &args.on {
+        match crate::present::capacity::parse(on, crate::present::capacity::DEFAULT_CONTEXT_RESERVE)
+        {
+            Ok(c) => opts.analysis.capacity = Some(c.bytes),
+            Err(e) => return super::usage(&format!("--on: {e}")),
+        }
+    }
+    opts.analysis.fit = args.fit || args.on.is_some();
     opts.jobs = args.jobs.unwrap_or(0) as usize;
     // One snapshot file: how far its reading got, on stderr (a folder of ranks says which rank).
     let reading = match &args.diff {

@@ -46,6 +46,9 @@ pub struct Settings {
     pub baseline_max_growth: f64,
     /// `baseline.timing`: also compare timing-dependent numbers.
     pub baseline_timing: bool,
+    /// `capacity`: the device to replay each capture on (bytes, `24GiB` or a GPU name less
+    /// `capacityReserve`); the first request that fails there is a PT013 diagnostic.
+    pub capacity: Option<u64>,
 }
 
 impl Default for Settings {
@@ -66,6 +69,7 @@ impl Default for Settings {
             baseline_file: None,
             baseline_max_growth: 5.0,
             baseline_timing: false,
+            capacity: None,
         }
     }
 }
@@ -208,6 +212,32 @@ impl Settings {
                 _ => problems.push("maxModelBytes must be a positive integer".into()),
             }
         }
+        let reserve = match obj.get("capacityReserve") {
+            None => crate::present::capacity::DEFAULT_CONTEXT_RESERVE,
+            Some(r) => match r
+                .as_u64()
+                .or_else(|| r.as_str().and_then(crate::present::capacity::parse_size))
+            {
+                Some(r) => r,
+                None => {
+                    problems.push("capacityReserve must be a size (512MiB or bytes)".into());
+                    crate::present::capacity::DEFAULT_CONTEXT_RESERVE
+                }
+            },
+        };
+        match obj.get("capacity") {
+            None | Some(Value::Null) => {}
+            Some(Value::Number(n)) => match n.as_u64() {
+                Some(b) => s.capacity = Some(b),
+                None => problems.push("capacity must be a size, bytes or a GPU name".into()),
+            },
+            Some(Value::String(c)) if c.trim().is_empty() => {}
+            Some(Value::String(c)) => match crate::present::capacity::parse(c, reserve) {
+                Ok(c) => s.capacity = Some(c.bytes),
+                Err(e) => problems.push(format!("capacity: {e}")),
+            },
+            Some(_) => problems.push("capacity must be a size, bytes or a GPU name".into()),
+        }
         if let Some(n) = obj.get("topSites") {
             match n.as_u64() {
                 Some(n) if n > 0 => s.top_sites = n as usize,
@@ -224,17 +254,19 @@ impl Settings {
         opts.decode.max_file_bytes = self.max_file_bytes;
         opts.decode.max_model_bytes = self.max_model_bytes;
         opts.analysis.frames = FrameFilter::new(self.user_frame_excludes.clone());
+        opts.analysis.capacity = self.capacity;
         opts
     }
 
     /// The settings that change engine results (a change invalidates the cache). Path mappings
     /// only change the locate step, which runs again on every publish.
-    pub fn options_key(&self) -> (usize, u64, Option<u64>, &[String]) {
+    pub fn options_key(&self) -> (usize, u64, Option<u64>, &[String], Option<u64>) {
         (
             self.top_sites,
             self.max_file_bytes,
             self.max_model_bytes,
             &self.user_frame_excludes,
+            self.capacity,
         )
     }
 

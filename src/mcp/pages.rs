@@ -32,6 +32,7 @@ const PAGES: &[(Code, &str)] = &[
     (Code::PT010, include_str!("../../docs/findings/PT010.md")),
     (Code::PT011, include_str!("../../docs/findings/PT011.md")),
     (Code::PT012, include_str!("../../docs/findings/PT012.md")),
+    (Code::PT013, include_str!("../../docs/findings/PT013.md")),
 ];
 
 fn uri(code: Code) -> String {

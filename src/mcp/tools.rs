@@ -30,6 +30,7 @@ pub(super) const NAMES: &[&str] = &[
     "diff",
     "compare_ranks",
     "check_baseline",
+    "fit",
 ];
 
 /// What a call may use besides its arguments.
@@ -107,6 +108,21 @@ struct ExplainLineArgs {
     line: u32,
     /// Workspace scanned for captures like `memlsp --check` does (default: the server's current
     /// directory)
+    workspace: Option<PathBuf>,
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+#[serde(deny_unknown_fields)]
+struct FitArgs {
+    /// A PyTorch snapshot recorded with memory history
+    path: PathBuf,
+    /// A device to replay on: bytes, a size ("24GiB") or a GPU ("A100-40GB", "H100", "T4", …,
+    /// its memory less `reserve`)
+    on: Option<String>,
+    /// Memory the CUDA context takes on a named GPU (default "512MiB")
+    reserve: Option<String>,
+    /// Directory relative paths are taken from (default: the server's current directory)
     workspace: Option<PathBuf>,
 }
 
@@ -196,6 +212,14 @@ pub(super) fn list() -> Vec<Tool> {
              errors by default), the BL001 findings on the lines where memory grew, and what was \
              compared.",
         ),
+        tool::<FitArgs>(
+            "fit",
+            "Will a PyTorch capture fit (`memlsp fit PATH --on CAPACITY --format json`): per device, \
+             the smallest device memory on which the recorded requests run without an OOM \
+             (simulated through the allocator replay, exact to 2 MiB), the same with \
+             expandable_segments:True and the best max_split_size_mb, and on `on`: fits with its \
+             spare, or the first failing request with its Python line and what was live.",
+        ),
     ]
 }
 
@@ -219,6 +243,7 @@ pub(super) fn call(name: &str, args: JsonObject, ctx: &Ctx) -> Result<Output, St
         "diff" => diff(parse(name, args)?, ctx),
         "compare_ranks" => compare_ranks(parse(name, args)?, ctx),
         "check_baseline" => check_baseline(parse(name, args)?, ctx),
+        "fit" => fit(parse(name, args)?, ctx),
         _ => Err(format!("unknown tool `{name}`")),
     };
     if ctx.meter.expired() {
@@ -355,6 +380,49 @@ fn analyze(a: AnalyzeArgs, ctx: &Ctx) -> Result<Output, String> {
     Ok(Output {
         structured: doc::document(&reports, &[]),
         summary: summary(&reports),
+    })
+}
+
+fn fit(a: FitArgs, ctx: &Ctx) -> Result<Output, String> {
+    use crate::present::capacity;
+    use crate::present::fit as show;
+    let ws = ctx.workspace(a.workspace.as_deref())?;
+    let reserve = match &a.reserve {
+        Some(r) => capacity::parse_size(r)
+            .ok_or_else(|| format!("fit: reserve `{r}` is not a size (e.g. 512MiB)"))?,
+        None => capacity::DEFAULT_CONTEXT_RESERVE,
+    };
+    let cap =
+        a.on.as_deref()
+            .map(|c| capacity::parse(c, reserve))
+            .transpose()
+            .map_err(|e| format!("fit: {e}"))?;
+    let path = input(&ws, &a.path);
+    let opts = ctx.options(&ws);
+    let snap = crate::torch::load::load_snapshot(&path, &opts.decode).map_err(|e| e.to_string())?;
+    let fit_opts = crate::torch::replay::fit::FitOptions {
+        capacity: cap.as_ref().map(|c| c.bytes),
+        ..Default::default()
+    };
+    let devices = crate::torch::fit::capture_fit(
+        &snap,
+        &crate::torch::replay::Replays::new(),
+        &opts.analysis.frames,
+        &fit_opts,
+    );
+    let file = path.display().to_string();
+    let shown = cap.as_ref().map(|c| c.shown.as_str());
+    let entries: Vec<crate::torch::fit::FitEntry> = devices
+        .iter()
+        .map(|d| crate::torch::fit::FitEntry::of(d, shown))
+        .collect();
+    let captures = [show::FitCapture {
+        file: &file,
+        devices: &entries,
+    }];
+    Ok(Output {
+        structured: show::fit_document(&captures),
+        summary: show::fit_text(&captures),
     })
 }
 

@@ -138,6 +138,8 @@ fn torch(r: &CaptureReport, t: &crate::torch::summary::Summary) -> Value {
         "devices": devices,
         "untraced": untraced,
         "simulated": simulated,
+        // `report --fit` / `--on`: needs, the capacity line and the first failing request.
+        "fit": t.fit,
         "diff": t.diff.as_ref().map(|d| json!({
             "earlier": d.earlier,
             "grown": d.grown.iter().take(20).map(|g| json!({"site": g.site, "before": g.bytes_before, "after": g.bytes_after, "blocks": g.blocks_delta})).collect::<Vec<_>>(),

@@ -4,9 +4,11 @@
 //! escaping of capture strings for each place they are shown (`escape`), and what both servers
 //! answer to a message they cannot take (`jsonrpc`).
 
+pub mod capacity;
 pub mod categories;
 pub mod compare;
 pub mod escape;
+pub mod fit;
 pub mod hint;
 pub mod html;
 pub mod json;

@@ -9,6 +9,7 @@ pub mod categories;
 #[cfg(test)]
 mod device_scale_tests;
 pub mod diff;
+pub mod fit;
 pub mod fragmentation;
 mod intern;
 pub mod load;
@@ -107,6 +108,10 @@ pub fn analyse(snap: &Snapshot, opts: &AnalysisOptions) -> Analysis {
         };
         let mut found = time("patterns", || patterns::detect(snap, &a));
         time("what-if", || whatif::simulate(snap, &a, &mut found));
+        if let Some(c) = opts.capacity {
+            let more = time("fit", || fit::capacity_findings(snap, &a, c, &mut found));
+            found.extend(more);
+        }
         findings::sort(&mut found);
         a.findings = found;
         a
@@ -131,6 +136,18 @@ pub fn output(snap: &Snapshot, a: &Analysis, opts: &AnalysisOptions) -> Output {
     });
     if opts.pictures {
         time("pictures", || pictures(snap, a, &mut summary));
+    }
+    if opts.fit {
+        let fit_opts = replay::fit::FitOptions {
+            capacity: opts.capacity,
+            ..Default::default()
+        };
+        summary.fit = Some(time("fit", || {
+            fit::capture_fit(snap, &a.replays, &opts.frames, &fit_opts)
+                .iter()
+                .map(|d| fit::FitEntry::of(d, None))
+                .collect()
+        }));
     }
     Output {
         summary,

@@ -63,6 +63,9 @@ pub struct Summary {
     pub rank_summary: crate::torch::ranks::RankSummary,
     /// How well the allocator replay reproduces this capture's recorded segment events.
     pub replay: CaptureReplay,
+    /// Will it fit (`report --on CAPACITY`; docs/FITS.md): one entry per traced device.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fit: Option<Vec<crate::torch::fit::FitEntry>>,
     /// Memory over the trace per device, for pictures (computed on request).
     #[serde(skip)]
     pub series: Vec<crate::torch::series::Series>,
@@ -663,6 +666,7 @@ pub fn summarize_with(snap: &Snapshot, a: &Analysis, top: usize, replay: Capture
         rank_comparison: None,
         rank_summary: Default::default(),
         replay,
+        fit: None,
         series: Vec::new(),
         segment_bars: Vec::new(),
         state_bars: Vec::new(),

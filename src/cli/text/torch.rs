@@ -60,6 +60,29 @@ pub(super) fn sections(
     s.push_str(&crate::present::categories::text(t));
     s.push_str(&crate::present::trend::text(t));
     diff(s, t);
+    fit(s, t);
+}
+
+/// "Will it fit" (`report --fit` / `--on`): the same lines as `memlsp fit`.
+fn fit(s: &mut String, t: &Summary) {
+    let Some(f) = &t.fit else {
+        return;
+    };
+    let _ = writeln!(s, "Will it fit (docs/FITS.md)");
+    if f.is_empty() {
+        let _ = writeln!(
+            s,
+            "  no device trace: memory history was not recorded, nothing to replay"
+        );
+    }
+    let mut body = String::new();
+    for d in f {
+        crate::present::fit::device_text(&mut body, d);
+    }
+    for line in body.lines() {
+        let _ = writeln!(s, "  {line}");
+    }
+    s.push('\n');
 }
 
 fn totals(s: &mut String, t: &Summary) {

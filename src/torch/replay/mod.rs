@@ -12,8 +12,10 @@
 //!
 //! Plain data in, plain data out: no IO, no rendering.
 
+pub mod fit;
 mod initial;
 mod model;
+pub mod predict;
 mod run;
 mod settings;
 mod state;

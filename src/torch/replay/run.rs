@@ -438,6 +438,9 @@ pub(crate) struct Edits {
     /// block is freed at the first position and allocated again (same size and stream) at the
     /// second; its recorded frees then apply as usual.
     pub remat: Vec<(u32, usize, usize, usize)>,
+    /// On a device of a capacity smaller than the memory reserved at the first entry, release
+    /// the cached segments first (the OOM path would have released them before the trace).
+    pub release_at_start: bool,
 }
 
 /// What one request did, for an [`Observer`].
@@ -538,6 +541,9 @@ pub(crate) fn replay(
     let mut addr_of = AddrOf::new(plan.arefs);
     for (i, &a) in init_addrs.iter().enumerate() {
         addr_of.set(i as u32, a);
+    }
+    if edits.release_at_start && capacity.is_some_and(|c| m.reserved > c) {
+        m.release_cached_blocks();
     }
     let mut out = Outcome::default();
     let ops = plan.ops(trace, as_recorded);

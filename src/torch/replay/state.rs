@@ -250,7 +250,7 @@ impl Observer for CapacityRun<'_> {
 /// Requested size and stack of every allocation reference: an `alloc` of the trace has its
 /// own; a block live at the first entry has its stack at the end, or that of the entry that
 /// frees it.
-fn alloc_info(snap: &Snapshot, p: &Prepared) -> Vec<(u64, Option<StackId>)> {
+pub(super) fn alloc_info(snap: &Snapshot, p: &Prepared) -> Vec<(u64, Option<StackId>)> {
     let trace = snap.trace(p.device);
     let mut info: Vec<(u64, Option<StackId>)> = vec![(0, None); p.plan.arefs];
     let end_stack: FxHashMap<u64, Option<StackId>> = snap
