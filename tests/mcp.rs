@@ -661,7 +661,7 @@ fn fit_names_the_first_failing_request_on_a_capacity() {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
-    let mut mcp = Mcp::start(tmp.path(), &[src.parent().unwrap()]);
+    let mut mcp = Mcp::start(tmp.path(), &[tmp.path(), src.parent().unwrap()]);
     mcp.request(
         "initialize",
         json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}),
