@@ -746,7 +746,10 @@ fn what_if_prepared(
         )
     };
     // Without a recorded OOM the capacity is unknown whatever the validation says.
-    let early = (!p.has_oom).then(|| run_after(None));
+    // A trace that contradicts its rebuilt state rarely validates: its what-if waits for the
+    // validation rather than competing with it for the cores.
+    let doubtful = p.init.problems > 0 || p.plan.unmatched_frees > 0 || p.blocker.is_some();
+    let early = (!p.has_oom && !doubtful).then(|| run_after(None));
     let v = validation();
     let (base, out0) = (&v.replay, &v.out);
     if !base.validated {
