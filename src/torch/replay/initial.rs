@@ -50,6 +50,10 @@ pub(crate) struct InitialState {
     /// Trace entries that contradict the state (count, first description).
     pub problems: u64,
     pub first_problem: Option<String>,
+    /// The backward walk stopped at this trace entry, the first (from the end) that
+    /// contradicts the state the snapshot ends in: the trace does not fit its segments, the
+    /// state above is not built and nothing is replayed.
+    pub contradicted_at: Option<usize>,
 }
 
 impl InitialState {
@@ -215,6 +219,17 @@ pub(crate) fn rebuild(
     trace: &[TraceEntry],
     settings: &Settings,
 ) -> InitialState {
+    rebuild_with(segments, trace, settings, true)
+}
+
+/// [`rebuild`]; `stop`: stop at the first contradiction (else walk on, counting them: the
+/// state the model is then given is whatever the trace leaves, as tests of its cost want).
+pub(crate) fn rebuild_with(
+    segments: &[&Segment],
+    trace: &[TraceEntry],
+    settings: &Settings,
+    stop: bool,
+) -> InitialState {
     let mut st = InitialState::default();
     let mut segs: BTreeMap<u64, (u64, u64, bool)> = BTreeMap::new();
     let mut es: Vec<EsInfo> = Vec::new();
@@ -319,8 +334,12 @@ pub(crate) fn rebuild(
         es[idx].hi = es[idx].hi.max(end);
     }
 
-    // Walk backwards.
-    for e in trace.iter().rev() {
+    // Walk backwards, up to the first entry that contradicts the state.
+    for (k, e) in trace.iter().enumerate().rev() {
+        if stop && st.problems > 0 {
+            st.contradicted_at = Some(k + 1);
+            return st;
+        }
         match e.action {
             Action::Alloc => {
                 let was_live = live.remove(e.addr).is_some();
@@ -400,6 +419,10 @@ pub(crate) fn rebuild(
         }
     }
 
+    if stop && st.problems > 0 {
+        st.contradicted_at = Some(0);
+        return st;
+    }
     let live = live.into_ordered();
 
     // The regions blocks live in, in address order: (start, end, small, expandable).
