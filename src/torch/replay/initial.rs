@@ -288,7 +288,31 @@ pub(crate) fn rebuild_with(
         }
     }
 
-    // Expandable ranges that the trace maps: the pool is the one of the request that follows.
+    // Expandable ranges that the trace maps: the pool is the one of the request that follows
+    // (on the same stream), found for every map in one backward pass (a forward search from
+    // each map made a trace of maps without requests quadratic).
+    let mut next_small: FxHashMap<usize, bool> = FxHashMap::default();
+    if trace.iter().any(|e| e.action == Action::SegmentMap) {
+        let mut latest: FxHashMap<u64, bool> = FxHashMap::default();
+        for (i, n) in trace.iter().enumerate().rev() {
+            match n.action {
+                Action::Alloc | Action::Oom => {
+                    let size = if n.action == Action::Alloc {
+                        settings.round_size(n.size)
+                    } else {
+                        n.size
+                    };
+                    latest.insert(n.stream, size <= SMALL_SIZE);
+                }
+                Action::SegmentMap => {
+                    if let Some(&small) = latest.get(&n.stream) {
+                        next_small.insert(i, small);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
     for (i, e) in trace.iter().enumerate() {
         if !matches!(e.action, Action::SegmentMap | Action::SegmentUnmap) {
             continue;
@@ -300,19 +324,9 @@ pub(crate) fn rebuild_with(
         let idx = match known {
             Some(k) => k,
             None if e.action == Action::SegmentMap => {
-                let small = trace[i + 1..]
-                    .iter()
-                    .find(|n| {
-                        matches!(n.action, Action::Alloc | Action::Oom) && n.stream == e.stream
-                    })
-                    .map(|n| {
-                        let size = if n.action == Action::Alloc {
-                            settings.round_size(n.size)
-                        } else {
-                            n.size
-                        };
-                        size <= SMALL_SIZE
-                    })
+                let small = next_small
+                    .get(&i)
+                    .copied()
                     .unwrap_or(e.size % LARGE_BUFFER != 0);
                 find_es(&mut es, e.stream, small)
             }
