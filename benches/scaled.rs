@@ -11,7 +11,10 @@
 //! frames lists are shared between trace entries (one list object per distinct stack), and
 //! `250M-unshared` whose frames lists hold a fresh dict per frame (as a tool that rebuilds the
 //! frames writes them; the strings stay shared), and `250M-json`, the JSON form (`json.dump`,
-//! which shares nothing: CPython's side is `json.load` there).
+//! which shares nothing: CPython's side is `json.load` there). A sixth, `3M-inconsistent`, is
+//! not scaled from a real snapshot: 3 M random trace entries that do not fit their segments
+//! (`../shared/tools/gen_inconsistent_snapshot.py`), whose time per byte must stay within 2× of
+//! `250M`'s.
 //!
 //! Each round runs, for every file, three processes: `load` (this bench in `--phase load`: the
 //! decoder and the snapshot model), `report` (the `memlsp` binary: `report FILE --format json`,
@@ -37,7 +40,7 @@ struct Shape {
     sharing: Option<&'static str>,
 }
 
-const SHAPES: [Shape; 5] = [
+const SHAPES: [Shape; 6] = [
     Shape {
         name: "250M",
         target: "250M",
@@ -62,6 +65,14 @@ const SHAPES: [Shape; 5] = [
         name: "250M-json",
         target: "250M",
         sharing: Some("--json"),
+    },
+    // A trace that does not fit its segments (random actions, as a corrupted or hand-edited
+    // file has), 3 M entries (about 240 MB): `../shared/tools/gen_inconsistent_snapshot.py`.
+    // Its time per byte is compared with `250M`'s (issue 26: at most 2×).
+    Shape {
+        name: "3M-inconsistent",
+        target: "3000000",
+        sharing: Some("--inconsistent"),
     },
 ];
 
@@ -270,12 +281,18 @@ fn generate(root: &Path, source: &Path, shape: &Shape) -> PathBuf {
         );
         let tmp = file.with_extension("partial");
         let mut cmd = Command::new("python3");
-        cmd.arg(root.join("benches/gen_snapshot.py"))
-            .arg("--scale")
-            .arg(source)
-            .arg(&tmp)
-            .args(["--target-bytes", shape.target]);
-        cmd.args(shape.sharing);
+        if shape.sharing == Some("--inconsistent") {
+            cmd.arg(root.join("../shared/tools/gen_inconsistent_snapshot.py"))
+                .arg(shape.target)
+                .arg(&tmp);
+        } else {
+            cmd.arg(root.join("benches/gen_snapshot.py"))
+                .arg("--scale")
+                .arg(source)
+                .arg(&tmp)
+                .args(["--target-bytes", shape.target]);
+            cmd.args(shape.sharing);
+        }
         let st = cmd.status().expect("python3");
         assert!(st.success(), "generator failed");
         std::fs::rename(&tmp, &file).expect("rename");

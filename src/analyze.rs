@@ -322,11 +322,39 @@ fn torch_report(path: &Path, out: torch::Output) -> CaptureReport {
 }
 
 fn torch_file(path: &Path, opts: &Options) -> Result<CaptureReport, CaptureError> {
-    Ok(torch_report(path, torch_output(path, opts)?))
+    Ok(torch_report(path, torch_output(path, opts, None)?))
+}
+
+/// [`analyze_file`], handing `recorded` first the report of what the capture records (totals,
+/// sites, the findings of the recorded trace; the replay not run yet) as soon as the trace is
+/// decoded and analysed, before the simulations (allocator replay, what-ifs) run. A capture
+/// without simulations (JAX, a directory) gives only the final report.
+pub fn analyze_file_staged(
+    path: &Path,
+    opts: &Options,
+    recorded: &mut dyn FnMut(CaptureReport),
+) -> Result<CaptureReport, CaptureError> {
+    check_size(path, opts)?;
+    match detect_kind(path) {
+        Some(CaptureKind::TorchSnapshot) => {
+            let mut first = |snap: &torch::model::Snapshot, a: &torch::Analysis| {
+                recorded(torch_report(path, torch::output(snap, a, &opts.analysis)));
+            };
+            Ok(torch_report(
+                path,
+                torch_output(path, opts, Some(&mut first))?,
+            ))
+        }
+        _ => analyze_file(path, opts),
+    }
 }
 
 /// One snapshot loaded, analysed and dropped: what the presenters need of it.
-fn torch_output(path: &Path, opts: &Options) -> Result<torch::Output, CaptureError> {
+fn torch_output(
+    path: &Path,
+    opts: &Options,
+    recorded: Option<&mut torch::Recorded<'_>>,
+) -> Result<torch::Output, CaptureError> {
     let snap = load_snapshot(path, &opts.decode)?;
     checkpoint(path, opts)?;
     let (snap, cuts) = match &opts.range {
@@ -341,7 +369,7 @@ fn torch_output(path: &Path, opts: &Options) -> Result<torch::Output, CaptureErr
         })?,
         None => (snap, Vec::new()),
     };
-    let a = torch::analyse(&snap, &opts.analysis);
+    let a = torch::analyse_staged(&snap, &opts.analysis, recorded);
     checkpoint(path, opts)?;
     let mut out = torch::output(&snap, &a, &opts.analysis);
     out.summary.range = cuts;
@@ -379,7 +407,7 @@ pub fn analyze_ranks(
     let stacks = std::sync::Mutex::new(crate::findings::StackSet::default());
     let one = |p: &PathBuf| -> Result<torch::Output, CaptureError> {
         check_size(p, opts)?;
-        let mut out = torch_output(p, opts);
+        let mut out = torch_output(p, opts, None);
         if let (Ok(out), Ok(mut set)) = (&mut out, stacks.lock()) {
             out.share_stacks(&mut set);
         }

@@ -299,8 +299,12 @@ fn a_large_snapshot_shows_how_far_it_was_read() {
             )
         })
         .collect();
+    // Rising; at 100 % "analysing" may give way to "simulating" (what the capture records is
+    // published, the replay and what-ifs run).
     assert!(
-        reports.windows(2).all(|w| w[0].0 < w[1].0),
+        reports
+            .windows(2)
+            .all(|w| w[0].0 < w[1].0 || (w[0] == (100, "analysing") && w[1] == (100, "simulating"))),
         "rising: {reports:?}"
     );
     assert!(
@@ -309,11 +313,14 @@ fn a_large_snapshot_shows_how_far_it_was_read() {
             .any(|&(p, m)| m == "reading" && p > 0 && p < 100),
         "a share of the file while it is read: {reports:?}"
     );
-    assert_eq!(reports.last(), Some(&(100, "analysing")), "{reports:?}");
+    assert!(
+        matches!(reports.last(), Some(&(100, "analysing" | "simulating"))),
+        "{reports:?}"
+    );
     assert!(
         reports
             .iter()
-            .all(|&(p, m)| (m == "analysing") == (p == 100))
+            .all(|&(p, m)| matches!(m, "analysing" | "simulating") == (p == 100))
     );
 
     // The timeline page analyses the capture again: it shows its own bar.

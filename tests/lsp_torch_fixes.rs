@@ -289,3 +289,50 @@ fn a_training_loop_offers_to_record_a_memory_capture() {
     );
     lsp.shutdown();
 }
+
+/// The editor never waits for a simulation: what the capture records is published as soon as
+/// it is decoded (PT008 and its fixes, without an outcome), then the same diagnostic again with
+/// what replaying the recorded requests with each setting gave.
+#[test]
+fn what_the_capture_records_is_published_before_the_simulated_outcome() {
+    let (_tmp, ws) = tempdir();
+    let train = workspace(&ws);
+    let mut lsp = Lsp::start(&ws, json!({}));
+    let simulated = |d: &Value| {
+        d["data"]["fixes"]
+            .as_array()
+            .is_some_and(|f| f.iter().any(|x| x["simulated"].is_string()))
+    };
+    let pt008 = |ds: &[Value]| ds.iter().find(|d| d["code"] == "PT008").cloned();
+    let last = lsp.diagnostics(&train, Duration::from_secs(30), |ds| {
+        pt008(ds).is_some_and(|d| simulated(&d))
+    });
+    let last = last.unwrap_or_else(|| panic!("no simulated PT008: {:?}", lsp.messages()));
+    let d = pt008(&last).unwrap();
+    let outcome = d["data"]["fixes"]
+        .as_array()
+        .and_then(|f| f.iter().find_map(|x| x["simulated"].as_str()))
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        outcome.contains("replayed with this allocator setting"),
+        "{outcome}"
+    );
+    // Every publish of train.py, in order: whether its PT008 carries the simulated outcome.
+    let u = uri(&train);
+    let seen: Vec<bool> = lsp
+        .seen
+        .iter()
+        .filter(|m| {
+            m["method"] == "textDocument/publishDiagnostics" && m["params"]["uri"] == u.as_str()
+        })
+        .filter_map(|m| {
+            let ds = m["params"]["diagnostics"].as_array()?;
+            pt008(ds).map(|d| simulated(&d))
+        })
+        .collect();
+    assert_eq!(seen.first(), Some(&false), "recorded first: {seen:?}");
+    assert_eq!(seen.last(), Some(&true), "then simulated: {seen:?}");
+    assert!(seen.windows(2).all(|w| w[0] <= w[1]), "{seen:?}");
+    lsp.shutdown();
+}

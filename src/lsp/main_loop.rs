@@ -64,6 +64,13 @@ pub enum Event {
         outcome: Outcome,
     },
     Recheck(PathBuf),
+    /// What a capture records, analysed before its simulations (published at once; the
+    /// analysis's `Done` refines it).
+    Recorded {
+        path: PathBuf,
+        key: FileKey,
+        report: Box<CaptureReport>,
+    },
     ResolverReady(u64, Arc<Resolver>),
     /// Answered once every earlier event has been applied (requests that need fresh buffers).
     Barrier(oneshot::Sender<()>),
@@ -332,6 +339,7 @@ impl Owner {
                 self.finish(path, key, after, outcome).await;
             }
             Event::Recheck(path) => self.recheck(&path).await,
+            Event::Recorded { path, key, report } => self.recorded(path, key, *report).await,
             Event::ResolverReady(generation, resolver) => {
                 if generation == self.resolver_gen {
                     self.py_files = resolver.py_files().map(|p| p.to_path_buf()).collect();
@@ -643,6 +651,7 @@ impl Owner {
         let workers = self.workers.clone();
         let client = self.client.clone();
         let progress = self.caps().work_done_progress;
+        let simulating = Arc::new(std::sync::atomic::AtomicBool::new(false));
         self.progress_seq += 1;
         let token = lsp::ProgressToken::String(format!("memlsp/analyse/{}", self.progress_seq));
         tokio::spawn(async move {
@@ -661,14 +670,24 @@ impl Owner {
                 return;
             }
             let p = path.clone();
+            let (early, sim) = (tx.clone(), simulating.clone());
             let job = tokio::task::spawn_blocking(move || {
                 #[cfg(feature = "test-hooks")]
                 crate::lsp::test_hooks::hold_on(&p, &opts.decode.cancel);
                 let faults = crate::sigbus::rescued();
+                // What the capture records is published before the simulations run.
+                let mut recorded = |report: CaptureReport| {
+                    sim.store(true, std::sync::atomic::Ordering::Relaxed);
+                    let _ = early.send(Event::Recorded {
+                        path: p.clone(),
+                        key,
+                        report: Box::new(report),
+                    });
+                };
                 let outcome = contained(|| {
                     #[cfg(feature = "test-hooks")]
                     crate::lsp::test_hooks::panic_on(&p);
-                    analyze::analyze_file(&p, &opts)
+                    analyze::analyze_file_staged(&p, &opts, &mut recorded)
                 });
                 // The mapping lost its file under the reader: whatever was decoded is void.
                 let outcome = if crate::sigbus::rescued() != faults {
@@ -685,6 +704,7 @@ impl Owner {
                 token,
                 title,
                 read,
+                simulating,
             };
             let joined = bar.wait(job).await;
             let (outcome, after) = match joined {
@@ -800,6 +820,23 @@ impl Owner {
         if changed {
             self.republish().await;
         }
+    }
+
+    /// The first publish of a capture whose analysis still runs its simulations: what the
+    /// capture records, shown (diagnostics, hover, inlay) until the analysis's end refines it.
+    async fn recorded(&mut self, path: PathBuf, key: FileKey, report: CaptureReport) {
+        let Some(entry) = self.captures.get_mut(&path) else {
+            return;
+        };
+        if !entry.running || entry.dirty || entry.key != Some(key) {
+            return; // changed since: the next analysis publishes
+        }
+        entry.result = Some(Arc::new(CaptureResult {
+            path: path.clone(),
+            mtime: key.mtime,
+            reports: vec![report],
+        }));
+        self.republish().await;
     }
 
     /// A second look at a file whose last analysis was inconclusive.

@@ -11,7 +11,8 @@ const PROGRESS_AFTER: Duration = Duration::from_millis(200);
 const PROGRESS_REDRAW: Duration = Duration::from_millis(250);
 
 /// The percentage and message of a capture's progress bar: the share of its bytes read, then
-/// "analysing" at 100 once all are ([`crate::options::percent_read`]).
+/// "analysing" at 100 once all are ([`crate::options::percent_read`]); "simulating" (at 100)
+/// follows once what the capture records is published.
 fn read_share(read: u64, total: u64) -> (u32, &'static str) {
     match crate::options::percent_read(read, total) {
         Some(p) => (p as u32, "reading"),
@@ -29,6 +30,9 @@ pub(crate) struct Bar<'c> {
     pub token: lsp::ProgressToken,
     pub title: String,
     pub read: Option<(crate::options::Progress, u64)>,
+    /// Raised once what the capture records was published and the simulations run: the bar
+    /// then says "simulating" (at 100 %).
+    pub simulating: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Bar<'_> {
@@ -70,7 +74,11 @@ impl Bar<'_> {
             tokio::select! {
                 r = &mut job => break r,
                 _ = tick.tick() => {
-                    let now = read_share(read.read(), total);
+                    let now = if self.simulating.load(std::sync::atomic::Ordering::Relaxed) {
+                        (100, "simulating")
+                    } else {
+                        read_share(read.read(), total)
+                    };
                     if now != last {
                         bar.report_with_message(now.1, now.0).await;
                         last = now;

@@ -355,6 +355,7 @@ impl LanguageServer for Backend {
                     )),
                     title,
                     read,
+                    simulating: Default::default(),
                 };
                 match bar.wait(job).await {
                     Ok(Ok(v)) => {

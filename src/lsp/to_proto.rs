@@ -190,6 +190,9 @@ pub fn diagnostic(
                 "preferred": x.preferred,
                 "saving_bytes": x.saving_bytes,
                 "saving_range": x.saving_range.map(|(lo, hi)| [lo, hi]),
+                // What replaying the recorded requests with the fix gave (absent until the
+                // simulations ran: the first publish shows what the capture records).
+                "simulated": x.simulated.as_ref().map(|s| format!("{} — {}", s.change, s.outcome())),
             })
         })
         .collect();

@@ -51,6 +51,9 @@ pub struct Analysis {
     /// The allocator replays of this snapshot (validation, what-ifs, states), computed once
     /// each and shared by the analyses and the summary.
     pub replays: replay::Replays,
+    /// The simulations ran (what-ifs on the findings, the summary's replay check); `false`
+    /// while [`analyse_staged`] shows what the capture records, before them.
+    pub simulated: bool,
 }
 
 /// What the engine hands to the pipeline for one snapshot: no text, no JSON, nothing that
@@ -61,8 +64,23 @@ pub struct Output {
     pub findings: Vec<Finding>,
 }
 
+/// Shown what a capture records, before the simulations: see [`analyse_staged`].
+pub type Recorded<'a> = dyn FnMut(&Snapshot, &Analysis) + 'a;
+
 /// Run every analysis over a loaded snapshot.
 pub fn analyse(snap: &Snapshot, opts: &AnalysisOptions) -> Analysis {
+    analyse_staged(snap, opts, None)
+}
+
+/// [`analyse`], showing `recorded` what the capture records (totals, sites, the findings of
+/// the recorded trace) before the simulations run: its [`Analysis`] has `simulated: false`,
+/// and a summary of it reports the replay as not run yet. The allocator's validation replay
+/// runs meanwhile on a second thread on a large trace, as in [`analyse`].
+pub fn analyse_staged(
+    snap: &Snapshot,
+    opts: &AnalysisOptions,
+    recorded: Option<&mut Recorded<'_>>,
+) -> Analysis {
     use crate::timings::time;
     let stacks = time("stacks", || StackIndex::new(snap, &opts.frames));
     let others = |stacks: &StackIndex| {
@@ -105,8 +123,16 @@ pub fn analyse(snap: &Snapshot, opts: &AnalysisOptions) -> Analysis {
             findings: Vec::new(),
             stacks,
             replays,
+            simulated: false,
         };
         let mut found = time("patterns", || patterns::detect(snap, &a));
+        if let Some(recorded) = recorded {
+            a.findings = found.clone();
+            findings::sort(&mut a.findings);
+            recorded(snap, &a);
+            a.findings = Vec::new();
+        }
+        a.simulated = true;
         time("what-if", || whatif::simulate(snap, &a, &mut found));
         if let Some(c) = opts.capacity {
             let more = time("fit", || fit::capacity_findings(snap, &a, c, &mut found));

@@ -625,7 +625,11 @@ pub fn diff(d: &Diff, earlier: &Path, later: &Path) -> DiffSummary {
 
 /// Summarise every analysis of one snapshot, keeping the first `top` sites.
 pub fn summarize(snap: &Snapshot, a: &Analysis, top: usize) -> Summary {
-    let replay = a.replays.capture(snap);
+    let replay = if a.simulated {
+        a.replays.capture(snap)
+    } else {
+        CaptureReplay::pending()
+    };
     summarize_with(snap, a, top, replay)
 }
 

@@ -50,6 +50,10 @@ pub(crate) struct InitialState {
     /// Trace entries that contradict the state (count, first description).
     pub problems: u64,
     pub first_problem: Option<String>,
+    /// The backward walk stopped at this trace entry, the first (from the end) that
+    /// contradicts the state the snapshot ends in: the trace does not fit its segments, the
+    /// state above is not built and nothing is replayed.
+    pub contradicted_at: Option<usize>,
 }
 
 impl InitialState {
@@ -215,6 +219,17 @@ pub(crate) fn rebuild(
     trace: &[TraceEntry],
     settings: &Settings,
 ) -> InitialState {
+    rebuild_with(segments, trace, settings, true)
+}
+
+/// [`rebuild`]; `stop`: stop at the first contradiction (else walk on, counting them: the
+/// state the model is then given is whatever the trace leaves, as tests of its cost want).
+pub(crate) fn rebuild_with(
+    segments: &[&Segment],
+    trace: &[TraceEntry],
+    settings: &Settings,
+    stop: bool,
+) -> InitialState {
     let mut st = InitialState::default();
     let mut segs: BTreeMap<u64, (u64, u64, bool)> = BTreeMap::new();
     let mut es: Vec<EsInfo> = Vec::new();
@@ -273,7 +288,31 @@ pub(crate) fn rebuild(
         }
     }
 
-    // Expandable ranges that the trace maps: the pool is the one of the request that follows.
+    // Expandable ranges that the trace maps: the pool is the one of the request that follows
+    // (on the same stream), found for every map in one backward pass (a forward search from
+    // each map made a trace of maps without requests quadratic).
+    let mut next_small: FxHashMap<usize, bool> = FxHashMap::default();
+    if trace.iter().any(|e| e.action == Action::SegmentMap) {
+        let mut latest: FxHashMap<u64, bool> = FxHashMap::default();
+        for (i, n) in trace.iter().enumerate().rev() {
+            match n.action {
+                Action::Alloc | Action::Oom => {
+                    let size = if n.action == Action::Alloc {
+                        settings.round_size(n.size)
+                    } else {
+                        n.size
+                    };
+                    latest.insert(n.stream, size <= SMALL_SIZE);
+                }
+                Action::SegmentMap => {
+                    if let Some(&small) = latest.get(&n.stream) {
+                        next_small.insert(i, small);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
     for (i, e) in trace.iter().enumerate() {
         if !matches!(e.action, Action::SegmentMap | Action::SegmentUnmap) {
             continue;
@@ -285,19 +324,9 @@ pub(crate) fn rebuild(
         let idx = match known {
             Some(k) => k,
             None if e.action == Action::SegmentMap => {
-                let small = trace[i + 1..]
-                    .iter()
-                    .find(|n| {
-                        matches!(n.action, Action::Alloc | Action::Oom) && n.stream == e.stream
-                    })
-                    .map(|n| {
-                        let size = if n.action == Action::Alloc {
-                            settings.round_size(n.size)
-                        } else {
-                            n.size
-                        };
-                        size <= SMALL_SIZE
-                    })
+                let small = next_small
+                    .get(&i)
+                    .copied()
                     .unwrap_or(e.size % LARGE_BUFFER != 0);
                 find_es(&mut es, e.stream, small)
             }
@@ -319,8 +348,12 @@ pub(crate) fn rebuild(
         es[idx].hi = es[idx].hi.max(end);
     }
 
-    // Walk backwards.
-    for e in trace.iter().rev() {
+    // Walk backwards, up to the first entry that contradicts the state.
+    for (k, e) in trace.iter().enumerate().rev() {
+        if stop && st.problems > 0 {
+            st.contradicted_at = Some(k + 1);
+            return st;
+        }
         match e.action {
             Action::Alloc => {
                 let was_live = live.remove(e.addr).is_some();
@@ -400,6 +433,10 @@ pub(crate) fn rebuild(
         }
     }
 
+    if stop && st.problems > 0 {
+        st.contradicted_at = Some(0);
+        return st;
+    }
     let live = live.into_ordered();
 
     // The regions blocks live in, in address order: (start, end, small, expandable).

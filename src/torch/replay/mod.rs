@@ -12,7 +12,11 @@
 //!
 //! Plain data in, plain data out: no IO, no rendering.
 
+mod check;
+#[cfg(test)]
+mod cost_tests;
 pub mod fit;
+mod free;
 mod initial;
 mod model;
 pub mod predict;
@@ -68,6 +72,22 @@ pub struct CaptureReplay {
     pub reserved_end_bytes_replayed: u64,
     pub note: Option<String>,
     pub devices: Vec<DeviceReplay>,
+}
+
+impl CaptureReplay {
+    /// The replay of a capture whose simulations have not run yet (the language server's
+    /// first publish).
+    pub fn pending() -> CaptureReplay {
+        CaptureReplay {
+            validated: false,
+            segment_events_recorded: 0,
+            segment_events_matched: 0,
+            reserved_end_bytes_recorded: 0,
+            reserved_end_bytes_replayed: 0,
+            note: Some("simulating: the allocator replay has not finished yet".into()),
+            devices: Vec::new(),
+        }
+    }
 }
 
 /// One change to replay with.
@@ -213,14 +233,26 @@ fn prepare(snap: &Snapshot, device: i64) -> Prepared {
     let init = crate::timings::time("replay: rebuild", || {
         initial::rebuild(&segments, trace, &settings)
     });
-    if init.problems > 0 {
+    if let Some(at) = init.contradicted_at {
+        // Linear whatever the trace: a trace that does not fit its segments is not replayed.
+        blocker = Some(format!(
+            "trace entry {at} contradicts the state the snapshot ends in ({}): the trace does \
+             not fit its segments, not replayed",
+            init.first_problem.clone().unwrap_or_default()
+        ));
+    }
+    if init.contradicted_at.is_none() && init.problems > 0 {
         remarks.push(format!(
             "{} trace entries contradict the rebuilt state (first: {})",
             init.problems,
             init.first_problem.clone().unwrap_or_default()
         ));
     }
-    let plan = crate::timings::time("replay: plan", || run::plan(trace, &init));
+    let plan = if init.contradicted_at.is_some() {
+        Plan::default()
+    } else {
+        crate::timings::time("replay: plan", || run::plan(trace, &init))
+    };
     if plan.too_long {
         blocker = Some("trace of more than 4,294,967,294 entries: too long to replay".to_string());
     }
@@ -257,31 +289,62 @@ fn join_note(parts: Vec<String>) -> Option<String> {
     (!parts.is_empty()).then(|| parts.join("; "))
 }
 
-/// The validation replay (recorded order, recorded device answers, no change), with `obs`
-/// watching it: what `obs` sees is the state of the allocator the check is about.
-fn validate_with(
+/// The validation replay (recorded order, recorded device answers, no change), checked as it
+/// runs (`check::Checker`): it stops at the first step whose segment events differ from the
+/// recorded ones, and the note names that trace entry and the difference.
+/// `invalid` is raised as soon as the device is known not to validate (what-ifs running
+/// meanwhile watch it and stop).
+fn validate(
     trace: &[TraceEntry],
     p: &Prepared,
-    obs: &mut dyn run::Observer,
+    invalid: &AtomicBool,
 ) -> (DeviceReplay, run::Outcome) {
-    let out = run::replay(
-        trace,
-        &p.plan,
-        &p.init,
-        p.settings.clone(),
-        true,
-        None,
-        &Edits::default(),
-        obs,
-    );
-    let (matched, first) = run::compare(&p.plan.recorded, &out.events);
-    let recorded = p.plan.recorded.len() as u64;
-    let replayed = out.events.len() as u64;
+    if p.blocker.is_some() || trace.is_empty() {
+        invalid.store(true, Ordering::Relaxed);
+    }
+    let mut checker = check::Checker::new(&p.plan.recorded, invalid);
+    let skipped = p.init.contradicted_at.is_some();
+    let out = if skipped {
+        run::Outcome::default()
+    } else {
+        run::replay(
+            trace,
+            &p.plan,
+            &p.init,
+            p.settings.clone(),
+            true,
+            None,
+            &Edits::default(),
+            &mut checker,
+        )
+    };
+    run::add_visits(checker.visits);
+    let (matched, first) = (checker.matched, checker.first);
+    let recorded = if skipped {
+        trace
+            .iter()
+            .filter(|e| {
+                matches!(
+                    e.action,
+                    Action::SegmentAlloc
+                        | Action::SegmentFree
+                        | Action::SegmentMap
+                        | Action::SegmentUnmap
+                )
+            })
+            .count() as u64
+    } else {
+        p.plan.recorded.len() as u64
+    };
+    let replayed = checker.replayed;
+    let stopped = out.stopped_at.is_some();
     // `run::replay` returns the live blocks sorted.
-    let live_ok = out.live_end == p.live_recorded;
+    let live_ok = !stopped && !skipped && out.live_end == p.live_recorded;
     let mut notes = Vec::new();
-    let mut validated =
-        matched == recorded && replayed == recorded && out.reserved_end == p.reserved_recorded;
+    let mut validated = !stopped
+        && matched == recorded
+        && replayed == recorded
+        && out.reserved_end == p.reserved_recorded;
     if trace.is_empty() {
         validated = false;
         notes.push("no trace entries on this device".to_string());
@@ -293,7 +356,9 @@ fn validate_with(
     if let Some((_, what)) = first {
         notes.push(format!("first difference {what}"));
     }
-    if out.reserved_end != p.reserved_recorded {
+    if stopped {
+        notes.push("the replay stopped there".to_string());
+    } else if !skipped && out.reserved_end != p.reserved_recorded {
         notes.push(format!(
             "reserved at the end: recorded {} B, replayed {} B",
             p.reserved_recorded, out.reserved_end
@@ -310,7 +375,7 @@ fn validate_with(
     if !validated || !live_ok {
         notes.extend(p.remarks.iter().cloned());
     }
-    if !live_ok && validated {
+    if !live_ok && validated && !stopped {
         notes.push("allocated blocks at the end differ from the snapshot's".into());
     }
     if trace.len() == 1 {
@@ -336,6 +401,9 @@ fn validate_with(
         peak_reserved_bytes: out.peak_reserved,
         note: join_note(notes),
     };
+    if !validated {
+        invalid.store(true, Ordering::Relaxed);
+    }
     (r, out)
 }
 
@@ -359,6 +427,9 @@ struct DeviceCache {
     prepared: OnceLock<Arc<Prepared>>,
     validation: OnceLock<Arc<Validation>>,
     settings: OnceLock<Arc<SettingRuns>>,
+    /// Raised once the device is known not to validate: what-ifs started before the
+    /// validation finished stop then (they would not be offered).
+    invalid: AtomicBool,
 }
 
 /// The replays of one snapshot, shared by every analysis that needs them: each device's
@@ -377,6 +448,7 @@ struct ReplayCache {
     devices: std::sync::Mutex<rustc_hash::FxHashMap<i64, Arc<DeviceCache>>>,
 }
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 impl std::fmt::Debug for Replays {
@@ -420,11 +492,12 @@ impl Replays {
 
     fn validation(&self, snap: &Snapshot, device: i64) -> Arc<Validation> {
         let p = self.prepared(snap, device);
-        self.cache(device)
+        let cache = self.cache(device);
+        cache
             .validation
             .get_or_init(|| {
                 let (replay, mut out) = crate::timings::time("replay: validation", || {
-                    validate_with(snap.trace(device), &p, &mut run::Quiet)
+                    validate(snap.trace(device), &p, &cache.invalid)
                 });
                 out.events = Vec::new();
                 out.live_end = Vec::new();
@@ -457,10 +530,12 @@ impl Replays {
     /// [`what_if`], on the shared prepared state and validation.
     pub fn what_if(&self, snap: &Snapshot, device: i64, changes: &[Change]) -> WhatIf {
         let p = self.prepared(snap, device);
+        let cache = self.cache(device);
         what_if_prepared(
             snap.trace(device),
             &p,
             || self.validation(snap, device),
+            &cache.invalid,
             changes,
         )
     }
@@ -626,6 +701,7 @@ fn what_if_prepared(
     trace: &[TraceEntry],
     p: &Prepared,
     validation: impl FnOnce() -> Arc<Validation>,
+    invalid: &AtomicBool,
     changes: &[Change],
 ) -> WhatIf {
     let mut settings = p.settings.clone();
@@ -686,6 +762,7 @@ fn what_if_prepared(
         new_ooms: 0,
         note: None,
     };
+    // A replay that stops when the device turns out not to validate (it would not be offered).
     let run_after = |capacity: Option<u64>| {
         run::replay(
             trace,
@@ -695,11 +772,14 @@ fn what_if_prepared(
             false,
             capacity,
             &edits,
-            &mut run::Quiet,
+            &mut run::Unless(invalid),
         )
     };
     // Without a recorded OOM the capacity is unknown whatever the validation says.
-    let early = (!p.has_oom).then(|| run_after(None));
+    // A trace that contradicts its rebuilt state rarely validates: its what-if waits for the
+    // validation rather than competing with it for the cores.
+    let doubtful = p.init.problems > 0 || p.plan.unmatched_frees > 0 || p.blocker.is_some();
+    let early = (!p.has_oom && !doubtful).then(|| run_after(None));
     let v = validation();
     let (base, out0) = (&v.replay, &v.out);
     if !base.validated {

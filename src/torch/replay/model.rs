@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use rustc_hash::FxHashMap;
 
+use super::free::{FreeKey, FreeLists, Release};
 use super::settings::{
     LARGE_BUFFER, SMALL_BUFFER, SMALL_SIZE, Settings, allocation_size, round_up,
 };
@@ -89,73 +90,6 @@ impl Seg {
         } else {
             LARGE_BUFFER
         }
-    }
-}
-
-/// Free-list key: (pool is small, stream, size, address) — PyTorch's `BlockComparatorSize`
-/// within one pool.
-type FreeKey = (bool, u64, u64, u64);
-
-/// The free lists: per pool (small or large, and stream) the cached blocks in (size, address)
-/// order, PyTorch's `BlockComparatorSize`; a [`FreeKey`] names pool, size and address.
-///
-/// Within a pool a block is one `u128`, size above address: the same order as the pair, and
-/// compared without branches in the B-tree's node scans (the replay's hottest loop).
-#[derive(Clone, Debug, Default)]
-pub(crate) struct FreeLists {
-    pools: FxHashMap<(bool, u64), BTreeSet<u128>>,
-}
-
-/// A block of a pool as one ordered key: (size, address).
-fn size_addr(size: u64, addr: u64) -> u128 {
-    (u128::from(size) << 64) | u128::from(addr)
-}
-
-impl FreeLists {
-    fn insert(&mut self, k: FreeKey) {
-        self.pools
-            .entry((k.0, k.1))
-            .or_default()
-            .insert(size_addr(k.2, k.3));
-    }
-
-    fn remove(&mut self, k: &FreeKey) {
-        if let Some(p) = self.pools.get_mut(&(k.0, k.1)) {
-            p.remove(&size_addr(k.2, k.3));
-        }
-    }
-
-    /// The blocks of a pool from `size` up, in order.
-    fn from(&self, small: bool, stream: u64, size: u64) -> impl Iterator<Item = FreeKey> + '_ {
-        self.pools
-            .get(&(small, stream))
-            .into_iter()
-            .flat_map(move |p| p.range(size_addr(size, 0)..))
-            .map(move |&k| (small, stream, (k >> 64) as u64, k as u64))
-    }
-
-    /// The blocks of a pool below `size`, largest first.
-    fn below(&self, small: bool, stream: u64, size: u64) -> impl Iterator<Item = FreeKey> + '_ {
-        self.pools
-            .get(&(small, stream))
-            .into_iter()
-            .flat_map(move |p| p.range(..size_addr(size, 0)).rev())
-            .map(move |&k| (small, stream, (k >> 64) as u64, k as u64))
-    }
-
-    /// Every block of the small or the large pools, in (stream, size, address) order.
-    fn all(&self, small: bool) -> Vec<FreeKey> {
-        let mut streams: Vec<u64> = self
-            .pools
-            .iter()
-            .filter(|(k, p)| k.0 == small && !p.is_empty())
-            .map(|(k, _)| k.1)
-            .collect();
-        streams.sort_unstable();
-        streams
-            .into_iter()
-            .flat_map(|st| self.from(small, st, 0).collect::<Vec<_>>())
-            .collect()
     }
 }
 
@@ -304,8 +238,12 @@ pub(crate) struct Model {
     /// The step new events are tagged with.
     pub step: usize,
     next_synthetic: u64,
-    /// `events.len()` when the current malloc began.
-    call_start: usize,
+    /// Releases (`segment_free`, `segment_unmap`) made so far, and when the current malloc began.
+    released: u64,
+    call_start: u64,
+    /// Blocks visited by the model's walks (free lists, releases, neighbours, segments): the
+    /// operation count that shows the replay's cost per trace entry bounded whatever the input.
+    pub visits: std::cell::Cell<u64>,
 }
 
 impl Model {
@@ -328,7 +266,9 @@ impl Model {
             events: Vec::new(),
             step: 0,
             next_synthetic: SYNTHETIC_BASE,
+            released: 0,
             call_start: 0,
+            visits: std::cell::Cell::new(0),
         }
     }
 
@@ -355,7 +295,8 @@ impl Model {
                 state: St::Free,
             },
         );
-        self.free.insert((small, stream, size, addr));
+        self.free
+            .insert((small, stream, size, addr), Release::Segment);
         self.reserved = self.reserved.saturating_add(size);
         self.bump_peaks();
         i
@@ -534,14 +475,45 @@ impl Model {
 
     fn insert_free(&mut self, addr: u64) {
         if let Some(k) = self.key_of(addr) {
-            self.free.insert(k);
+            let r = self.release_of(addr);
+            self.free.insert(k, r);
         }
     }
 
     fn remove_free(&mut self, addr: u64) {
         if let Some(k) = self.key_of(addr) {
-            self.free.remove(&k);
+            let r = self.release_of(addr);
+            self.free.remove(&k, r);
         }
+    }
+
+    /// What a release would do with the free block at `addr` (see [`Release`]).
+    fn release_of(&self, addr: u64) -> Release {
+        let Some(b) = self.blocks.get(addr) else {
+            return Release::Keep;
+        };
+        let Some(s) = self.segs.get(b.seg as usize) else {
+            return Release::Keep;
+        };
+        if !s.expandable {
+            return if s.addr == addr && s.size == b.size {
+                Release::Segment
+            } else {
+                Release::Keep
+            };
+        }
+        let page = s.page();
+        let off = addr.saturating_sub(s.addr);
+        if off.div_ceil(page) < off.saturating_add(b.size) / page {
+            Release::Pages
+        } else {
+            Release::Keep
+        }
+    }
+
+    /// Count `n` block visits.
+    pub(crate) fn visit(&self, n: u64) {
+        self.visits.set(self.visits.get().saturating_add(n));
     }
 
     fn put_unmapped(&mut self, addr: u64, size: u64, seg: u32) {
@@ -621,7 +593,9 @@ impl Model {
         let s = &self.segs[b.seg as usize];
         match b.state {
             St::Free => {
-                self.free.remove(&(s.small, s.stream, b.size, addr));
+                let k = (s.small, s.stream, b.size, addr);
+                let r = self.release_of(addr);
+                self.free.remove(&k, r);
             }
             St::Unmapped => {
                 self.unmapped.remove(&(s.small, s.stream, addr));
@@ -632,14 +606,13 @@ impl Model {
     }
 
     fn released_in_call(&self) -> u64 {
-        self.events.get(self.call_start..).map_or(0, |v| {
-            v.iter()
-                .filter(|e| matches!(e.kind, SegKind::SegmentFree | SegKind::SegmentUnmap))
-                .count() as u64
-        })
+        self.released - self.call_start
     }
 
     fn emit(&mut self, kind: SegKind, addr: u64, size: u64) {
+        if matches!(kind, SegKind::SegmentFree | SegKind::SegmentUnmap) {
+            self.released += 1;
+        }
         self.events.push(SegEvent {
             kind,
             addr,
@@ -706,7 +679,7 @@ impl Model {
     pub fn malloc_rounded(&mut self, size: u64, stream: u64, dev: &mut dyn Device) -> Malloc {
         let small = size <= SMALL_SIZE;
         let alloc_size = allocation_size(size);
-        self.call_start = self.events.len();
+        self.call_start = self.released;
         let mut block = self.get_free_block(small, stream, size);
         if block.is_none() {
             block = self.alloc_block(small, stream, size, alloc_size, dev, 0);
@@ -736,13 +709,16 @@ impl Model {
     /// `get_free_block`: take the best-fitting cached block out of its free list.
     fn get_free_block(&mut self, small: bool, stream: u64, size: u64) -> Option<u64> {
         let key = self.pick_free_block(small, stream, size)?;
-        self.free.remove(&key);
+        self.remove_free(key.3);
         Some(key.3)
     }
 
     fn pick_free_block(&self, small: bool, stream: u64, size: u64) -> Option<FreeKey> {
         let key = {
-            let mut it = self.free.from(small, stream, size);
+            let mut it = self
+                .free
+                .from(small, stream, size)
+                .inspect(|_| self.visit(1));
             let mut cur = it.next()?;
             if self.is_expandable(cur.3) {
                 if self.settings.expandable_segments {
@@ -912,6 +888,7 @@ impl Model {
             .map(|k| k.2)
             .collect();
         for u in candidates {
+            self.visit(1);
             let mut c = u;
             if let Some((p, pb)) = self.prev_of(u)
                 && pb.state == St::Free
@@ -926,6 +903,7 @@ impl Model {
                 if !matches!(b.state, St::Free | St::Unmapped) {
                     break;
                 }
+                self.visit(1);
                 bytes = bytes.saturating_add(b.size);
                 at = self.next_of(a).map(|(n, _)| n);
             }
@@ -967,6 +945,7 @@ impl Model {
         {
             let mut at = p;
             while let Some(b) = self.blocks.get(at) {
+                self.visit(1);
                 if at > addr {
                     limit = limit.min(at);
                     break;
@@ -1056,19 +1035,24 @@ impl Model {
     /// expandable segments give back their completely free pages.
     pub fn release_cached_blocks(&mut self) {
         for small in [false, true] {
-            let keys: Vec<FreeKey> = self.free.all(small);
-            let mut to_unmap = Vec::new();
-            for k in keys {
-                if self.is_expandable(k.3) {
-                    to_unmap.push(k.3);
-                } else if self.is_whole_segment(k.3) {
+            // Only the blocks a release gives back (a release takes each out of the lists).
+            let (segments, pages) = self.free.releasable(small);
+            self.visit((segments.len() + pages.len()) as u64);
+            for k in segments {
+                if self.is_whole_segment(k.3) && !self.is_expandable(k.3) {
                     self.release_block(k.3);
                 }
+                // A key the block at its address no longer fits (a corrupt initial state
+                // whose segments collide) is not visited again.
+                self.free.forget(&k, Release::Segment);
             }
-            for a in to_unmap {
-                if let Some(u) = self.unmap_block(a) {
+            for k in pages {
+                if self.is_expandable(k.3)
+                    && let Some(u) = self.unmap_block(k.3)
+                {
                     self.maybe_release_expandable(u);
                 }
+                self.free.forget(&k, Release::Pages);
             }
         }
     }
@@ -1093,16 +1077,20 @@ impl Model {
                 true
             }
             None => {
-                let below: Vec<FreeKey> = self
-                    .free
-                    .below(small, stream, key_size)
-                    .take_while(|k| k.2 >= max_split)
-                    .collect();
+                // Oversize whole segments, largest first, until enough is released (split
+                // and expandable blocks are passed over: only whole segments are walked).
                 let mut total = 0u64;
-                for k in below {
-                    if total >= key_size {
+                while total < key_size {
+                    let Some(k) = self
+                        .free
+                        .segments_below(small, stream, key_size)
+                        .next()
+                        .filter(|k| k.2 >= max_split)
+                    else {
                         break;
-                    }
+                    };
+                    self.visit(1);
+                    self.free.forget(&k, Release::Segment);
                     if self.is_expandable(k.3) || !self.is_whole_segment(k.3) {
                         continue;
                     }

@@ -408,6 +408,22 @@ impl Device for Capacity {
     }
 }
 
+thread_local! {
+    /// Block visits of the replays (and checks) run on this thread: see `Model::visits`.
+    static VISITS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Count `n` visits of a replay that ended on this thread.
+pub(crate) fn add_visits(n: u64) {
+    VISITS.with(|v| v.set(v.get().saturating_add(n)));
+}
+
+/// The visits counted on this thread so far (an operation count for tests).
+#[cfg(test)]
+pub(crate) fn visits() -> u64 {
+    VISITS.with(std::cell::Cell::get)
+}
+
 /// What one replay produced.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Outcome {
@@ -427,6 +443,8 @@ pub(crate) struct Outcome {
     pub live_end: Vec<(u64, u64)>,
     /// Allocations of the rebuilt initial state the model could not place.
     pub init_failures: u64,
+    /// The observer stopped the replay before this op's position.
+    pub stopped_at: Option<usize>,
 }
 
 /// How a what-if changes the requests.
@@ -518,10 +536,15 @@ pub(crate) trait Observer {
     fn end(&mut self, _m: &Model, _addr_of: &AddrOf) {}
 }
 
-/// An observer that watches nothing.
-pub(crate) struct Quiet;
+/// An observer that stops the replay once the flag is raised (the device turned out not to
+/// validate while a what-if ran beside its validation).
+pub(crate) struct Unless<'a>(pub &'a std::sync::atomic::AtomicBool);
 
-impl Observer for Quiet {}
+impl Observer for Unless<'_> {
+    fn before(&mut self, _op: &Op, _m: &Model, _addr_of: &AddrOf) -> bool {
+        !self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
 
 /// Replay the device's requests through the model. `as_recorded`: the recorded order and the
 /// recorded device answers (validation); otherwise the request order with `capacity`. `obs`
@@ -591,6 +614,7 @@ pub(crate) fn replay(
         let op = &op;
         if !obs.before(op, &m, &addr_of) {
             stopped = true;
+            out.stopped_at = Some(op.pos);
             break;
         }
         while ei < early.len() && early[ei].0 <= op.pos {
@@ -731,6 +755,7 @@ pub(crate) fn replay(
         };
         if !obs.after(op, done, &m, &addr_of) {
             stopped = true;
+            out.stopped_at = Some(op.pos);
             break;
         }
     }
@@ -746,6 +771,7 @@ pub(crate) fn replay(
         obs.end(&m, &addr_of);
     }
     out.init_failures = init_failures;
+    add_visits(m.visits.get());
     out.reserved_end = m.reserved;
     out.peak_allocated = m.peak_allocated;
     out.peak_reserved = m.peak_reserved;
@@ -794,58 +820,4 @@ fn settle(
         }
         (Malloc::Oom, true) => out.ooms.push((entry, e.size, m.reserved, false)),
     }
-}
-
-/// Compare predicted with recorded segment events step by step: (matched, first mismatch).
-pub(crate) fn compare(
-    recorded: &[SegEvent],
-    predicted: &[SegEvent],
-) -> (u64, Option<(usize, String)>) {
-    let mut by_step: std::collections::BTreeMap<usize, (Vec<SegEvent>, Vec<SegEvent>)> =
-        std::collections::BTreeMap::new();
-    for e in recorded {
-        by_step.entry(e.step).or_default().0.push(*e);
-    }
-    for e in predicted {
-        by_step.entry(e.step).or_default().1.push(*e);
-    }
-    let same = |r: &SegEvent, p: &SegEvent| {
-        r.kind == p.kind
-            && r.size == p.size
-            && (r.kind == SegKind::SegmentAlloc || r.addr == p.addr)
-    };
-    let mut matched = 0u64;
-    let mut first: Option<(usize, String)> = None;
-    for (step, (rec, pred)) in &by_step {
-        let mut j = 0usize;
-        let mut step_matched = 0usize;
-        for r in rec {
-            let window = pred.len().min(j + 64);
-            if let Some(k) = (j..window).find(|&k| same(r, &pred[k])) {
-                matched += 1;
-                step_matched += 1;
-                j = k + 1;
-            }
-        }
-        if first.is_none() && (step_matched != rec.len() || pred.len() != rec.len()) {
-            let show = |v: &[SegEvent]| {
-                v.iter()
-                    .take(3)
-                    .map(|e| format!("{} {} B", e.kind.as_str(), e.size))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            };
-            first = Some((
-                *step,
-                format!(
-                    "at trace entry {step}: recorded {} event(s) [{}], model {} [{}]",
-                    rec.len(),
-                    show(rec),
-                    pred.len(),
-                    show(pred)
-                ),
-            ));
-        }
-    }
-    (matched, first)
 }

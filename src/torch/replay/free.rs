@@ -1,0 +1,124 @@
+//! The model's free lists: per pool the cached blocks in PyTorch's best-fit order, and beside
+//! them the cached blocks a release would give back, so that the OOM path and `empty_cache()`
+//! visit only what they release (a walk over every cached block per release made a trace that
+//! does not fit its segments quadratic: each malloc of it went through the OOM path).
+
+use std::collections::BTreeSet;
+
+use rustc_hash::FxHashMap;
+
+/// Free-list key: (pool is small, stream, size, address) — PyTorch's `BlockComparatorSize`
+/// within one pool.
+pub(crate) type FreeKey = (bool, u64, u64, u64);
+
+/// What `release_cached_blocks` does with a cached block, decided when the block enters the
+/// free list (its address, size and segment do not change while it is there).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Release {
+    /// Nothing: part of a segment, or an expandable block without a whole page.
+    Keep,
+    /// A whole (non-expandable) segment: cudaFree'd.
+    Segment,
+    /// An expandable block holding at least one whole page: its whole pages are unmapped.
+    Pages,
+}
+
+/// The free lists: per pool (small or large, and stream) the cached blocks in (size, address)
+/// order, PyTorch's `BlockComparatorSize`; a [`FreeKey`] names pool, size and address.
+///
+/// Within a pool a block is one `u128`, size above address: the same order as the pair, and
+/// compared without branches in the B-tree's node scans (the replay's hottest loop).
+///
+/// `segments` and `pages` hold the same blocks' keys for the two kinds of [`Release`], in the
+/// free lists' (pool, stream, size, address) order: a release walks them and takes every block
+/// it visits out, so each cached block is visited by releases at most once.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct FreeLists {
+    pools: FxHashMap<(bool, u64), BTreeSet<u128>>,
+    segments: BTreeSet<FreeKey>,
+    pages: BTreeSet<FreeKey>,
+}
+
+/// A block of a pool as one ordered key: (size, address).
+fn size_addr(size: u64, addr: u64) -> u128 {
+    (u128::from(size) << 64) | u128::from(addr)
+}
+
+impl FreeLists {
+    pub fn insert(&mut self, k: FreeKey, release: Release) {
+        self.pools
+            .entry((k.0, k.1))
+            .or_default()
+            .insert(size_addr(k.2, k.3));
+        match release {
+            Release::Keep => {}
+            Release::Segment => {
+                self.segments.insert(k);
+            }
+            Release::Pages => {
+                self.pages.insert(k);
+            }
+        }
+    }
+
+    pub fn remove(&mut self, k: &FreeKey, release: Release) {
+        if let Some(p) = self.pools.get_mut(&(k.0, k.1)) {
+            p.remove(&size_addr(k.2, k.3));
+        }
+        match release {
+            Release::Keep => {}
+            Release::Segment => {
+                self.segments.remove(k);
+            }
+            Release::Pages => {
+                self.pages.remove(k);
+            }
+        }
+    }
+
+    /// Take a key out of the release index only (it no longer names a releasable block).
+    pub fn forget(&mut self, k: &FreeKey, release: Release) {
+        match release {
+            Release::Keep => {}
+            Release::Segment => {
+                self.segments.remove(k);
+            }
+            Release::Pages => {
+                self.pages.remove(k);
+            }
+        }
+    }
+
+    /// The blocks of a pool from `size` up, in order.
+    pub fn from(&self, small: bool, stream: u64, size: u64) -> impl Iterator<Item = FreeKey> + '_ {
+        self.pools
+            .get(&(small, stream))
+            .into_iter()
+            .flat_map(move |p| p.range(size_addr(size, 0)..))
+            .map(move |&k| (small, stream, (k >> 64) as u64, k as u64))
+    }
+
+    /// The whole cached segments of a pool below `size`, largest first.
+    pub fn segments_below(
+        &self,
+        small: bool,
+        stream: u64,
+        size: u64,
+    ) -> impl Iterator<Item = FreeKey> + '_ {
+        self.segments
+            .range((small, stream, 0, 0)..(small, stream, size, 0))
+            .rev()
+            .copied()
+    }
+
+    /// The cached blocks of the small or the large pools that a release gives back, whole
+    /// segments and expandable blocks with whole pages, each in (stream, size, address) order.
+    pub fn releasable(&self, small: bool) -> (Vec<FreeKey>, Vec<FreeKey>) {
+        let of = |s: &BTreeSet<FreeKey>| -> Vec<FreeKey> {
+            s.range((small, 0, 0, 0)..=(small, u64::MAX, u64::MAX, u64::MAX))
+                .copied()
+                .collect()
+        };
+        (of(&self.segments), of(&self.pages))
+    }
+}
