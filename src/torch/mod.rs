@@ -11,6 +11,7 @@ pub mod load;
 pub mod model;
 pub mod patterns;
 pub mod ranks;
+pub mod release;
 pub mod replay;
 pub mod series;
 pub mod sites;
@@ -37,6 +38,8 @@ pub struct Analysis {
     pub fragmentation: Vec<fragmentation::OomDiagnosis>,
     pub findings: Vec<Finding>,
     pub stacks: StackIndex,
+    /// Every release classified by its own stack (why memory was freed).
+    pub releases: release::Releases,
     /// The allocator replays of this snapshot (validation, what-ifs, states), computed once
     /// each and shared by the analyses and the summary.
     pub replays: replay::Replays,
@@ -80,6 +83,7 @@ pub fn analyse(snap: &Snapshot, opts: &AnalysisOptions) -> Analysis {
         }
         let (totals, all_sites, device_sites) = others(&stacks);
         let timeline = time("timeline", || timeline::compute(snap, &stacks));
+        let releases = time("releases", || release::Releases::compute(snap));
         let fragmentation = time("fragmentation", || {
             fragmentation::diagnose(snap, &totals, &timeline)
         });
@@ -91,6 +95,7 @@ pub fn analyse(snap: &Snapshot, opts: &AnalysisOptions) -> Analysis {
             fragmentation,
             findings: Vec::new(),
             stacks,
+            releases,
             replays,
         };
         let mut found = time("patterns", || patterns::detect(snap, &a));
