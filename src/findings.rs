@@ -69,6 +69,9 @@ pub enum Code {
     PT010,
     PT011,
     PT012,
+    PT013,
+    PT014,
+    PT015,
     JX001,
     JX002,
     JX003,
@@ -83,7 +86,7 @@ pub enum Code {
 
 impl Code {
     /// Every code, in documentation order.
-    pub const ALL: [Code; 22] = [
+    pub const ALL: [Code; 25] = [
         Code::PT001,
         Code::PT002,
         Code::PT003,
@@ -96,6 +99,9 @@ impl Code {
         Code::PT010,
         Code::PT011,
         Code::PT012,
+        Code::PT013,
+        Code::PT014,
+        Code::PT015,
         Code::JX001,
         Code::JX002,
         Code::JX003,
@@ -123,6 +129,9 @@ impl Code {
             Code::PT010 => "PT010",
             Code::PT011 => "PT011",
             Code::PT012 => "PT012",
+            Code::PT013 => "PT013",
+            Code::PT014 => "PT014",
+            Code::PT015 => "PT015",
             Code::JX001 => "JX001",
             Code::JX002 => "JX002",
             Code::JX003 => "JX003",
@@ -156,6 +165,9 @@ impl Code {
             Code::PT010 => "delayed free",
             Code::PT011 => "growth between snapshots",
             Code::PT012 => "rank skew",
+            Code::PT013 => "near-OOM (allocator retry)",
+            Code::PT014 => "device skew in one process",
+            Code::PT015 => "capture cannot attribute memory",
             Code::JX001 => "plan exceeds capacity",
             Code::JX002 => "forward activations kept for backward",
             Code::JX003 => "backward dominates",
@@ -182,12 +194,18 @@ impl Code {
             | Code::PT007
             | Code::PT011
             | Code::PT012
+            | Code::PT013
+            | Code::PT014
             | Code::JX004
             | Code::JX005
             | Code::JX006 => Severity::Warning,
-            Code::PT004 | Code::PT005 | Code::PT010 | Code::JX002 | Code::JX003 | Code::JX008 => {
-                Severity::Information
-            }
+            Code::PT004
+            | Code::PT005
+            | Code::PT010
+            | Code::PT015
+            | Code::JX002
+            | Code::JX003
+            | Code::JX008 => Severity::Information,
             Code::PT001 | Code::JX009 => Severity::Hint,
         }
     }
@@ -212,7 +230,10 @@ impl Code {
             | Code::PT009
             | Code::PT010
             | Code::PT011
-            | Code::PT012 => Family::Torch,
+            | Code::PT012
+            | Code::PT013
+            | Code::PT014
+            | Code::PT015 => Family::Torch,
             Code::JX001
             | Code::JX002
             | Code::JX003
@@ -223,6 +244,15 @@ impl Code {
             | Code::JX008
             | Code::JX009 => Family::Jax,
             Code::BL001 => Family::Both,
+        }
+    }
+
+    /// What a message of this code is: our reading of the evidence (inferred), except PT009,
+    /// whose message restates the recorded `oom` entry (its size, `device_free` and stack).
+    pub fn message_label(self) -> Label {
+        match self {
+            Code::PT009 => Label::Read,
+            _ => Label::Inferred,
         }
     }
 

@@ -32,6 +32,9 @@ const PAGES: &[(Code, &str)] = &[
     (Code::PT010, include_str!("../../docs/findings/PT010.md")),
     (Code::PT011, include_str!("../../docs/findings/PT011.md")),
     (Code::PT012, include_str!("../../docs/findings/PT012.md")),
+    (Code::PT013, include_str!("../../docs/findings/PT013.md")),
+    (Code::PT014, include_str!("../../docs/findings/PT014.md")),
+    (Code::PT015, include_str!("../../docs/findings/PT015.md")),
 ];
 
 fn uri(code: Code) -> String {

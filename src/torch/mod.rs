@@ -4,11 +4,16 @@
 //! into the engine's typed [`Output`] (summary, sites, findings). Loading files and combining
 //! ranks or two snapshots of one run is the pipeline's job (`crate::analyze`).
 
+pub mod capture_limits;
+pub mod device_skew;
 pub mod diff;
 pub mod fragmentation;
 mod intern;
 pub mod load;
 pub mod model;
+pub mod near_oom;
+pub mod no_backward;
+pub mod optim_state;
 pub mod patterns;
 pub mod ranks;
 pub mod release;

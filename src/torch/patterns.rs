@@ -11,6 +11,7 @@ use crate::site::SiteRole;
 use crate::torch::Analysis;
 use crate::torch::fragmentation::Verdict;
 use crate::torch::model::{BlockState, Snapshot, StackId};
+use crate::torch::release::{Cause, GraphSeen};
 use crate::torch::sites::percent;
 use crate::torch::stacks::{Role, SiteKey, location, site_string, stack_locations};
 use crate::torch::timeline::{DeviceTimeline, SCALAR_BYTES, SiteTrace, WINDOWS};
@@ -48,10 +49,14 @@ pub fn detect(snap: &Snapshot, a: &Analysis) -> Vec<Finding> {
         batched_frees(snap, a, t, &mut out);
     }
     pending_frees(snap, a, &mut out);
-    optimizer_state(snap, a, &mut out);
+    crate::torch::optim_state::detect(snap, a, &mut out);
     activation_pressure(snap, a, &mut out);
+    crate::torch::no_backward::detect(snap, a, &mut out);
     ddp_replication(snap, a, &mut out);
     top_site(snap, a, &mut out);
+    crate::torch::near_oom::detect(snap, a, &mut out);
+    crate::torch::device_skew::detect(snap, a, &mut out);
+    crate::torch::capture_limits::detect(snap, a, &mut out);
     out
 }
 
@@ -422,10 +427,10 @@ fn retained_per_step(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mu
 /// PT007: frees that arrive in batches, long after allocation (Python GC collecting cycles).
 fn batched_frees(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mut Vec<Finding>) {
     let Some(b) = &t.burst else { return };
-    // Without the collector in the free stacks, only a repeated pattern counts: bulk frees at the
-    // end of a compiled graph or of a phase are normal.
-    let fire = b.frees >= 8 && (b.gc && b.alloc_parts >= 2 || t.batched_bursts >= 3);
-    if !fire {
+    // Only the collector's own frames on the free stacks say a cycle held the tensors: a batch
+    // is also what the autocast cache, a dropped graph or zero_grad release (torch::release).
+    let collected = crate::torch::release::collector_frees(snap, &a.releases, t.device, b.start, b.end);
+    if b.frees < 8 || collected.saturating_mul(2) < b.frees {
         return;
     }
     let (loc, stack) = culprit(snap, b.site, b.stack);
@@ -437,7 +442,7 @@ fn batched_frees(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mut Ve
             b.frees,
             fmt_bytes(b.bytes),
             b.alloc_parts,
-            if b.gc { " from the garbage collector" } else { "" },
+            " from the garbage collector",
         ),
     )
     .at(loc, stack)
@@ -451,11 +456,10 @@ fn batched_frees(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mut Ve
         t.batched_bursts,
         site_string(snap, b.site)
     )));
-    if b.gc {
-        f = f.evidence(Evidence::measured(
-            "the free stack goes through Python's garbage collector (gc_collect)",
-        ));
-    }
+    f = f.evidence(Evidence::measured(format!(
+        "{collected} of the {} free stacks go through Python's garbage collector (gc_collect)",
+        b.frees
+    )));
     f = f
         .evidence(Evidence::inferred(
             "memory that should be freed each step waits for a GC cycle: a reference cycle holds the tensors",
@@ -596,97 +600,6 @@ fn pending_frees(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
     out.push(f);
 }
 
-/// PT004: optimizer state allocated once at the first step (expected retention).
-fn optimizer_state(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
-    let allocated = a.totals.overall.allocated;
-    let opt = a.sites.role_total(Role::OptimizerState);
-    if opt == 0 || allocated == 0 || opt.saturating_mul(10) < allocated {
-        return;
-    }
-    // Growing optimizer state is not the first-step pattern.
-    let grows = a.timeline.devices.iter().any(|t| {
-        t.sites
-            .iter()
-            .any(|s| s.role == Role::OptimizerState && repeats(s))
-    });
-    if grows {
-        return;
-    }
-    let Some(site) = a
-        .sites
-        .sites
-        .iter()
-        .find(|s| s.role() == Role::OptimizerState)
-    else {
-        return;
-    };
-    let (loc, stack) = culprit(snap, site.key, site.stack);
-    let blocks: u64 = a
-        .sites
-        .sites
-        .iter()
-        .filter(|s| s.role() == Role::OptimizerState)
-        .map(|s| s.blocks)
-        .sum();
-    let mut f = Finding::new(Code::PT004,
-        Severity::Information,
-        format!(
-            "{} ({}) of live memory is optimizer state created by the first optimizer.step() at {} — \
-             expected retention, not a leak.",
-            fmt_bytes(opt),
-            pct_text(percent(opt, allocated)),
-            where_(snap, site.key),
-        ),
-    )
-    .at(loc, stack)
-    .bytes(opt, percent(opt, allocated), Label::Inferred)
-    .evidence(Evidence::inferred(format!(
-        "{blocks} live blocks ({} B) were allocated under torch/optim: optimizer state by the stack",
-        opt
-    )));
-    let params = a.sites.role_total(Role::Parameter);
-    if params > 0 {
-        f = f.evidence(Evidence::inferred(format!(
-            "optimizer state is {:.2}× the identified parameter memory ({}); Adam keeps two states \
-             per parameter",
-            opt as f64 / params as f64,
-            fmt_bytes(params)
-        )));
-    }
-    let traced: Vec<&SiteTrace> = a
-        .timeline
-        .devices
-        .iter()
-        .flat_map(|t| t.sites.iter())
-        .filter(|s| s.role == Role::OptimizerState && s.allocs > 0)
-        .collect();
-    if traced.is_empty() {
-        f = f.evidence(Evidence::measured(
-            "no optimizer allocation appears in the recorded trace: the state predates the window and \
-             was not re-allocated since",
-        ));
-    } else {
-        let retained: u64 = traced.iter().map(|s| s.retained).sum();
-        let parts = traced
-            .iter()
-            .fold(0u16, |m, s| m | s.retained_windows)
-            .count_ones();
-        f = f.evidence(Evidence::measured(format!(
-            "in the trace, {retained} optimizer allocations were kept, all within {parts} of {WINDOWS} \
-             parts: allocated once, then stable"
-        )));
-    }
-    f = f
-        .evidence(Evidence::inferred(
-            "optimizer state lives as long as the optimizer; it does not grow after the first step",
-        ))
-        .fix(Fix::advice(
-            "Not a leak. If it does not fit: a smaller model or batch, a lighter optimizer (SGD with \
-             momentum, 8-bit Adam, Adafactor), or shard optimizer state (ZeRO / FSDP)",
-        ));
-    out.push(f);
-}
-
 /// PT005: forward activations dominate the peak (or the OOM) and are freed after it.
 fn activation_pressure(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
     // At an OOM, the live set just before it; otherwise the trace peak with most activations.
@@ -708,6 +621,21 @@ fn activation_pressure(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
     };
     let act = set.role(Role::Activation);
     if act == 0 || act.saturating_mul(2) < set.bytes {
+        return;
+    }
+    // With native frames on the release stacks a graph shows (torch::release): a pass that
+    // built none has nothing to checkpoint, and a forward with no backward is no_backward's.
+    let graph = a.releases.graph();
+    let held = a.releases.native_frames.then(|| {
+        a.releases
+            .held_at(snap, &a.stacks, t.device, set.index, Some(Role::Activation))
+    });
+    let by_graph = held.as_ref().map(|h| {
+        h.released.get(Cause::GraphInBackward).bytes
+            + h.released.get(Cause::Backward).bytes
+            + h.released.get(Cause::GraphDropped).bytes
+    });
+    if !oom && (graph == GraphSeen::DroppedWithoutBackward || by_graph == Some(0)) {
         return;
     }
     let end_act = a
@@ -798,11 +726,22 @@ fn activation_pressure(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
             )));
         }
     }
+    match by_graph {
+        Some(b) => {
+            f = f.evidence(Evidence::measured(format!(
+                "{} of the activations live then were later freed by autograd (saved tensors \
+                 released by the graph, read from their free stacks)",
+                fmt_bytes(b)
+            )))
+        }
+        None => {
+            f = f.evidence(Evidence::inferred(
+                "activations are saved by the forward pass for backward (role guessed from \
+                 nn.Module forward frames; the free stacks have no native frames to show the graph)",
+            ))
+        }
+    }
     f = f
-        .evidence(Evidence::inferred(
-            "activations are saved by the forward pass for backward (role guessed from nn.Module \
-             forward frames)",
-        ))
         .evidence(Evidence::inferred(format!(
             "activation sites repeat about {layers}× (layers); checkpointing each layer keeps about one \
              layer's activations at a time: about {} saved",
@@ -886,6 +825,10 @@ fn ddp_replication(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
 /// PT001: the site that holds the most live memory (attribution hint).
 fn top_site(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
     let allocated = a.totals.overall.allocated;
+    // A tiny site beside mostly stackless memory is no answer: PT015 says so instead.
+    if crate::torch::capture_limits::top_is_tiny(a) {
+        return;
+    }
     let Some(s) = a.sites.sites.iter().find(|s| s.key.is_some()) else {
         return;
     };

@@ -101,6 +101,7 @@ struct Flags {
     python: bool,
     native: bool,
     decorated: bool,
+    set_data: bool,
 }
 
 impl Flags {
@@ -127,6 +128,7 @@ impl Flags {
             python: py,
             native: name.contains("::"),
             decorated: py && name == "decorate_context" && file_n.contains("torch/utils/_contextlib"),
+            set_data: name.contains("VariableHooks::set_data") || name.contains("THPVariable_set_data"),
         }
     }
 
@@ -142,6 +144,7 @@ impl Flags {
         self.python |= o.python;
         self.native |= o.native;
         self.decorated |= o.decorated;
+        self.set_data |= o.set_data;
     }
 
     /// The cause of a release with these frames (most specific first).
@@ -374,6 +377,11 @@ impl Releases {
             .unwrap_or_default()
     }
 
+    /// The release ran inside `tensor.data = …` (the old storage replaced).
+    pub fn sets_data(&self, stack: Option<StackId>) -> bool {
+        self.flags_of(stack).set_data
+    }
+
     /// What released a block whose release stack is `stack`.
     pub fn cause(&self, stack: Option<StackId>) -> Cause {
         self.flags_of(stack).cause(false)
@@ -466,6 +474,22 @@ impl Releases {
         }
         out
     }
+}
+
+/// Block releases in entries `start..=end` of `device`'s trace whose stack goes through the
+/// garbage collector.
+pub fn collector_frees(snap: &Snapshot, r: &Releases, device: i64, start: u64, end: u64) -> u64 {
+    let list = snap.trace(device);
+    let (s, e) = (start as usize, (end as usize).min(list.len().saturating_sub(1)));
+    // A run counts `free_completed`; the stack may sit on those or on their requests.
+    let count = |a: Action| {
+        list.get(s..=e).map_or(0, |run| {
+            run.iter()
+                .filter(|x| x.action == a && r.cause(x.stack()) == Cause::Collector)
+                .count() as u64
+        })
+    };
+    count(Action::FreeCompleted).max(count(Action::FreeRequested))
 }
 
 #[cfg(test)]
