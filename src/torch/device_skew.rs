@@ -6,6 +6,7 @@
 //! the device with the largest share runs out of memory first while the others have room.
 
 use rustc_hash::FxHashMap;
+use serde::Serialize;
 
 use crate::findings::{Code, Evidence, Finding, Fix, Label, Severity, fmt_bytes};
 use crate::torch::Analysis;
@@ -18,67 +19,119 @@ const RATIO: u64 = 3;
 /// …and at least this much in one allocation.
 const MIN_BYTES: u64 = 256 << 20;
 
-/// PT014: the site whose largest single allocation differs most across the devices.
-pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
-    let Some(traces) = &snap.device_traces else {
-        return;
-    };
+/// One device's allocations at the skewed line.
+#[derive(Clone, Debug, Serialize)]
+pub struct DeviceShare {
+    pub device: i64,
+    /// Largest single allocation of the line on this device (measured, from the trace).
+    pub largest_alloc_bytes: u64,
+    pub allocs: u64,
+}
+
+/// The line whose largest allocation differs most across one process's devices.
+#[derive(Clone, Debug, Serialize)]
+pub struct Skew {
+    pub site: String,
+    /// Largest first.
+    pub devices: Vec<DeviceShare>,
+    /// Lower median of the devices' largest allocations.
+    pub median_bytes: u64,
+    /// The stacks pass through `nn/parallel` or a `data_parallel` module.
+    pub data_parallel: bool,
+    #[serde(skip)]
+    pub key: SiteKey,
+    #[serde(skip)]
+    pub stack: Option<StackId>,
+}
+
+/// The skewed line, if one process's devices allocate very different sizes at one line.
+pub fn skew(snap: &Snapshot, a: &Analysis) -> Option<Skew> {
+    let traces = snap.device_traces.as_ref()?;
     if traces.iter().filter(|t| !t.is_empty()).count() < 2 {
-        return;
+        return None;
     }
-    // site → device → (largest allocation, allocations, a stack)
+    // site → device → (largest allocation, allocations, its stack)
     let mut by: FxHashMap<SiteKey, FxHashMap<i64, (u64, u64, Option<StackId>)>> =
         FxHashMap::default();
-    let mut parallel = false;
     for (d, list) in traces.iter().enumerate() {
         for e in list.iter().filter(|e| e.action == Action::Alloc) {
             let (key, _) = a.stacks.site(e.stack());
             if key.is_none() {
                 continue;
             }
-            let v = by.entry(key).or_default().entry(d as i64).or_insert((0, 0, e.stack()));
+            let v = by
+                .entry(key)
+                .or_default()
+                .entry(d as i64)
+                .or_insert((0, 0, e.stack()));
             if e.size > v.0 {
                 *v = (e.size, v.1, e.stack());
             }
             v.1 += 1;
         }
     }
-    let mut best: Option<(SiteKey, Vec<(i64, u64, u64)>, u64, Option<StackId>)> = None;
+    let mut best: Option<Skew> = None;
     for (key, devs) in &by {
         if devs.len() < 2 {
             continue;
         }
-        let mut sizes: Vec<(i64, u64, u64)> = devs.iter().map(|(d, v)| (*d, v.0, v.1)).collect();
-        sizes.sort_by(|x, y| y.1.cmp(&x.1).then(x.0.cmp(&y.0)));
-        let mut only: Vec<u64> = sizes.iter().map(|s| s.1).collect();
-        only.sort_unstable();
-        let median = only[(only.len() - 1) / 2];
-        let max = sizes[0].1;
+        let mut shares: Vec<DeviceShare> = devs
+            .iter()
+            .map(|(d, v)| DeviceShare {
+                device: *d,
+                largest_alloc_bytes: v.0,
+                allocs: v.1,
+            })
+            .collect();
+        shares.sort_by(|x, y| {
+            y.largest_alloc_bytes
+                .cmp(&x.largest_alloc_bytes)
+                .then(x.device.cmp(&y.device))
+        });
+        let mut sizes: Vec<u64> = shares.iter().map(|s| s.largest_alloc_bytes).collect();
+        sizes.sort_unstable();
+        let median = sizes[(sizes.len() - 1) / 2];
+        let max = shares[0].largest_alloc_bytes;
         if max < MIN_BYTES || max < median.saturating_mul(RATIO) {
             continue;
         }
-        if best.as_ref().is_none_or(|b| (max, std::cmp::Reverse(*key)) > (b.2, std::cmp::Reverse(b.0))) {
-            let stack = devs.get(&sizes[0].0).and_then(|v| v.2);
-            best = Some((*key, sizes, max, stack));
+        let better = best.as_ref().is_none_or(|b| {
+            let bm = b.devices[0].largest_alloc_bytes;
+            max > bm || max == bm && *key < b.key
+        });
+        if better {
+            let stack = devs.get(&shares[0].device).and_then(|v| v.2);
+            let data_parallel = snap.stack_frames(stack).any(|f| {
+                let file = f.filename.replace('\\', "/");
+                file.contains("nn/parallel/") || file.contains("data_parallel")
+            });
+            best = Some(Skew {
+                site: site_string(snap, *key),
+                devices: shares,
+                median_bytes: median,
+                data_parallel,
+                key: *key,
+                stack,
+            });
         }
     }
-    let Some((key, sizes, max, stack)) = best else {
+    best
+}
+
+/// PT014 where [`skew`] finds a line.
+pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
+    let Some(s) = skew(snap, a) else {
         return;
     };
-    parallel |= snap.stack_frames(stack).any(|f| {
-        let file = f.filename.replace('\\', "/");
-        file.contains("nn/parallel/") || file.contains("data_parallel")
-    });
-    let mut only: Vec<u64> = sizes.iter().map(|s| s.1).collect();
-    only.sort_unstable();
-    let median = only[(only.len() - 1) / 2].max(1);
-    let (loc, st) = culprit(snap, key, stack);
-    let per_device = sizes
+    let top = &s.devices[0];
+    let (loc, st) = culprit(snap, s.key, s.stack);
+    let per_device = s
+        .devices
         .iter()
-        .map(|(d, s, _)| format!("{} on device {d}", fmt_bytes(*s)))
+        .map(|d| format!("{} on device {}", fmt_bytes(d.largest_alloc_bytes), d.device))
         .collect::<Vec<_>>()
         .join(", ");
-    let who = if parallel {
+    let who = if s.data_parallel {
         "DataParallel splits the work unevenly"
     } else {
         "One process's devices do uneven work"
@@ -88,27 +141,32 @@ pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
         Severity::Warning,
         format!(
             "{who}: one call at {} allocates {per_device} ({:.1}× the median device).",
-            site_string(snap, key),
-            max as f64 / median as f64,
+            s.site,
+            top.largest_alloc_bytes as f64 / s.median_bytes.max(1) as f64,
         ),
     )
     .at(loc, st)
-    .bytes(max, None, Label::Measured)
+    .bytes(top.largest_alloc_bytes, None, Label::Measured)
     .evidence(Evidence::measured(format!(
         "largest single allocation of this line per device (allocations in the trace): {}",
-        sizes
+        s.devices
             .iter()
-            .map(|(d, s, n)| format!("device {d}: {} ({n})", fmt_bytes(*s)))
+            .map(|d| format!(
+                "device {}: {} ({})",
+                d.device,
+                fmt_bytes(d.largest_alloc_bytes),
+                d.allocs
+            ))
             .collect::<Vec<_>>()
             .join(" · ")
     )));
-    if parallel {
+    if s.data_parallel {
         f = f.evidence(Evidence::measured(
             "the allocation stack passes through nn/parallel (parallel_apply / DataParallel): one \
              process replicates the module on every device",
         ));
     }
-    if let Some(o) = a.totals.oom_events().find(|o| o.device == sizes[0].0) {
+    if let Some(o) = a.totals.oom_events().find(|o| o.device == top.device) {
         f = f.evidence(Evidence::measured(format!(
             "device {} — the one with the largest share — ran out of memory (entry #{})",
             o.device, o.index

@@ -17,6 +17,7 @@ pub mod optim_state;
 pub mod patterns;
 pub mod ranks;
 pub mod release;
+pub mod release_summary;
 pub mod replay;
 pub mod series;
 pub mod sites;

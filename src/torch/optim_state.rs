@@ -249,8 +249,13 @@ pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
         )
     } else {
         format!(
-            "{kept} optimizer allocations kept {in_steps}, all made in one step: allocated once, \
-             then stable"
+            "{kept} optimizer allocations are kept, all made in one step ({}): allocated once, \
+             then stable",
+            if steps == 1 {
+                "the trace's only optimizer step".to_string()
+            } else {
+                format!("of {steps} optimizer steps in the trace")
+            }
         )
     }));
     f = f.evidence(Evidence::inferred(

@@ -737,7 +737,7 @@ fn activation_pressure(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
         None => {
             f = f.evidence(Evidence::inferred(
                 "activations are saved by the forward pass for backward (role guessed from \
-                 nn.Module forward frames; the free stacks have no native frames to show the graph)",
+                 nn.Module forward frames)",
             ))
         }
     }

@@ -102,6 +102,9 @@ struct Flags {
     native: bool,
     decorated: bool,
     set_data: bool,
+    /// The tensor's C++ destructor chain is on the stack: a real free recorded with native
+    /// frames, where a graph release would show.
+    dealloc: bool,
 }
 
 impl Flags {
@@ -129,6 +132,10 @@ impl Flags {
             native: name.contains("::"),
             decorated: py && name == "decorate_context" && file_n.contains("torch/utils/_contextlib"),
             set_data: name.contains("VariableHooks::set_data") || name.contains("THPVariable_set_data"),
+            dealloc: name.contains("DeviceCachingAllocator::free")
+                || name.contains("~TensorImpl")
+                || name.contains("~StorageImpl")
+                || name.contains("local_raw_delete"),
         }
     }
 
@@ -145,6 +152,7 @@ impl Flags {
         self.native |= o.native;
         self.decorated |= o.decorated;
         self.set_data |= o.set_data;
+        self.dealloc |= o.dealloc;
     }
 
     /// The cause of a release with these frames (most specific first).
@@ -262,7 +270,8 @@ pub enum GraphSeen {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Releases {
     pub devices: Vec<DeviceReleases>,
-    /// Some release stack has native (C++) frames: graph releases would show.
+    /// Some block release stack has the tensor's C++ destructor chain (`~TensorImpl`,
+    /// `DeviceCachingAllocator::free`): graph releases would show.
     pub native_frames: bool,
     /// Allocation bytes in the trace whose stack passes `decorate_context` (a `no_grad` /
     /// `inference_mode` / `enable_grad` decorator), and all allocation bytes.
@@ -337,13 +346,12 @@ impl Releases {
                     Action::FreeRequested | Action::FreeCompleted => {
                         if (e.action == Action::FreeRequested) == requests {
                             let fl = out.flags_of(e.stack());
-                            out.native_frames |= fl.native;
+                            out.native_frames |= fl.dealloc;
                             dr.blocks.add(fl.cause(false), e.size);
                         }
                     }
                     Action::SegmentFree | Action::SegmentUnmap => {
                         let fl = out.flags_of(e.stack());
-                        out.native_frames |= fl.native;
                         let c = fl.cause(true);
                         dr.segments.add(c, e.size);
                         if c == Cause::OomRetry {
