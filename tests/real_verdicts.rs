@@ -77,16 +77,16 @@ fn every_real_snapshot_gets_the_findings_an_expert_expects() {
         for e in std::fs::read_dir(s.path()).unwrap().flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             if name.ends_with(".pickle") {
-                on_disk.insert(format!(
-                    "series/{}/{name}",
-                    s.file_name().to_string_lossy()
-                ));
+                on_disk.insert(format!("series/{}/{name}", s.file_name().to_string_lossy()));
             }
         }
     }
     let judged: BTreeSet<String> = table.iter().map(|e| e.file.clone()).collect();
     let unjudged: Vec<_> = on_disk.difference(&judged).collect();
-    assert!(unjudged.is_empty(), "not in real_verdicts.toml: {unjudged:?}");
+    assert!(
+        unjudged.is_empty(),
+        "not in real_verdicts.toml: {unjudged:?}"
+    );
     assert!(on_disk.len() >= 42, "{} snapshots", on_disk.len());
 
     let mut problems = Vec::new();
@@ -127,10 +127,7 @@ fn every_real_snapshot_gets_the_findings_an_expert_expects() {
             }
         }
         for (code, line, _) in got {
-            problems.push(format!(
-                "{}: unexpected {code} at line {line}",
-                entry.file
-            ));
+            problems.push(format!("{}: unexpected {code} at line {line}", entry.file));
         }
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));

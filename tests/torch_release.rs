@@ -20,13 +20,17 @@ const MIB: u64 = 1 << 20;
 fn a_forward_with_no_backward_releases_its_graph_by_dropping_the_output() {
     // bolongcheng: an xl forward benchmark with grad on; `benchmark_base.py:115` drops the output
     // and 708 frees go through SavedVariable::reset_data / deleteNode, none through the engine.
-    let Some(r) = releases("bolongcheng__0df6e0e9_memory_snapshot_xl_fwd_cl512_dtypetorch.float32.pickle")
+    let Some(r) =
+        releases("bolongcheng__0df6e0e9_memory_snapshot_xl_fwd_cl512_dtypetorch.float32.pickle")
     else {
         return;
     };
     let b = r.blocks();
     assert_eq!(b.get(Cause::GraphDropped).count, 708);
-    assert_eq!(b.get(Cause::GraphInBackward).count + b.get(Cause::Backward).count, 0);
+    assert_eq!(
+        b.get(Cause::GraphInBackward).count + b.get(Cause::Backward).count,
+        0
+    );
     assert_eq!(r.graph(), GraphSeen::DroppedWithoutBackward);
     assert!(b.get(Cause::UserLine).count >= 964);
 }
@@ -43,7 +47,11 @@ fn a_training_step_shows_backward_zero_grad_and_the_optimizer() {
     assert_eq!(b.get(Cause::ZeroGrad).count, 327);
     assert_eq!(b.get(Cause::ZeroGrad).bytes, 3_877_647_360);
     assert!(b.get(Cause::OptimizerStep).count >= 327);
-    assert_eq!(b.get(Cause::Collector).count, 0, "no collector frame anywhere");
+    assert_eq!(
+        b.get(Cause::Collector).count,
+        0,
+        "no collector frame anywhere"
+    );
     assert_eq!(r.graph(), GraphSeen::Backward);
 }
 
@@ -79,7 +87,10 @@ fn the_allocator_oom_retry_path_is_seen_on_segment_frees() {
     assert_eq!(bytes, 9520 * MIB);
     let big = retries.iter().max_by_key(|x| x.bytes).unwrap();
     let (_, size, _, _) = big.request.unwrap();
-    assert!((6.8..6.9).contains(&(size as f64 / (1u64 << 30) as f64)), "{size}");
+    assert!(
+        (6.8..6.9).contains(&(size as f64 / (1u64 << 30) as f64)),
+        "{size}"
+    );
 }
 
 #[test]

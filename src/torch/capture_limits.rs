@@ -113,6 +113,5 @@ pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
 }
 
 fn pct(p: Option<f64>) -> String {
-    p.map(|p| format!("{p:.1}%"))
-        .unwrap_or_else(|| "–".into())
+    p.map(|p| format!("{p:.1}%")).unwrap_or_else(|| "–".into())
 }

@@ -14,6 +14,9 @@ use crate::torch::model::{Action, Snapshot, StackId};
 use crate::torch::patterns::culprit;
 use crate::torch::stacks::{SiteKey, site_string};
 
+/// Largest allocation, allocation count and the largest one's stack, of a line on a device.
+type PerDevice = (u64, u64, Option<StackId>);
+
 /// The largest device must allocate at least this many times the median device's size…
 const RATIO: u64 = 3;
 /// …and at least this much in one allocation.
@@ -51,8 +54,7 @@ pub fn skew(snap: &Snapshot, a: &Analysis) -> Option<Skew> {
         return None;
     }
     // site → device → (largest allocation, allocations, its stack)
-    let mut by: FxHashMap<SiteKey, FxHashMap<i64, (u64, u64, Option<StackId>)>> =
-        FxHashMap::default();
+    let mut by: FxHashMap<SiteKey, FxHashMap<i64, PerDevice>> = FxHashMap::default();
     for (d, list) in traces.iter().enumerate() {
         for e in list.iter().filter(|e| e.action == Action::Alloc) {
             let (key, _) = a.stacks.site(e.stack());
@@ -128,7 +130,13 @@ pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
     let per_device = s
         .devices
         .iter()
-        .map(|d| format!("{} on device {}", fmt_bytes(d.largest_alloc_bytes), d.device))
+        .map(|d| {
+            format!(
+                "{} on device {}",
+                fmt_bytes(d.largest_alloc_bytes),
+                d.device
+            )
+        })
         .collect::<Vec<_>>()
         .join(", ");
     let who = if s.data_parallel {

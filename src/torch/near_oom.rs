@@ -21,7 +21,10 @@ pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
         }
         let segments: u64 = d.oom_retries.iter().map(|r| r.segments).sum();
         let bytes: u64 = d.oom_retries.iter().map(|r| r.bytes).sum();
-        let Some(big) = d.oom_retries.iter().max_by_key(|r| (r.bytes, std::cmp::Reverse(r.index)))
+        let Some(big) = d
+            .oom_retries
+            .iter()
+            .max_by_key(|r| (r.bytes, std::cmp::Reverse(r.index)))
         else {
             continue;
         };

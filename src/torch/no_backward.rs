@@ -59,7 +59,11 @@ pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
         ),
     )
     .at(loc, st)
-    .bytes(graph.bytes, percent(graph.bytes, set.bytes), Label::Measured)
+    .bytes(
+        graph.bytes,
+        percent(graph.bytes, set.bytes),
+        Label::Measured,
+    )
     .evidence(Evidence::measured(format!(
         "at the trace peak (before entry #{} of device {}): {} live in {} blocks",
         set.index,
@@ -101,8 +105,7 @@ pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
 }
 
 fn pct(p: Option<f64>) -> String {
-    p.map(|p| format!("{p:.1}%"))
-        .unwrap_or_else(|| "–".into())
+    p.map(|p| format!("{p:.1}%")).unwrap_or_else(|| "–".into())
 }
 
 /// The site (and a stack) of the free stacks that released graphs by dropping an output, by

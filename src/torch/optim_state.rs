@@ -13,8 +13,8 @@ use crate::findings::{Code, Evidence, Finding, Fix, Label, Severity, fmt_bytes};
 use crate::torch::Analysis;
 use crate::torch::model::{Action, Snapshot};
 use crate::torch::patterns::culprit;
-use crate::torch::sites::percent;
 use crate::torch::release::Releases;
+use crate::torch::sites::percent;
 use crate::torch::stacks::{Role, SiteKey, StackIndex, site_string};
 
 /// One optimizer site in the trace.
@@ -53,15 +53,13 @@ impl OptimTrace {
     /// State sites re-made every step (each step allocates all its kept tensors again and the
     /// previous ones are freed).
     pub fn remade_every_step(&self) -> impl Iterator<Item = &OptimSite> {
-        self.sites
-            .iter()
-            .filter(|s| {
-                s.steps >= 2
-                    && s.kept > 0
-                    && s.freed >= s.kept
-                    && s.allocs >= s.steps.saturating_mul(s.kept)
-                    && s.replaced_outside == 0
-            })
+        self.sites.iter().filter(|s| {
+            s.steps >= 2
+                && s.kept > 0
+                && s.freed >= s.kept
+                && s.allocs >= s.steps.saturating_mul(s.kept)
+                && s.replaced_outside == 0
+        })
     }
 }
 
@@ -275,8 +273,7 @@ pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
 }
 
 fn pct(p: Option<f64>) -> String {
-    p.map(|p| format!("{p:.1}%"))
-        .unwrap_or_else(|| "–".into())
+    p.map(|p| format!("{p:.1}%")).unwrap_or_else(|| "–".into())
 }
 
 fn where_(snap: &Snapshot, key: SiteKey) -> String {

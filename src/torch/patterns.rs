@@ -429,7 +429,8 @@ fn batched_frees(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mut Ve
     let Some(b) = &t.burst else { return };
     // Only the collector's own frames on the free stacks say a cycle held the tensors: a batch
     // is also what the autocast cache, a dropped graph or zero_grad release (torch::release).
-    let collected = crate::torch::release::collector_frees(snap, &a.releases, t.device, b.start, b.end);
+    let collected =
+        crate::torch::release::collector_frees(snap, &a.releases, t.device, b.start, b.end);
     if b.frees < 8 || collected.saturating_mul(2) < b.frees {
         return;
     }

@@ -125,13 +125,17 @@ impl Flags {
                 || py && name == "_engine_run_backward",
             zero_grad: py && name == "zero_grad",
             optim: py && file_n.contains("torch/optim/"),
-            autocast: name.contains("clear_autocast_cache") || name.contains("autocast::clear_cache"),
+            autocast: name.contains("clear_autocast_cache")
+                || name.contains("autocast::clear_cache"),
             malloc: name.contains("DeviceCachingAllocator::malloc"),
             empty_cache: name.contains("emptyCache") || py && name == "empty_cache",
             python: py,
             native: name.contains("::"),
-            decorated: py && name == "decorate_context" && file_n.contains("torch/utils/_contextlib"),
-            set_data: name.contains("VariableHooks::set_data") || name.contains("THPVariable_set_data"),
+            decorated: py
+                && name == "decorate_context"
+                && file_n.contains("torch/utils/_contextlib"),
+            set_data: name.contains("VariableHooks::set_data")
+                || name.contains("THPVariable_set_data"),
             dealloc: name.contains("DeviceCachingAllocator::free")
                 || name.contains("~TensorImpl")
                 || name.contains("~StorageImpl")
@@ -343,12 +347,12 @@ impl Releases {
                             dr.oom_retries.push(r);
                         }
                     }
-                    Action::FreeRequested | Action::FreeCompleted => {
-                        if (e.action == Action::FreeRequested) == requests {
-                            let fl = out.flags_of(e.stack());
-                            out.native_frames |= fl.dealloc;
-                            dr.blocks.add(fl.cause(false), e.size);
-                        }
+                    Action::FreeRequested | Action::FreeCompleted
+                        if (e.action == Action::FreeRequested) == requests =>
+                    {
+                        let fl = out.flags_of(e.stack());
+                        out.native_frames |= fl.dealloc;
+                        dr.blocks.add(fl.cause(false), e.size);
                     }
                     Action::SegmentFree | Action::SegmentUnmap => {
                         let fl = out.flags_of(e.stack());
@@ -488,7 +492,10 @@ impl Releases {
 /// garbage collector.
 pub fn collector_frees(snap: &Snapshot, r: &Releases, device: i64, start: u64, end: u64) -> u64 {
     let list = snap.trace(device);
-    let (s, e) = (start as usize, (end as usize).min(list.len().saturating_sub(1)));
+    let (s, e) = (
+        start as usize,
+        (end as usize).min(list.len().saturating_sub(1)),
+    );
     // A run counts `free_completed`; the stack may sit on those or on their requests.
     let count = |a: Action| {
         list.get(s..=e).map_or(0, |run| {
@@ -531,15 +538,24 @@ mod tests {
         assert_eq!(
             c(
                 &[
-                    ("torch::autograd::generated::MulBackward0::release_variables()", ""),
-                    ("torch::autograd::Engine::evaluate_function(...)", "engine.cpp"),
+                    (
+                        "torch::autograd::generated::MulBackward0::release_variables()",
+                        ""
+                    ),
+                    (
+                        "torch::autograd::Engine::evaluate_function(...)",
+                        "engine.cpp"
+                    ),
                 ],
                 false
             ),
             Cause::GraphInBackward
         );
         assert_eq!(
-            c(&[("torch::autograd::Engine::thread_main(...)", "engine.cpp")], false),
+            c(
+                &[("torch::autograd::Engine::thread_main(...)", "engine.cpp")],
+                false
+            ),
             Cause::Backward
         );
         let retry = (
@@ -547,12 +563,19 @@ mod tests {
             "CUDACachingAllocator.cpp",
         );
         assert_eq!(c(&[retry, user], true), Cause::OomRetry);
-        assert_eq!(c(&[retry, user], false), Cause::UserLine, "a block free is never the retry");
+        assert_eq!(
+            c(&[retry, user], false),
+            Cause::UserLine,
+            "a block free is never the retry"
+        );
         assert_eq!(
             c(&[("empty_cache", "/x/torch/cuda/memory.py"), user], true),
             Cause::EmptyCache
         );
-        assert_eq!(c(&[("gc_collect_main", "gcmodule.c"), user], false), Cause::Collector);
+        assert_eq!(
+            c(&[("gc_collect_main", "gcmodule.c"), user], false),
+            Cause::Collector
+        );
         assert_eq!(
             c(&[("zero_grad", "/x/torch/optim/optimizer.py"), user], false),
             Cause::ZeroGrad
@@ -561,8 +584,14 @@ mod tests {
             c(&[("step", "/x/torch/optim/adamw.py"), user], false),
             Cause::OptimizerStep
         );
-        assert_eq!(c(&[("at::autocast::clear_cache()", "")], false), Cause::AutocastCache);
-        assert_eq!(c(&[("c10::TensorImpl::~TensorImpl()", "")], false), Cause::Native);
+        assert_eq!(
+            c(&[("at::autocast::clear_cache()", "")], false),
+            Cause::AutocastCache
+        );
+        assert_eq!(
+            c(&[("c10::TensorImpl::~TensorImpl()", "")], false),
+            Cause::Native
+        );
         assert_eq!(c(&[], false), Cause::NoStack);
     }
 }

@@ -19,8 +19,8 @@ use rustc_hash::FxHashMap;
 
 use crate::findings::{Code, Finding, FixKind, Simulated};
 use crate::torch::Analysis;
-use crate::torch::release::Cause;
 use crate::torch::model::{Action, Snapshot, TraceEntry};
+use crate::torch::release::Cause;
 use crate::torch::replay::{self, Change, WhatIf};
 use crate::torch::stacks::{Role, SiteKey};
 
