@@ -105,3 +105,41 @@ fn the_autocast_cache_is_its_own_cause_and_python_only_captures_cannot_see_graph
     assert!(!r.native_frames);
     assert_eq!(r.graph(), GraphSeen::Unknown);
 }
+
+#[test]
+fn a_forward_loop_that_keeps_the_previous_output_holds_two_graphs_at_the_peak() {
+    // series/xiaolin2004_forward_only_fp32: `out = model(x)` each iteration with grad on; the
+    // previous output's graph is released only when `out` is rebound, after the next forward
+    // built its own: at the peak two graph drops of equal size hold the memory. bolongcheng's
+    // single forward holds one.
+    let Some(path) = common::shared("torch_snapshots/series/xiaolin2004_forward_only_fp32/ctx512.pickle")
+    else {
+        return;
+    };
+    let snap = load_snapshot(&path, &DecodeOptions::default()).unwrap();
+    let opts = memlsp::options::AnalysisOptions::default();
+    let a = memlsp::torch::analyse(&snap, &opts);
+    let peak = a.timeline.devices[0].peak_set.as_ref().unwrap().index;
+    let drops = memlsp::torch::release::graph_drops_held_at(&snap, &a.releases, 0, peak);
+    assert_eq!(drops.len(), 2, "{drops:?}");
+    assert_eq!(drops[0], drops[1], "two iterations of one model");
+    let f = a
+        .findings
+        .iter()
+        .find(|f| f.code == memlsp::findings::Code::PT005)
+        .unwrap();
+    assert!(f.fixes[0].title.contains("inference_mode"));
+    assert!(f.fixes[1].title.contains("del out"), "{:?}", f.fixes);
+    assert_eq!(f.fixes[1].saving_bytes, Some(drops[0]));
+
+    let Some(path) =
+        common::shared("torch_snapshots/real/bolongcheng__0df6e0e9_memory_snapshot_xl_fwd_cl512_dtypetorch.float32.pickle")
+    else {
+        return;
+    };
+    let snap = load_snapshot(&path, &DecodeOptions::default()).unwrap();
+    let a = memlsp::torch::analyse(&snap, &opts);
+    let peak = a.timeline.devices[0].peak_set.as_ref().unwrap().index;
+    let drops = memlsp::torch::release::graph_drops_held_at(&snap, &a.releases, 0, peak);
+    assert_eq!(drops.len(), 1, "{drops:?}");
+}

@@ -87,6 +87,20 @@ pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
         "the graph's frees run at {} (where the output is dropped)",
         site_string(snap, key)
     )));
+    // Two graphs at the peak: the previous iteration's output still referenced while the next
+    // forward built its own graph (released only when the name is rebound).
+    let drops = crate::torch::release::graph_drops_held_at(snap, &a.releases, t.device, set.index);
+    let older = (drops.len() >= 2).then(|| drops[0]);
+    if older.is_some() {
+        f = f.evidence(Evidence::measured(format!(
+            "{} graphs were alive at the peak: the next graph release freed {} of it and a later \
+             one {} — the previous iteration's output was still referenced while the next \
+             forward built its own graph",
+            drops.len(),
+            fmt_bytes(drops[0]),
+            fmt_bytes(drops[1]),
+        )));
+    }
     f = f
         .evidence(Evidence::inferred(
             "under inference_mode nothing is saved for backward: each activation is freed at its \
@@ -100,6 +114,15 @@ pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
             .saving(graph.bytes)
             .cost("none when no gradient is needed"),
         );
+    if let Some(older) = older {
+        f = f.fix(
+            Fix::advice(
+                "If the graph is needed: `del out` (drop the previous output) before the next \
+                 forward, so one graph is alive at a time",
+            )
+            .saving(older),
+        );
+    }
     f.scope = Some(format!("device {}", t.device));
     out.push(f);
 }

@@ -488,6 +488,50 @@ impl Releases {
     }
 }
 
+/// Bytes live just before entry `index` of `device`'s trace that later drops of a graph release
+/// (a graph freed because its output was dropped), one number per drop: consecutive
+/// graph-release frees with no allocation between them are one drop. Two drops holding bytes
+/// at one index mean two graphs were alive at once (the previous iteration's output still
+/// referenced while the next forward built its own).
+pub fn graph_drops_held_at(snap: &Snapshot, r: &Releases, device: i64, index: u64) -> Vec<u64> {
+    let list = snap.trace(device);
+    let requests = list.iter().any(|e| e.action == Action::FreeRequested);
+    let free = if requests {
+        Action::FreeRequested
+    } else {
+        Action::FreeCompleted
+    };
+    let mut born: FxHashMap<u64, u64> = FxHashMap::default();
+    let mut out: Vec<u64> = Vec::new();
+    let mut in_drop = false;
+    for (i, e) in list.iter().enumerate() {
+        let i = i as u64;
+        if e.action == Action::Alloc {
+            born.insert(e.addr, i);
+            in_drop = false;
+        } else if e.action == free {
+            let was = born.remove(&e.addr);
+            if r.cause(e.stack()) != Cause::GraphDropped {
+                continue;
+            }
+            if !in_drop {
+                in_drop = true;
+                if i >= index {
+                    out.push(0);
+                }
+            }
+            if i >= index
+                && was.is_none_or(|a| a < index)
+                && let Some(last) = out.last_mut()
+            {
+                *last = last.saturating_add(e.size);
+            }
+        }
+    }
+    out.retain(|b| *b > 0);
+    out
+}
+
 /// Block releases in entries `start..=end` of `device`'s trace whose stack goes through the
 /// garbage collector.
 pub fn collector_frees(snap: &Snapshot, r: &Releases, device: i64, start: u64, end: u64) -> u64 {

@@ -29,6 +29,9 @@ pub struct HeldRow {
     pub kept_bytes: u64,
     /// The same for blocks whose allocation stack looks like a forward activation.
     pub activations_released: Vec<CauseRow>,
+    /// Bytes released by each later drop of a graph (its output dropped), in trace order: two
+    /// or more mean two graphs were alive at this index.
+    pub graph_drops: Vec<u64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -81,6 +84,7 @@ fn held(snap: &Snapshot, a: &Analysis, device: i64, index: u64) -> HeldRow {
         kept_blocks: all.kept.count,
         kept_bytes: all.kept.bytes,
         activations_released: rows(&act.released),
+        graph_drops: crate::torch::release::graph_drops_held_at(snap, &a.releases, device, index),
     }
 }
 
