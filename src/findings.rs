@@ -72,6 +72,7 @@ pub enum Code {
     PT013,
     PT014,
     PT015,
+    PT016,
     JX001,
     JX002,
     JX003,
@@ -86,7 +87,7 @@ pub enum Code {
 
 impl Code {
     /// Every code, in documentation order.
-    pub const ALL: [Code; 25] = [
+    pub const ALL: [Code; 26] = [
         Code::PT001,
         Code::PT002,
         Code::PT003,
@@ -102,6 +103,7 @@ impl Code {
         Code::PT013,
         Code::PT014,
         Code::PT015,
+        Code::PT016,
         Code::JX001,
         Code::JX002,
         Code::JX003,
@@ -132,6 +134,7 @@ impl Code {
             Code::PT013 => "PT013",
             Code::PT014 => "PT014",
             Code::PT015 => "PT015",
+            Code::PT016 => "PT016",
             Code::JX001 => "JX001",
             Code::JX002 => "JX002",
             Code::JX003 => "JX003",
@@ -168,6 +171,7 @@ impl Code {
             Code::PT013 => "near-OOM (allocator retry)",
             Code::PT014 => "device skew in one process",
             Code::PT015 => "capture cannot attribute memory",
+            Code::PT016 => "autocast weight cache",
             Code::JX001 => "plan exceeds capacity",
             Code::JX002 => "forward activations kept for backward",
             Code::JX003 => "backward dominates",
@@ -196,6 +200,7 @@ impl Code {
             | Code::PT012
             | Code::PT013
             | Code::PT014
+            | Code::PT016
             | Code::JX004
             | Code::JX005
             | Code::JX006 => Severity::Warning,
@@ -233,7 +238,8 @@ impl Code {
             | Code::PT012
             | Code::PT013
             | Code::PT014
-            | Code::PT015 => Family::Torch,
+            | Code::PT015
+            | Code::PT016 => Family::Torch,
             Code::JX001
             | Code::JX002
             | Code::JX003

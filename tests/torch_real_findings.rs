@@ -63,6 +63,13 @@ fn real_snapshots_raise_warnings_only_where_memory_went_wrong() {
         } else if name == "HugePandaCoder__e024498d_inference2_peso_oct.pickle" {
             // The allocator's OOM-retry path released 9.30 GiB of cache for one request.
             assert_eq!(loud, vec![("PT013", Severity::Warning)], "{name}");
+        } else if matches!(
+            name.as_str(),
+            "LilySu__332ffce2_memory_snapshot_large_forward_ctx128_mp.pickle"
+                | "silmont2000__memory_forward_bf16_128.pickle"
+        ) {
+            // The autocast weight cache holds about a third of the peak.
+            assert_eq!(loud, vec![("PT016", Severity::Warning)], "{name}");
         } else if !loud.is_empty() {
             problems.push(format!("{name}: {loud:?}"));
         }

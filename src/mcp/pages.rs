@@ -35,6 +35,7 @@ const PAGES: &[(Code, &str)] = &[
     (Code::PT013, include_str!("../../docs/findings/PT013.md")),
     (Code::PT014, include_str!("../../docs/findings/PT014.md")),
     (Code::PT015, include_str!("../../docs/findings/PT015.md")),
+    (Code::PT016, include_str!("../../docs/findings/PT016.md")),
 ];
 
 fn uri(code: Code) -> String {

@@ -56,6 +56,7 @@ pub fn detect(snap: &Snapshot, a: &Analysis) -> Vec<Finding> {
     top_site(snap, a, &mut out);
     crate::torch::near_oom::detect(snap, a, &mut out);
     crate::torch::device_skew::detect(snap, a, &mut out);
+    crate::torch::autocast_cache::detect(snap, a, &mut out);
     crate::torch::capture_limits::detect(snap, a, &mut out);
     out
 }

@@ -126,7 +126,8 @@ impl Flags {
             zero_grad: py && name == "zero_grad",
             optim: py && file_n.contains("torch/optim/"),
             autocast: name.contains("clear_autocast_cache")
-                || name.contains("autocast::clear_cache"),
+                || name.contains("autocast::clear_cache")
+                || py && name == "__exit__" && file_n.contains("autocast_mode"),
             malloc: name.contains("DeviceCachingAllocator::malloc"),
             empty_cache: name.contains("emptyCache") || py && name == "empty_cache",
             python: py,
