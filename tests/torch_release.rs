@@ -150,3 +150,23 @@ fn a_forward_loop_that_keeps_the_previous_output_holds_two_graphs_at_the_peak() 
     let drops = memlsp::torch::release::graph_drops_held_at(&snap, &a.releases, 0, peak);
     assert_eq!(drops.len(), 1, "{drops:?}");
 }
+
+#[test]
+fn the_forward_cost_is_timed_from_the_previous_optimizer_step() {
+    // NiuHuangxiaozi: the trace starts 923.5 ms before the peak; the step that peaks begins
+    // after the previous step's optimizer frees (entry 3980) and its forward reaches the peak in
+    // 27.6 ms.
+    let Some(path) = common::shared(
+        "torch_snapshots/real/NiuHuangxiaozi__16edf316_forward_and_backward_memory_snapshot_150.pickle",
+    ) else {
+        return;
+    };
+    let r = memlsp::analyze::run_file(&path, &memlsp::options::Options::default()).unwrap();
+    let f = r
+        .findings
+        .iter()
+        .find(|f| f.code == memlsp::findings::Code::PT005)
+        .unwrap();
+    let cost = f.fixes[0].cost.as_deref().unwrap();
+    assert!(cost.contains("took 27.6 ms"), "{cost}");
+}

@@ -672,7 +672,15 @@ fn activation_pressure(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
     } else {
         Severity::Information
     };
-    let cost = match t.rise_us {
+    // The step's forward starts after the previous optimizer step / zero_grad (read from the
+    // release stacks); without them, at the trough before the peak.
+    let step_start = a
+        .releases
+        .native_frames
+        .then(|| crate::torch::release::step_start_before(snap, &a.releases, t.device, set.index))
+        .flatten();
+    let rise_us = step_start.and_then(|(_, us)| us).or(t.rise_us);
+    let cost = match rise_us {
         Some(us) if us > 0 && !oom => format!(
             "one extra forward pass per step: the forward up to the peak took {:.1} ms in this trace",
             us as f64 / 1000.0
@@ -721,11 +729,22 @@ fn activation_pressure(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
             fmt_bytes(freed),
             fmt_bytes(end_act)
         )));
-        if let Some(us) = t.rise_us {
-            f = f.evidence(Evidence::measured(format!(
-                "live memory rose from its trough to the peak in {:.1} ms",
-                us as f64 / 1000.0
-            )));
+        match step_start {
+            Some((start, Some(us))) => {
+                f = f.evidence(Evidence::measured(format!(
+                    "this step's forward began at entry #{start}, after the previous optimizer \
+                     step or zero_grad, and reached the peak in {:.1} ms",
+                    us as f64 / 1000.0
+                )))
+            }
+            _ => {
+                if let Some(us) = t.rise_us {
+                    f = f.evidence(Evidence::measured(format!(
+                        "live memory rose from its trough to the peak in {:.1} ms",
+                        us as f64 / 1000.0
+                    )));
+                }
+            }
         }
     }
     match by_graph {

@@ -533,6 +533,33 @@ pub fn graph_drops_held_at(snap: &Snapshot, r: &Releases, device: i64, index: u6
     out
 }
 
+/// Where the step that peaks at entry `index` of `device`'s trace began: the first allocation
+/// after the last release by `zero_grad` or the optimizer's step before `index` (the previous
+/// step's end), with the µs from it to `index` when the trace has times. `None` when no such
+/// release precedes `index`.
+pub fn step_start_before(
+    snap: &Snapshot,
+    r: &Releases,
+    device: i64,
+    index: u64,
+) -> Option<(u64, Option<i64>)> {
+    let list = snap.trace(device);
+    let end = (index as usize).min(list.len());
+    let last = list[..end].iter().rposition(|e| {
+        matches!(e.action, Action::FreeRequested | Action::FreeCompleted)
+            && matches!(r.cause(e.stack()), Cause::ZeroGrad | Cause::OptimizerStep)
+    })?;
+    let start = (last + 1..end).find(|&i| list[i].action == Action::Alloc)?;
+    let us = match (
+        list[start].time_us(),
+        list.get(end).and_then(|e| e.time_us()),
+    ) {
+        (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+        _ => None,
+    };
+    Some((start as u64, us))
+}
+
 /// Block releases in entries `start..=end` of `device`'s trace whose stack goes through the
 /// garbage collector.
 pub fn collector_frees(snap: &Snapshot, r: &Releases, device: i64, start: u64, end: u64) -> u64 {
