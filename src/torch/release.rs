@@ -666,4 +666,75 @@ mod tests {
         );
         assert_eq!(c(&[], false), Cause::NoStack);
     }
+
+    /// Four batches of ten frees, each releasing blocks made over the whole trace, with the given
+    /// frames on every free stack: what PT007 is asked about.
+    fn batched(free_frames: &[(&str, u64, &str)]) -> Vec<crate::findings::Code> {
+        use crate::torch::model::TraceEntry;
+        use crate::torch::stacks::tests::intern;
+        let mut snap = Snapshot::default();
+        let act = intern(
+            &mut snap,
+            &[
+                (
+                    "/v/site-packages/torch/nn/modules/linear.py",
+                    125,
+                    "forward",
+                ),
+                ("/u/model.py", 30, "forward"),
+            ],
+        );
+        let free = intern(&mut snap, free_frames);
+        let mut list = Vec::new();
+        for k in 0..40u64 {
+            list.push(
+                TraceEntry::new(Action::Alloc, 0x1000 * (k + 1), 1 << 20, 0).with_stack(Some(act)),
+            );
+        }
+        for burst in 0..4u64 {
+            for j in 0..10u64 {
+                let addr = 0x1000 * (burst + 4 * j + 1);
+                for a in [Action::FreeRequested, Action::FreeCompleted] {
+                    list.push(TraceEntry::new(a, addr, 1 << 20, 0).with_stack(Some(free)));
+                }
+            }
+            list.push(
+                TraceEntry::new(Action::Alloc, 0x100_0000 + burst, 512, 0).with_stack(Some(act)),
+            );
+        }
+        snap.device_traces = Some(vec![list]);
+        let a = crate::torch::analyse(&snap, &crate::options::AnalysisOptions::default());
+        a.findings.iter().map(|f| f.code).collect()
+    }
+
+    #[test]
+    fn batched_frees_are_a_reference_cycle_only_with_the_collector_on_their_stacks() {
+        use crate::findings::Code;
+        // The autocast cache cleared at __exit__: batched, repeated, and not a cycle.
+        let autocast = batched(&[
+            (
+                "/v/site-packages/torch/amp/autocast_mode.py",
+                400,
+                "__exit__",
+            ),
+            ("/u/run.py", 12, "main"),
+        ]);
+        assert!(!autocast.contains(&Code::PT007), "{autocast:?}");
+        // A dropped graph's release: not a cycle either.
+        let graph = batched(&[
+            (
+                "torch::autograd::SavedVariable::reset_data()",
+                0,
+                "torch::autograd::SavedVariable::reset_data()",
+            ),
+            ("/u/run.py", 12, "main"),
+        ]);
+        assert!(!graph.contains(&Code::PT007), "{graph:?}");
+        // The same batches freed by the cyclic collector are.
+        let gc = batched(&[
+            ("gcmodule.c", 0, "gc_collect_main"),
+            ("/u/run.py", 12, "main"),
+        ]);
+        assert!(gc.contains(&Code::PT007), "{gc:?}");
+    }
 }
