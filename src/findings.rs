@@ -469,6 +469,9 @@ pub enum FixKind {
     DeviceGetAppend,
     /// PT008: set `PYTORCH_ALLOC_CONF` before `import torch` in the entry script.
     AllocConf { value: String },
+    /// PT005 (forward with no backward): the loop that runs the forward (or the statement) put
+    /// under `with torch.inference_mode():`.
+    InferenceMode,
     /// Advice with no local edit (the presenter shows it; code actions offer an explanation).
     Advice,
 }

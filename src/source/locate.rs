@@ -516,6 +516,29 @@ mod tests {
     }
 
     #[test]
+    fn a_forward_with_no_backward_gets_the_inference_mode_edit_on_its_loop() {
+        let ws = tempfile::tempdir().unwrap();
+        std::fs::write(
+            ws.path().join("bench.py"),
+            "import torch\nfor x in xs:\n    out = model(x)\n",
+        )
+        .unwrap();
+        let mut r = report(
+            ws.path().join("s.pickle"),
+            vec![
+                Finding::new(Code::PT005, Severity::Information, "m")
+                    .at(Some(loc("/job/bench.py", 3)), vec![])
+                    .fix(Fix::new("inference mode", FixKind::InferenceMode)),
+            ],
+        );
+        locator(Resolver::new(vec![ws.path().to_path_buf()], vec![])).locate(&mut r);
+        let edit = r.findings[0].fixes[0].edit.as_ref().expect("an edit");
+        assert_eq!((edit[0].line, edit[0].start_col), (2, 0));
+        assert_eq!(edit[0].new_text, "with torch.inference_mode():\n    ");
+        assert_eq!((edit[1].line, edit[1].new_text.as_str()), (3, "    "));
+    }
+
+    #[test]
     fn unresolved_files_get_no_edit() {
         let resolver = Resolver::with_files(vec![], vec![], vec![]);
         let mut report = report(

@@ -6,7 +6,7 @@
 //! activations for a backward that never came: `torch.inference_mode()` (or `no_grad`) saves
 //! nothing. Checkpointing would be the wrong advice here.
 
-use crate::findings::{Code, Evidence, Finding, Fix, Label, Severity, fmt_bytes};
+use crate::findings::{Code, Evidence, Finding, Fix, FixKind, Label, Severity, fmt_bytes};
 use crate::torch::Analysis;
 use rustc_hash::FxHashMap;
 
@@ -107,9 +107,10 @@ pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
              last use, so at most the graph's bytes are saved",
         ))
         .fix(
-            Fix::advice(
+            Fix::new(
                 "Run the forward under `with torch.inference_mode():` (or `torch.no_grad()`) — no \
                  backward uses the graph it builds",
+                FixKind::InferenceMode,
             )
             .saving(graph.bytes)
             .cost("none when no gradient is needed"),
