@@ -67,8 +67,13 @@ fn passes_without_a_graph_have_no_graph_release() {
         assert!(r.native_frames, "{name}");
         assert_eq!(r.graph(), GraphSeen::None, "{name}");
     }
+    // Grad mode from the allocation stacks: the eval forward runs under a decorator
+    // (`decorate_context`) for 96 % of its allocated bytes, the calibration loop for all of them.
+    let r = releases("HugePandaCoder__1e496ac8_my_snapshot.pickle").unwrap();
+    assert!(r.decorated_alloc_bytes * 100 >= r.alloc_bytes * 95);
     // MercuryB1 calls empty_cache: 420 segment releases.
     let r = releases("MercuryB1__cuda_memory_snapshot.pickle").unwrap();
+    assert_eq!(r.decorated_alloc_bytes, r.alloc_bytes);
     assert_eq!(r.devices[0].segments.get(Cause::EmptyCache).count, 420);
     assert!(r.devices[0].oom_retries.is_empty());
 }

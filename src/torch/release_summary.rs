@@ -59,6 +59,12 @@ pub struct ReleaseSummary {
     pub native_frames: bool,
     /// `backward`, `dropped_without_backward`, `none` or `unknown`.
     pub graph: &'static str,
+    /// Grad mode from the allocation stacks: bytes allocated in the trace under a grad-mode
+    /// decorator (`decorate_context`: `@torch.no_grad()` / `@torch.inference_mode()` /
+    /// `@torch.enable_grad()` on a function), and all bytes allocated in the trace. A `with
+    /// torch.no_grad():` block leaves no frame; `graph` is the evidence then.
+    pub decorated_alloc_bytes: u64,
+    pub alloc_bytes: u64,
     pub devices: Vec<DeviceReleaseSummary>,
 }
 
@@ -130,6 +136,8 @@ pub fn summarize(snap: &Snapshot, a: &Analysis) -> Option<ReleaseSummary> {
             GraphSeen::None => "none",
             GraphSeen::Unknown => "unknown",
         },
+        decorated_alloc_bytes: a.releases.decorated_alloc_bytes,
+        alloc_bytes: a.releases.alloc_bytes,
         devices,
     })
 }
