@@ -91,7 +91,7 @@ fn the_allocator_oom_retry_path_is_seen_on_segment_frees() {
     assert_eq!(segs, 17);
     assert_eq!(bytes, 9520 * MIB);
     let big = retries.iter().max_by_key(|x| x.bytes).unwrap();
-    let (_, size, _, _) = big.request.unwrap();
+    let (_, size, _) = big.request.unwrap();
     assert!(
         (6.8..6.9).contains(&(size as f64 / (1u64 << 30) as f64)),
         "{size}"

@@ -28,7 +28,7 @@ pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
         else {
             continue;
         };
-        let request = big.request.map(|(index, size, _, stack)| {
+        let request = big.request.map(|(index, size, stack)| {
             let (key, _) = a.stacks.site(stack);
             (index, size, key, stack)
         });

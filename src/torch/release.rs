@@ -13,7 +13,7 @@
 use rustc_hash::FxHashMap;
 
 use crate::torch::model::{Action, Snapshot, StackId};
-use crate::torch::stacks::{Role, SiteKey, StackIndex};
+use crate::torch::stacks::{Role, StackIndex};
 
 /// What released one block (or one segment).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -242,7 +242,8 @@ pub struct OomRetry {
     pub segments: u64,
     pub bytes: u64,
     /// The allocation that followed (the request that triggered the retry), when recorded.
-    pub request: Option<(u64, u64, SiteKey, Option<StackId>)>,
+    /// `(trace index, size, stack)`.
+    pub request: Option<(u64, u64, Option<StackId>)>,
 }
 
 /// Releases of one device trace.
@@ -344,7 +345,7 @@ impl Releases {
                                 out.decorated_alloc_bytes.saturating_add(e.size);
                         }
                         if let Some(mut r) = open.take() {
-                            r.request = Some((i as u64, e.size, None, e.stack()));
+                            r.request = Some((i as u64, e.size, e.stack()));
                             dr.oom_retries.push(r);
                         }
                     }

@@ -116,7 +116,7 @@ pub fn summarize(snap: &Snapshot, a: &Analysis) -> Option<ReleaseSummary> {
                         index: r.index,
                         segments: r.segments,
                         bytes: r.bytes,
-                        request_bytes: r.request.map(|(_, s, _, _)| s),
+                        request_bytes: r.request.map(|(_, s, _)| s),
                     })
                     .collect(),
                 at_peak: t
