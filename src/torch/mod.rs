@@ -10,6 +10,7 @@ pub mod device_skew;
 pub mod diff;
 pub mod fragmentation;
 mod intern;
+pub mod layers;
 pub mod load;
 pub mod model;
 pub mod near_oom;

@@ -661,11 +661,14 @@ fn activation_pressure(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
         return;
     };
     let (loc, st) = culprit(snap, *key, *stack);
-    // Layers repeat their sites: the median block count per activation site estimates how many
-    // layers there are; checkpointing keeps about one layer's activations alive at a time.
-    let mut counts: Vec<u64> = act_sites.iter().map(|(_, _, n, _)| *n).collect();
-    counts.sort_unstable();
-    let layers = counts.get(counts.len() / 2).copied().unwrap_or(1).max(1);
+    // Layers repeat their lines: the median count of live activation blocks per innermost Python
+    // line (`torch::layers`) is the number of layers; without allocations in the trace, the
+    // median block count per site. Checkpointing keeps about one layer's activations at a time.
+    let layers = crate::torch::layers::at(snap, a, t.device, set.index).unwrap_or_else(|| {
+        let mut counts: Vec<u64> = act_sites.iter().map(|(_, _, n, _)| *n).collect();
+        counts.sort_unstable();
+        counts.get(counts.len() / 2).copied().unwrap_or(1).max(1)
+    });
     let saving = act.saturating_sub(act / layers);
     let severity = if oom || any_oom(a) {
         Severity::Warning
@@ -764,7 +767,7 @@ fn activation_pressure(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
     }
     f = f
         .evidence(Evidence::inferred(format!(
-            "activation sites repeat about {layers}× (layers); checkpointing each layer keeps about one \
+            "activation lines repeat about {layers}× (layers); checkpointing each layer keeps about one \
              layer's activations at a time: about {} saved",
             fmt_bytes(saving)
         )))
