@@ -70,6 +70,10 @@ pub enum Code {
     PT011,
     PT012,
     PT013,
+    PT014,
+    PT015,
+    PT016,
+    PT017,
     JX001,
     JX002,
     JX003,
@@ -84,7 +88,7 @@ pub enum Code {
 
 impl Code {
     /// Every code, in documentation order.
-    pub const ALL: [Code; 23] = [
+    pub const ALL: [Code; 27] = [
         Code::PT001,
         Code::PT002,
         Code::PT003,
@@ -98,6 +102,10 @@ impl Code {
         Code::PT011,
         Code::PT012,
         Code::PT013,
+        Code::PT014,
+        Code::PT015,
+        Code::PT016,
+        Code::PT017,
         Code::JX001,
         Code::JX002,
         Code::JX003,
@@ -126,6 +134,10 @@ impl Code {
             Code::PT011 => "PT011",
             Code::PT012 => "PT012",
             Code::PT013 => "PT013",
+            Code::PT014 => "PT014",
+            Code::PT015 => "PT015",
+            Code::PT016 => "PT016",
+            Code::PT017 => "PT017",
             Code::JX001 => "JX001",
             Code::JX002 => "JX002",
             Code::JX003 => "JX003",
@@ -159,7 +171,11 @@ impl Code {
             Code::PT010 => "delayed free",
             Code::PT011 => "growth between snapshots",
             Code::PT012 => "rank skew",
-            Code::PT013 => "OOM on the configured capacity",
+            Code::PT013 => "near-OOM (allocator retry)",
+            Code::PT014 => "device skew in one process",
+            Code::PT015 => "capture cannot attribute memory",
+            Code::PT016 => "autocast weight cache",
+            Code::PT017 => "OOM on the configured capacity",
             Code::JX001 => "plan exceeds capacity",
             Code::JX002 => "forward activations kept for backward",
             Code::JX003 => "backward dominates",
@@ -179,7 +195,7 @@ impl Code {
     pub fn default_severity(self) -> Severity {
         match self {
             // A baseline breach fails the check whatever `--fail-on` says: the user asked for it.
-            Code::PT008 | Code::PT009 | Code::PT013 | Code::JX001 | Code::JX007 | Code::BL001 => {
+            Code::PT008 | Code::PT009 | Code::PT017 | Code::JX001 | Code::JX007 | Code::BL001 => {
                 Severity::Error
             }
             Code::PT002
@@ -188,12 +204,19 @@ impl Code {
             | Code::PT007
             | Code::PT011
             | Code::PT012
+            | Code::PT013
+            | Code::PT014
+            | Code::PT016
             | Code::JX004
             | Code::JX005
             | Code::JX006 => Severity::Warning,
-            Code::PT004 | Code::PT005 | Code::PT010 | Code::JX002 | Code::JX003 | Code::JX008 => {
-                Severity::Information
-            }
+            Code::PT004
+            | Code::PT005
+            | Code::PT010
+            | Code::PT015
+            | Code::JX002
+            | Code::JX003
+            | Code::JX008 => Severity::Information,
             Code::PT001 | Code::JX009 => Severity::Hint,
         }
     }
@@ -219,7 +242,11 @@ impl Code {
             | Code::PT010
             | Code::PT011
             | Code::PT012
-            | Code::PT013 => Family::Torch,
+            | Code::PT013
+            | Code::PT014
+            | Code::PT015
+            | Code::PT016
+            | Code::PT017 => Family::Torch,
             Code::JX001
             | Code::JX002
             | Code::JX003
@@ -230,6 +257,15 @@ impl Code {
             | Code::JX008
             | Code::JX009 => Family::Jax,
             Code::BL001 => Family::Both,
+        }
+    }
+
+    /// What a message of this code is: our reading of the evidence (inferred), except PT009,
+    /// whose message restates the recorded `oom` entry (its size, `device_free` and stack).
+    pub fn message_label(self) -> Label {
+        match self {
+            Code::PT009 => Label::Read,
+            _ => Label::Inferred,
         }
     }
 
@@ -440,6 +476,9 @@ pub enum FixKind {
     DeviceGetAppend,
     /// PT008: set `PYTORCH_ALLOC_CONF` before `import torch` in the entry script.
     AllocConf { value: String },
+    /// PT005 (forward with no backward): the loop that runs the forward (or the statement) put
+    /// under `with torch.inference_mode():`.
+    InferenceMode,
     /// Advice with no local edit (the presenter shows it; code actions offer an explanation).
     Advice,
 }

@@ -135,7 +135,7 @@ pub struct AnalysisOptions {
     /// `--category NAME=REGEX`, in the order given (the first that matches a block wins).
     pub categories: Vec<Category>,
     /// PyTorch: replay each validated device on a device of this many bytes and report the
-    /// first request that fails there (PT013, simulated).
+    /// first request that fails there (PT017, simulated).
     pub capacity: Option<u64>,
     /// PyTorch: compute the "will it fit" section of the summary (`torch.fit`): the smallest
     /// capacity each validated device needs, and the replay on `capacity` when set.

@@ -207,19 +207,26 @@ fn path_map_overrides_the_suffix_match() {
         ws.path().join("src/b_mlp_nodonate.py"),
     )
     .unwrap();
-    let jx005_file = |extra: &[&str]| -> Option<String> {
+    let jx005 = |extra: &[&str]| -> Option<(String, String)> {
         let mut args = vec!["--check", arg(&capture), "--format", "json"];
         args.extend_from_slice(extra);
         let run = memlsp(&args, ws.path());
         let doc = run.json();
         let f = findings(&doc).into_iter().find(|f| f["code"] == "JX005")?;
-        Some(f["file"].as_str()?.to_string())
+        let notes = f["evidence"].to_string();
+        Some((f["file"].as_str()?.to_string(), notes))
     };
-    let Some(guessed) = jx005_file(&[]) else {
+    let jx005_file = |extra: &[&str]| jx005(extra).map(|(file, _)| file);
+    let Some((guessed, notes)) = jx005(&[]) else {
         return;
     };
-    // Two equally good suffix matches: the tie goes to the smaller path.
-    assert_eq!(guessed, "jax/b_mlp_nodonate.py");
+    // Two workspace files share the recorded file name and nothing else: no guess, a note
+    // naming both.
+    assert_eq!(guessed, "/srv/jaxdemo/b_mlp_nodonate.py");
+    assert!(
+        notes.contains("only its file name matches, and 2 files share it (jax/b_mlp_nodonate.py, src/b_mlp_nodonate.py)"),
+        "{notes}"
+    );
     assert_eq!(
         jx005_file(&["--path-map", "/srv/jaxdemo=src"]).as_deref(),
         Some("src/b_mlp_nodonate.py")

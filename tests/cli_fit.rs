@@ -169,7 +169,7 @@ fn predict_refuses_captures_of_different_programs_with_where_they_differ() {
 }
 
 /// `report --on`: the "Will it fit" section (`torch.fit`, the same entries as `memlsp fit`) and
-/// PT013 on the first failing request's line.
+/// PT017 on the first failing request's line.
 #[test]
 fn report_on_a_capacity_has_the_fit_section_and_pt013() {
     let Some(f) =
@@ -189,7 +189,7 @@ fn report_on_a_capacity_has_the_fit_section_and_pt013() {
         .as_array()
         .unwrap()
         .iter()
-        .filter(|x| x["code"] == "PT013")
+        .filter(|x| x["code"] == "PT017")
         .collect();
     assert_eq!(pt013.len(), 1, "{c}");
     assert!(
@@ -205,7 +205,7 @@ fn report_on_a_capacity_has_the_fit_section_and_pt013() {
         "{}",
         r.stdout
     );
-    assert!(!r.stdout.contains("PT013"), "{}", r.stdout);
+    assert!(!r.stdout.contains("PT017"), "{}", r.stdout);
     // Without the flags the report is as before: no section.
     let r = common::memlsp(&["report", &f], cwd());
     assert!(!r.stdout.contains("Will it fit"), "{}", r.stdout);

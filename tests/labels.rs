@@ -81,7 +81,15 @@ fn torch_read_set(torch: &Value) -> HashSet<String> {
 fn measured_set(report: &Value) -> HashSet<String> {
     let mut s = HashSet::new();
     if let Some(t) = report.get("torch") {
-        for k in ["totals", "devices", "timeline", "fragmentation", "diff"] {
+        for k in [
+            "totals",
+            "devices",
+            "timeline",
+            "fragmentation",
+            "diff",
+            "releases",
+            "device_skew",
+        ] {
             collect(&t[k], &mut s);
         }
         for site in t["allocation_sites"]["top"]

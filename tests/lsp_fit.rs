@@ -1,5 +1,5 @@
 //! The editor's `memlsp.capacity` setting: the first request that fails on that device is a
-//! PT013 diagnostic on its line ("OOM here on …: this step needs …"), and the hover there shows
+//! PT017 diagnostic on its line ("OOM here on …: this step needs …"), and the hover there shows
 //! what the run needs (docs/FITS.md). A real snapshot, its user files recreated at their recorded
 //! relative paths (`/root/autodl-tmp/assignment1-basics/cs336_basics/…` → `<ws>/cs336_basics/…`).
 
@@ -31,23 +31,23 @@ fn capacity_setting_puts_the_first_failing_request_on_its_line() {
     }
     copy(&src, &ws.join("runs/memory_forward_bf16_128.pickle"));
     let swiglu = ws.join("cs336_basics/model/swiglu.py");
-    // Without a capacity: no PT013.
+    // Without a capacity: no PT017.
     let mut lsp = Lsp::start(&ws, json!({}));
     lsp.open(&swiglu);
     let d = lsp
         .diagnostics(&swiglu, Duration::from_secs(30), |_| true)
         .unwrap_or_default();
-    assert!(!d.iter().any(|x| x["code"] == "PT013"), "{d:?}");
+    assert!(!d.iter().any(|x| x["code"] == "PT017"), "{d:?}");
     lsp.shutdown();
 
     let mut lsp = Lsp::start(&ws, json!({"capacity": "700MiB"}));
     lsp.open(&swiglu);
     let diags = lsp
         .diagnostics(&swiglu, Duration::from_secs(60), |d| {
-            d.iter().any(|x| x["code"] == "PT013")
+            d.iter().any(|x| x["code"] == "PT017")
         })
-        .unwrap_or_else(|| panic!("no PT013: {:?}", lsp.messages()));
-    let d = diags.iter().find(|x| x["code"] == "PT013").unwrap();
+        .unwrap_or_else(|| panic!("no PT017: {:?}", lsp.messages()));
+    let d = diags.iter().find(|x| x["code"] == "PT017").unwrap();
     // `memlsp fit … --on 700MiB`: the first failing request is trace entry 1,704 at swiglu.py:33.
     assert_eq!(d["range"]["start"]["line"], 32, "{d}");
     assert_eq!(d["severity"], 1, "{d}");
@@ -61,7 +61,7 @@ fn capacity_setting_puts_the_first_failing_request_on_its_line() {
         json!({"textDocument": {"uri": uri(&swiglu)}, "position": {"line": 32, "character": 8}}),
     );
     let md = hover["contents"]["value"].as_str().unwrap_or("");
-    assert!(md.contains("PT013"), "{md}");
+    assert!(md.contains("PT017"), "{md}");
     assert!(md.contains("needs 857735168 B"), "{md}");
     assert!(md.contains("simulated"), "{md}");
     assert!(lsp.errors().is_empty(), "{:?}", lsp.errors());
@@ -93,7 +93,7 @@ fn hover_on_a_finding_shows_needs_when_a_capacity_is_set() {
         })
         .unwrap_or_else(|| panic!("no PT004: {:?}", lsp.messages()));
     assert!(
-        !diags.iter().any(|x| x["code"] == "PT013"),
+        !diags.iter().any(|x| x["code"] == "PT017"),
         "it fits: {diags:?}"
     );
     let hover = lsp.request(

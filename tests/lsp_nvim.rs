@@ -131,7 +131,7 @@ fn neovim_shows_the_finding_hint_hover_and_applies_the_fix() {
     assert_eq!(seen["execute_command"]["captures"], 1);
 }
 
-/// `memlsp.capacity` in a real editor: Neovim shows PT013 on the line of the first request that
+/// `memlsp.capacity` in a real editor: Neovim shows PT017 on the line of the first request that
 /// fails on that device, with what the run needs in the message and the hover.
 #[test]
 fn neovim_shows_the_capacity_diagnostic_on_the_failing_line() {
@@ -200,7 +200,7 @@ fn neovim_shows_the_capacity_diagnostic_on_the_failing_line() {
     assert!(
         seen["hover"]
             .as_str()
-            .is_some_and(|h| h.contains("**PT013") && h.contains("needs 857735168 B")),
+            .is_some_and(|h| h.contains("**PT017") && h.contains("needs 857735168 B")),
         "{}",
         seen["hover"]
     );

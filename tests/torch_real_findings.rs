@@ -35,10 +35,15 @@ fn real_snapshots_raise_warnings_only_where_memory_went_wrong() {
             .map(|f| (f.code.as_str(), f.severity))
             .collect();
         if name == "Constructor-Sun__memory_snapshot.pickle" {
-            // 4.94 GiB requested on device 1 while activations filled it: an OOM, not fragmentation.
+            // 4.94 GiB requested on device 1 while activations filled it: an OOM, not
+            // fragmentation; DataParallel gave device 1 far larger tensors than devices 0 and 2.
             assert_eq!(
                 loud,
-                vec![("PT009", Severity::Error), ("PT005", Severity::Warning)],
+                vec![
+                    ("PT009", Severity::Error),
+                    ("PT005", Severity::Warning),
+                    ("PT014", Severity::Warning)
+                ],
                 "{name}"
             );
             let oom = &r.findings[0];
@@ -55,6 +60,16 @@ fn real_snapshots_raise_warnings_only_where_memory_went_wrong() {
                 oom.evidence
             );
             assert!(r.headline().starts_with("Out of memory on device 1"));
+        } else if name == "HugePandaCoder__e024498d_inference2_peso_oct.pickle" {
+            // The allocator's OOM-retry path released 9.30 GiB of cache for one request.
+            assert_eq!(loud, vec![("PT013", Severity::Warning)], "{name}");
+        } else if matches!(
+            name.as_str(),
+            "LilySu__332ffce2_memory_snapshot_large_forward_ctx128_mp.pickle"
+                | "silmont2000__memory_forward_bf16_128.pickle"
+        ) {
+            // The autocast weight cache holds about a third of the peak.
+            assert_eq!(loud, vec![("PT016", Severity::Warning)], "{name}");
         } else if !loud.is_empty() {
             problems.push(format!("{name}: {loud:?}"));
         }
@@ -94,6 +109,9 @@ fn real_snapshots_raise_warnings_only_where_memory_went_wrong() {
                 assert_eq!(h.bytes, s["bytes"].as_u64(), "{name}");
             }
             (None, None) => {}
+            // Mostly stackless live memory and a tiny stacked site: PT015 says what the capture
+            // cannot show instead of a hint on that site.
+            (Some(_), None) if r.findings.iter().any(|f| f.code.as_str() == "PT015") => {}
             (s, h) => panic!("{name}: oracle top user site {s:?}, hint {h:?}"),
         }
     }
@@ -172,10 +190,13 @@ fn compiled_models_aggregate_on_the_model_lines() {
     assert_eq!(compiled, 3, "the three compiled-model snapshots in shared");
 }
 
-/// The real OOM (Constructor-Sun, device 1): checkpointing the activations is simulated on the
-/// replay of the recorded requests, and the failed 4.94 GiB request would have been served.
+/// The real OOM (Constructor-Sun, device 1) happened in the forward: no backward ran, and the
+/// release stacks show its graph freed by dropping the output after the OOM. Checkpointing is
+/// still the advice, but no `[simulated]` peak is shown: replaying "every activation dropped and
+/// re-made one at a time" gave 78.29 → 5.32 GiB, below what `checkpoint(block)` can reach (one
+/// update_nodes call holds ≈ 20 GiB at once).
 #[test]
-fn the_real_oom_fix_is_simulated() {
+fn the_real_oom_shows_no_simulated_peak_the_fix_cannot_reach() {
     let Some(dir) = common::shared("torch_snapshots/real") else {
         return;
     };
@@ -187,12 +208,19 @@ fn the_real_oom_fix_is_simulated() {
     let json = common::ReportExt::engine(&r);
     assert_eq!(json["replay"]["validated"], true);
     assert_eq!(json["replay"]["segment_events_recorded"], 299);
+    assert_eq!(json["releases"]["graph"], "dropped_without_backward");
     let pt5 = r
         .findings
         .iter()
         .find(|f| f.code.as_str() == "PT005")
         .unwrap();
-    let sim = pt5.fixes[0].simulated.as_ref().expect("simulated");
-    assert_eq!(sim.oom_avoided, Some(true), "{sim:?}");
-    assert!(sim.peak_allocated_after < sim.peak_allocated_before);
+    assert!(pt5.fixes[0].title.contains("checkpoint"));
+    assert_eq!(pt5.fixes[0].simulated, None, "{:?}", pt5.fixes[0].simulated);
+    assert!(
+        pt5.evidence
+            .iter()
+            .any(|e| e.text.contains("later freed by autograd")),
+        "{:?}",
+        pt5.evidence
+    );
 }

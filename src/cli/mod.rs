@@ -185,7 +185,7 @@ struct ReportArgs {
     #[arg(long)]
     fit: bool,
     /// PyTorch: replay on this device too (bytes, 24GiB or a GPU, see `memlsp fit --on`): the
-    /// section says whether it fits, and the first failing request is a PT013 finding
+    /// section says whether it fits, and the first failing request is a PT017 finding
     #[arg(long, value_name = "CAPACITY")]
     on: Option<String>,
     /// Per-rank directories: snapshots analysed at once (peak memory is at most N snapshots'

@@ -47,7 +47,7 @@ pub struct Settings {
     /// `baseline.timing`: also compare timing-dependent numbers.
     pub baseline_timing: bool,
     /// `capacity`: the device to replay each capture on (bytes, `24GiB` or a GPU name less
-    /// `capacityReserve`); the first request that fails there is a PT013 diagnostic.
+    /// `capacityReserve`); the first request that fails there is a PT017 diagnostic.
     pub capacity: Option<u64>,
 }
 

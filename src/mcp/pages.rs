@@ -33,6 +33,10 @@ const PAGES: &[(Code, &str)] = &[
     (Code::PT011, include_str!("../../docs/findings/PT011.md")),
     (Code::PT012, include_str!("../../docs/findings/PT012.md")),
     (Code::PT013, include_str!("../../docs/findings/PT013.md")),
+    (Code::PT014, include_str!("../../docs/findings/PT014.md")),
+    (Code::PT015, include_str!("../../docs/findings/PT015.md")),
+    (Code::PT016, include_str!("../../docs/findings/PT016.md")),
+    (Code::PT017, include_str!("../../docs/findings/PT017.md")),
 ];
 
 fn uri(code: Code) -> String {

@@ -34,6 +34,8 @@ struct PageFinding {
     pattern: &'static str,
     severity: &'static str,
     message: String,
+    /// What the message is (an OOM's restates the recorded entry: read).
+    message_label: &'static str,
     at: Option<Value>,
     fixes: Vec<Value>,
 }
@@ -44,6 +46,7 @@ fn finding(f: &Finding) -> PageFinding {
         pattern: f.code.pattern(),
         severity: f.severity.as_str(),
         message: f.message.clone(),
+        message_label: f.code.message_label().as_str(),
         at: f.location.as_ref().map(place),
         fixes: f
             .fixes

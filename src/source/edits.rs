@@ -42,6 +42,7 @@ pub(crate) fn edits_in(
         FixKind::DeviceGetAppend => wrap_append(src, at(line)?, Wrap::DeviceGet)?,
         FixKind::DonateArgnums { argnums, .. } => donate_argnums(src, at(line)?, argnums)?,
         FixKind::JaxCheckpoint => jax_checkpoint(src, at(line)?)?,
+        FixKind::InferenceMode => super::inference_mode::inference_mode(src, at(line)?)?,
     };
     Ok(edits.into_iter().map(|e| src.text_edit(file, e)).collect())
 }

@@ -110,6 +110,7 @@ impl Locator {
         for f in &mut report.findings {
             self.refine(f, &capture);
             self.resolve_all(f.location.iter_mut());
+            self.note_ambiguous(f);
             self.resolve_stack(&mut f.stack);
             let targets: Vec<Option<(String, u32)>> = f
                 .fixes
@@ -167,6 +168,29 @@ impl Locator {
             .borrow_mut()
             .insert(recorded.to_string(), r.clone());
         r
+    }
+
+    /// A finding whose recorded file is left unresolved because only its file name matches and
+    /// several workspace files share it says so, naming them (a guess would put it on the wrong
+    /// file).
+    fn note_ambiguous(&self, f: &mut Finding) {
+        let Some(l) = f.location.as_ref().filter(|l| l.resolved.is_none()) else {
+            return;
+        };
+        let candidates = self.resolver.ambiguous(&l.file);
+        if candidates.is_empty() {
+            return;
+        }
+        let note = format!(
+            "{} is not placed in the workspace: only its file name matches, and {} files share \
+             it ({}); map the recorded directory with --path-map FROM=TO",
+            l.file,
+            candidates.len(),
+            candidates.join(", ")
+        );
+        if !f.evidence.iter().any(|e| e.text == note) {
+            f.evidence.push(crate::findings::Evidence::inferred(note));
+        }
     }
 
     /// Make a JAX finding's line exact from the program text.
@@ -464,6 +488,54 @@ mod tests {
             "{}",
             evidence("/job/elsewhere.py")
         );
+    }
+
+    #[test]
+    fn a_name_two_files_share_is_left_unresolved_with_a_note_naming_them() {
+        let ws = tempfile::tempdir().unwrap();
+        for d in ["a", "b"] {
+            std::fs::create_dir_all(ws.path().join(d)).unwrap();
+            std::fs::write(ws.path().join(d).join("model.py"), "x = 1\n").unwrap();
+        }
+        let mut r = report(
+            ws.path().join("s.pickle"),
+            vec![
+                Finding::new(Code::PT005, Severity::Information, "m")
+                    .at(Some(loc("/cluster/run/model.py", 1)), vec![]),
+            ],
+        );
+        locator(Resolver::new(vec![ws.path().to_path_buf()], vec![])).locate(&mut r);
+        let f = &r.findings[0];
+        assert_eq!(f.location.as_ref().unwrap().resolved, None);
+        assert_eq!(
+            f.evidence.last().unwrap().text,
+            "/cluster/run/model.py is not placed in the workspace: only its file name matches, \
+             and 2 files share it (a/model.py, b/model.py); map the recorded directory with \
+             --path-map FROM=TO"
+        );
+    }
+
+    #[test]
+    fn a_forward_with_no_backward_gets_the_inference_mode_edit_on_its_loop() {
+        let ws = tempfile::tempdir().unwrap();
+        std::fs::write(
+            ws.path().join("bench.py"),
+            "import torch\nfor x in xs:\n    out = model(x)\n",
+        )
+        .unwrap();
+        let mut r = report(
+            ws.path().join("s.pickle"),
+            vec![
+                Finding::new(Code::PT005, Severity::Information, "m")
+                    .at(Some(loc("/job/bench.py", 3)), vec![])
+                    .fix(Fix::new("inference mode", FixKind::InferenceMode)),
+            ],
+        );
+        locator(Resolver::new(vec![ws.path().to_path_buf()], vec![])).locate(&mut r);
+        let edit = r.findings[0].fixes[0].edit.as_ref().expect("an edit");
+        assert_eq!((edit[0].line, edit[0].start_col), (2, 0));
+        assert_eq!(edit[0].new_text, "with torch.inference_mode():\n    ");
+        assert_eq!((edit[1].line, edit[1].new_text.as_str()), (3, "    "));
     }
 
     #[test]

@@ -173,15 +173,31 @@ impl Resolver {
         best.map(|(_, p)| p)
     }
 
-    /// Longest path-suffix match; ties go to the shortest local path, then the smallest.
+    /// Longest path-suffix match; ties go to the shortest local path, then the smallest. A
+    /// match on the file name alone that two or more workspace files share is no match: which
+    /// one ran cannot be told ([`Resolver::ambiguous`] names them).
     fn suffix_match(&self, norm: &str) -> Option<PathBuf> {
+        let ranked = self.ranked(norm);
+        let (best, f) = ranked.first()?;
+        if *best <= 1 && ranked.get(1).is_some_and(|(m, _)| m == best) {
+            return None;
+        }
+        Some(f.abs.clone())
+    }
+
+    /// Candidates for `norm` by file name, best first: (matching trailing components, file).
+    fn ranked(&self, norm: &str) -> Vec<(usize, &PyFile)> {
         let comps: Vec<&str> = norm
             .split('/')
             .filter(|c| !c.is_empty() && *c != ".")
             .collect();
-        let name = comps.last()?;
-        let candidates = self.by_name.get(*name)?;
-        candidates
+        let Some(name) = comps.last() else {
+            return Vec::new();
+        };
+        let Some(candidates) = self.by_name.get(*name) else {
+            return Vec::new();
+        };
+        let mut v: Vec<(usize, &PyFile)> = candidates
             .iter()
             .map(|&i| {
                 let f = &self.files[i];
@@ -194,12 +210,37 @@ impl Resolver {
                     .count();
                 (matched, f)
             })
-            .min_by(|(ma, a), (mb, b)| {
-                mb.cmp(ma)
-                    .then(a.abs.as_os_str().len().cmp(&b.abs.as_os_str().len()))
-                    .then(a.abs.cmp(&b.abs))
-            })
-            .map(|(_, f)| f.abs.clone())
+            .collect();
+        v.sort_by(|(ma, a), (mb, b)| {
+            mb.cmp(ma)
+                .then(a.abs.as_os_str().len().cmp(&b.abs.as_os_str().len()))
+                .then(a.abs.cmp(&b.abs))
+        });
+        v
+    }
+
+    /// The workspace files a recorded path could be when [`Resolver::resolve`] leaves it
+    /// unresolved because only its file name matches and several files share it (workspace-
+    /// relative, smallest first); empty otherwise.
+    pub fn ambiguous(&self, recorded: &str) -> Vec<String> {
+        let norm = normalise(recorded);
+        if norm.is_empty() || self.resolve(recorded).is_some() {
+            return Vec::new();
+        }
+        if FrameFilter::default().classify(&norm) != FrameKind::User {
+            return Vec::new();
+        }
+        let ranked = self.ranked(&norm);
+        let Some((best, _)) = ranked.first() else {
+            return Vec::new();
+        };
+        let mut names: Vec<String> = ranked
+            .iter()
+            .filter(|(m, _)| m == best)
+            .map(|(_, f)| self.relative(&f.abs))
+            .collect();
+        names.sort();
+        if names.len() < 2 { Vec::new() } else { names }
     }
 }
 
@@ -273,12 +314,35 @@ mod tests {
 
     #[test]
     fn ties_go_to_the_shortest_local_path() {
-        let ws = workspace(&["zz/deeper/train.py", "b/train.py", "a/train.py"]);
+        let ws = workspace(&[
+            "zz/deeper/job7/train.py",
+            "b/job7/train.py",
+            "a/job7/train.py",
+        ]);
         let r = Resolver::new(vec![ws.path().to_path_buf()], vec![]);
         assert_eq!(
             r.resolve("/cluster/job7/train.py"),
-            Some(ws.path().join("a/train.py"))
+            Some(ws.path().join("a/job7/train.py"))
         );
+    }
+
+    #[test]
+    fn a_file_name_two_workspace_files_share_stays_unresolved_with_its_candidates() {
+        let ws = workspace(&["zz/deeper/train.py", "b/train.py", "a/train.py"]);
+        let r = Resolver::new(vec![ws.path().to_path_buf()], vec![]);
+        assert_eq!(r.resolve("/cluster/job7/train.py"), None);
+        assert_eq!(
+            r.ambiguous("/cluster/job7/train.py"),
+            vec!["a/train.py", "b/train.py", "zz/deeper/train.py"]
+        );
+        // One file of that name: the name is enough.
+        let ws = workspace(&["src/train.py", "src/model.py"]);
+        let r = Resolver::new(vec![ws.path().to_path_buf()], vec![]);
+        assert_eq!(
+            r.resolve("/cluster/job7/train.py"),
+            Some(ws.path().join("src/train.py"))
+        );
+        assert!(r.ambiguous("/cluster/job7/train.py").is_empty());
     }
 
     #[test]

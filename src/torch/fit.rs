@@ -128,7 +128,7 @@ pub fn predict_report(
     })
 }
 
-/// PT013 for each validated device whose recorded requests do not all fit on `capacity` bytes:
+/// PT017 for each validated device whose recorded requests do not all fit on `capacity` bytes:
 /// on the line of the first request that fails there, with what the run needs (simulated).
 ///
 /// Every other finding of the capture gets the devices' `needs` as evidence (the editor's hover
@@ -162,7 +162,7 @@ pub fn capacity_findings(
             if on.fits {
                 format!("{} spare", fmt_bytes(on.spare_bytes.unwrap_or(0)))
             } else {
-                Code::PT013.to_string()
+                Code::PT017.to_string()
             }
         );
         for f in others.iter_mut() {
@@ -189,7 +189,7 @@ pub fn capacity_findings(
             None => "the blocks live at the first trace entry".into(),
         };
         let mut f = Finding::new(
-            Code::PT013,
+            Code::PT017,
             Severity::Error,
             format!("OOM here on {cap}: this step needs {needs} (device {d}; {what} fails first)."),
         )

@@ -4,20 +4,29 @@
 //! into the engine's typed [`Output`] (summary, sites, findings). Loading files and combining
 //! ranks or two snapshots of one run is the pipeline's job (`crate::analyze`).
 
+pub mod autocast_cache;
 pub mod budget;
+pub mod capture_limits;
 pub mod categories;
 #[cfg(test)]
 mod device_scale_tests;
+pub mod device_skew;
 pub mod diff;
 pub mod fit;
 pub mod fragmentation;
 mod intern;
+pub mod layers;
 pub mod load;
 pub mod model;
+pub mod near_oom;
+pub mod no_backward;
+pub mod optim_state;
 pub mod patterns;
 pub mod range;
 pub mod ranks;
 pub mod recording;
+pub mod release;
+pub mod release_summary;
 pub mod replay;
 pub mod series;
 pub mod sites;
@@ -48,6 +57,8 @@ pub struct Analysis {
     pub fragmentation: Vec<fragmentation::OomDiagnosis>,
     pub findings: Vec<Finding>,
     pub stacks: StackIndex,
+    /// Every release classified by its own stack (why memory was freed).
+    pub releases: release::Releases,
     /// The allocator replays of this snapshot (validation, what-ifs, states), computed once
     /// each and shared by the analyses and the summary.
     pub replays: replay::Replays,
@@ -110,6 +121,7 @@ pub fn analyse_staged(
         let (totals, all_sites, device_sites) = others(&stacks);
         let timeline = time("timeline", || timeline::compute(snap, &stacks));
         let stages = time("stages", || stages::compute(snap, &stacks, &timeline));
+        let releases = time("releases", || release::Releases::compute(snap));
         let fragmentation = time("fragmentation", || {
             fragmentation::diagnose(snap, &totals, &timeline)
         });
@@ -122,6 +134,7 @@ pub fn analyse_staged(
             fragmentation,
             findings: Vec::new(),
             stacks,
+            releases,
             replays,
             simulated: false,
         };

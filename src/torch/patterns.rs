@@ -11,6 +11,7 @@ use crate::site::SiteRole;
 use crate::torch::Analysis;
 use crate::torch::fragmentation::Verdict;
 use crate::torch::model::{BlockState, Snapshot, StackId};
+use crate::torch::release::{Cause, GraphSeen};
 use crate::torch::sites::percent;
 use crate::torch::stacks::{Role, SiteKey, location, site_string, stack_locations};
 use crate::torch::timeline::{DeviceTimeline, SCALAR_BYTES, SiteTrace, WINDOWS};
@@ -48,10 +49,15 @@ pub fn detect(snap: &Snapshot, a: &Analysis) -> Vec<Finding> {
         batched_frees(snap, a, t, &mut out);
     }
     pending_frees(snap, a, &mut out);
-    optimizer_state(snap, a, &mut out);
+    crate::torch::optim_state::detect(snap, a, &mut out);
     activation_pressure(snap, a, &mut out);
+    crate::torch::no_backward::detect(snap, a, &mut out);
     ddp_replication(snap, a, &mut out);
     top_site(snap, a, &mut out);
+    crate::torch::near_oom::detect(snap, a, &mut out);
+    crate::torch::device_skew::detect(snap, a, &mut out);
+    crate::torch::autocast_cache::detect(snap, a, &mut out);
+    crate::torch::capture_limits::detect(snap, a, &mut out);
     out
 }
 
@@ -422,10 +428,11 @@ fn retained_per_step(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mu
 /// PT007: frees that arrive in batches, long after allocation (Python GC collecting cycles).
 fn batched_frees(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mut Vec<Finding>) {
     let Some(b) = &t.burst else { return };
-    // Without the collector in the free stacks, only a repeated pattern counts: bulk frees at the
-    // end of a compiled graph or of a phase are normal.
-    let fire = b.frees >= 8 && (b.gc && b.alloc_parts >= 2 || t.batched_bursts >= 3);
-    if !fire {
+    // Only the collector's own frames on the free stacks say a cycle held the tensors: a batch
+    // is also what the autocast cache, a dropped graph or zero_grad release (torch::release).
+    let collected =
+        crate::torch::release::collector_frees(snap, &a.releases, t.device, b.start, b.end);
+    if b.frees < 8 || collected.saturating_mul(2) < b.frees {
         return;
     }
     let (loc, stack) = culprit(snap, b.site, b.stack);
@@ -437,7 +444,7 @@ fn batched_frees(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mut Ve
             b.frees,
             fmt_bytes(b.bytes),
             b.alloc_parts,
-            if b.gc { " from the garbage collector" } else { "" },
+            " from the garbage collector",
         ),
     )
     .at(loc, stack)
@@ -451,11 +458,10 @@ fn batched_frees(snap: &Snapshot, a: &Analysis, t: &DeviceTimeline, out: &mut Ve
         t.batched_bursts,
         site_string(snap, b.site)
     )));
-    if b.gc {
-        f = f.evidence(Evidence::measured(
-            "the free stack goes through Python's garbage collector (gc_collect)",
-        ));
-    }
+    f = f.evidence(Evidence::measured(format!(
+        "{collected} of the {} free stacks go through Python's garbage collector (gc_collect)",
+        b.frees
+    )));
     f = f
         .evidence(Evidence::inferred(
             "memory that should be freed each step waits for a GC cycle: a reference cycle holds the tensors",
@@ -596,97 +602,6 @@ fn pending_frees(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
     out.push(f);
 }
 
-/// PT004: optimizer state allocated once at the first step (expected retention).
-fn optimizer_state(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
-    let allocated = a.totals.overall.allocated;
-    let opt = a.sites.role_total(Role::OptimizerState);
-    if opt == 0 || allocated == 0 || opt.saturating_mul(10) < allocated {
-        return;
-    }
-    // Growing optimizer state is not the first-step pattern.
-    let grows = a.timeline.devices.iter().any(|t| {
-        t.sites
-            .iter()
-            .any(|s| s.role == Role::OptimizerState && repeats(s))
-    });
-    if grows {
-        return;
-    }
-    let Some(site) = a
-        .sites
-        .sites
-        .iter()
-        .find(|s| s.role() == Role::OptimizerState)
-    else {
-        return;
-    };
-    let (loc, stack) = culprit(snap, site.key, site.stack);
-    let blocks: u64 = a
-        .sites
-        .sites
-        .iter()
-        .filter(|s| s.role() == Role::OptimizerState)
-        .map(|s| s.blocks)
-        .sum();
-    let mut f = Finding::new(Code::PT004,
-        Severity::Information,
-        format!(
-            "{} ({}) of live memory is optimizer state created by the first optimizer.step() at {} — \
-             expected retention, not a leak.",
-            fmt_bytes(opt),
-            pct_text(percent(opt, allocated)),
-            where_(snap, site.key),
-        ),
-    )
-    .at(loc, stack)
-    .bytes(opt, percent(opt, allocated), Label::Inferred)
-    .evidence(Evidence::inferred(format!(
-        "{blocks} live blocks ({} B) were allocated under torch/optim: optimizer state by the stack",
-        opt
-    )));
-    let params = a.sites.role_total(Role::Parameter);
-    if params > 0 {
-        f = f.evidence(Evidence::inferred(format!(
-            "optimizer state is {:.2}× the identified parameter memory ({}); Adam keeps two states \
-             per parameter",
-            opt as f64 / params as f64,
-            fmt_bytes(params)
-        )));
-    }
-    let traced: Vec<&SiteTrace> = a
-        .timeline
-        .devices
-        .iter()
-        .flat_map(|t| t.sites.iter())
-        .filter(|s| s.role == Role::OptimizerState && s.allocs > 0)
-        .collect();
-    if traced.is_empty() {
-        f = f.evidence(Evidence::measured(
-            "no optimizer allocation appears in the recorded trace: the state predates the window and \
-             was not re-allocated since",
-        ));
-    } else {
-        let retained: u64 = traced.iter().map(|s| s.retained).sum();
-        let parts = traced
-            .iter()
-            .fold(0u16, |m, s| m | s.retained_windows)
-            .count_ones();
-        f = f.evidence(Evidence::measured(format!(
-            "in the trace, {retained} optimizer allocations were kept, all within {parts} of {WINDOWS} \
-             parts: allocated once, then stable"
-        )));
-    }
-    f = f
-        .evidence(Evidence::inferred(
-            "optimizer state lives as long as the optimizer; it does not grow after the first step",
-        ))
-        .fix(Fix::advice(
-            "Not a leak. If it does not fit: a smaller model or batch, a lighter optimizer (SGD with \
-             momentum, 8-bit Adam, Adafactor), or shard optimizer state (ZeRO / FSDP)",
-        ));
-    out.push(f);
-}
-
 /// PT005: forward activations dominate the peak (or the OOM) and are freed after it.
 fn activation_pressure(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
     // At an OOM, the live set just before it; otherwise the trace peak with most activations.
@@ -710,6 +625,21 @@ fn activation_pressure(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
     if act == 0 || act.saturating_mul(2) < set.bytes {
         return;
     }
+    // With native frames on the release stacks a graph shows (torch::release): a pass that
+    // built none has nothing to checkpoint, and a forward with no backward is no_backward's.
+    let graph = a.releases.graph();
+    let held = a.releases.native_frames.then(|| {
+        a.releases
+            .held_at(snap, &a.stacks, t.device, set.index, Some(Role::Activation))
+    });
+    let by_graph = held.as_ref().map(|h| {
+        h.released.get(Cause::GraphInBackward).bytes
+            + h.released.get(Cause::Backward).bytes
+            + h.released.get(Cause::GraphDropped).bytes
+    });
+    if !oom && (graph == GraphSeen::DroppedWithoutBackward || by_graph == Some(0)) {
+        return;
+    }
     let end_act = a
         .device_sites
         .iter()
@@ -731,18 +661,29 @@ fn activation_pressure(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
         return;
     };
     let (loc, st) = culprit(snap, *key, *stack);
-    // Layers repeat their sites: the median block count per activation site estimates how many
-    // layers there are; checkpointing keeps about one layer's activations alive at a time.
-    let mut counts: Vec<u64> = act_sites.iter().map(|(_, _, n, _)| *n).collect();
-    counts.sort_unstable();
-    let layers = counts.get(counts.len() / 2).copied().unwrap_or(1).max(1);
+    // Layers repeat their lines: the median count of live activation blocks per innermost Python
+    // line (`torch::layers`) is the number of layers; without allocations in the trace, the
+    // median block count per site. Checkpointing keeps about one layer's activations at a time.
+    let layers = crate::torch::layers::at(snap, a, t.device, set.index).unwrap_or_else(|| {
+        let mut counts: Vec<u64> = act_sites.iter().map(|(_, _, n, _)| *n).collect();
+        counts.sort_unstable();
+        counts.get(counts.len() / 2).copied().unwrap_or(1).max(1)
+    });
     let saving = act.saturating_sub(act / layers);
     let severity = if oom || any_oom(a) {
         Severity::Warning
     } else {
         Severity::Information
     };
-    let cost = match t.rise_us {
+    // The step's forward starts after the previous optimizer step / zero_grad (read from the
+    // release stacks); without them, at the trough before the peak.
+    let step_start = a
+        .releases
+        .native_frames
+        .then(|| crate::torch::release::step_start_before(snap, &a.releases, t.device, set.index))
+        .flatten();
+    let rise_us = step_start.and_then(|(_, us)| us).or(t.rise_us);
+    let cost = match rise_us {
         Some(us) if us > 0 && !oom => format!(
             "one extra forward pass per step: the forward up to the peak took {:.1} ms in this trace",
             us as f64 / 1000.0
@@ -791,20 +732,42 @@ fn activation_pressure(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
             fmt_bytes(freed),
             fmt_bytes(end_act)
         )));
-        if let Some(us) = t.rise_us {
+        match step_start {
+            Some((start, Some(us))) => {
+                f = f.evidence(Evidence::measured(format!(
+                    "this step's forward began at entry #{start}, after the previous optimizer \
+                     step or zero_grad, and reached the peak in {:.1} ms",
+                    us as f64 / 1000.0
+                )))
+            }
+            _ => {
+                if let Some(us) = t.rise_us {
+                    f = f.evidence(Evidence::measured(format!(
+                        "live memory rose from its trough to the peak in {:.1} ms",
+                        us as f64 / 1000.0
+                    )));
+                }
+            }
+        }
+    }
+    match by_graph {
+        Some(b) => {
             f = f.evidence(Evidence::measured(format!(
-                "live memory rose from its trough to the peak in {:.1} ms",
-                us as f64 / 1000.0
-            )));
+                "{} of the activations live then were later freed by autograd (saved tensors \
+                 released by the graph, read from their free stacks)",
+                fmt_bytes(b)
+            )))
+        }
+        None => {
+            f = f.evidence(Evidence::inferred(
+                "activations are saved by the forward pass for backward (role guessed from \
+                 nn.Module forward frames)",
+            ))
         }
     }
     f = f
-        .evidence(Evidence::inferred(
-            "activations are saved by the forward pass for backward (role guessed from nn.Module \
-             forward frames)",
-        ))
         .evidence(Evidence::inferred(format!(
-            "activation sites repeat about {layers}× (layers); checkpointing each layer keeps about one \
+            "activation lines repeat about {layers}× (layers); checkpointing each layer keeps about one \
              layer's activations at a time: about {} saved",
             fmt_bytes(saving)
         )))
@@ -886,6 +849,10 @@ fn ddp_replication(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
 /// PT001: the site that holds the most live memory (attribution hint).
 fn top_site(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
     let allocated = a.totals.overall.allocated;
+    // A tiny site beside mostly stackless memory is no answer: PT015 says so instead.
+    if crate::torch::capture_limits::top_is_tiny(a) {
+        return;
+    }
     let Some(s) = a.sites.sites.iter().find(|s| s.key.is_some()) else {
         return;
     };

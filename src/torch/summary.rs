@@ -66,6 +66,12 @@ pub struct Summary {
     /// Will it fit (`report --on CAPACITY`; docs/FITS.md): one entry per traced device.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fit: Option<Vec<crate::torch::fit::FitEntry>>,
+    /// Why memory was released, from the release stacks (absent without a trace).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub releases: Option<crate::torch::release_summary::ReleaseSummary>,
+    /// One process's devices allocating very different sizes at one line (PT014's numbers).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_skew: Option<crate::torch::device_skew::Skew>,
     /// Memory over the trace per device, for pictures (computed on request).
     #[serde(skip)]
     pub series: Vec<crate::torch::series::Series>,
@@ -671,6 +677,8 @@ pub fn summarize_with(snap: &Snapshot, a: &Analysis, top: usize, replay: Capture
         rank_summary: Default::default(),
         replay,
         fit: None,
+        releases: crate::torch::release_summary::summarize(snap, a),
+        device_skew: crate::torch::device_skew::skew(snap, a),
         series: Vec::new(),
         segment_bars: Vec::new(),
         state_bars: Vec::new(),

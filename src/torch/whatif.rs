@@ -20,6 +20,7 @@ use rustc_hash::FxHashMap;
 use crate::findings::{Code, Finding, FixKind, Simulated};
 use crate::torch::Analysis;
 use crate::torch::model::{Action, Snapshot, TraceEntry};
+use crate::torch::release::Cause;
 use crate::torch::replay::{self, Change, WhatIf};
 use crate::torch::stacks::{Role, SiteKey};
 
@@ -200,6 +201,16 @@ fn changes_for(
                     let Some(use_at) = l.free_requested else {
                         continue;
                     };
+                    // Where the free stacks show it, only what the backward's graph released
+                    // was kept for the backward: that is what checkpointing recomputes.
+                    if a.releases.native_frames
+                        && !matches!(
+                            a.releases.cause(trace.get(use_at).and_then(|e| e.stack())),
+                            Cause::GraphInBackward | Cause::Backward
+                        )
+                    {
+                        continue;
+                    }
                     if l.alloc + 2 < use_at {
                         allocs.push((l.alloc, l.alloc + 1, use_at));
                     }

@@ -1,4 +1,4 @@
--- Headless Neovim (>= 0.11) with `memlsp.capacity` set: the PT013 diagnostic on the line of the
+-- Headless Neovim (>= 0.11) with `memlsp.capacity` set: the PT017 diagnostic on the line of the
 -- first request that fails on that device, and its hover. Writes what it saw to $OUT_JSON. Used
 -- by tests/lsp_nvim.rs.
 local out_path = os.getenv("OUT_JSON")
@@ -20,10 +20,10 @@ vim.lsp.start({
 }, { bufnr = bufnr })
 
 local function ours()
-  return vim.tbl_filter(function(d) return d.code == "PT013" end, vim.diagnostic.get(bufnr))
+  return vim.tbl_filter(function(d) return d.code == "PT017" end, vim.diagnostic.get(bufnr))
 end
 if not vim.wait(40000, function() return #ours() > 0 end, 50) then
-  result.error = "no PT013 diagnostic"
+  result.error = "no PT017 diagnostic"
   return finish(1)
 end
 result.diagnostics = vim.tbl_map(function(d)

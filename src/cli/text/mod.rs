@@ -89,7 +89,8 @@ fn diagnosis(s: &mut String, r: &CaptureReport) {
         );
     }
     for f in diagnoses(r) {
-        // The diagnosis is our reading of the evidence; the evidence lines carry their own labels.
+        // The diagnosis is our reading of the evidence (an OOM's message restates the recorded
+        // entry); the evidence lines carry their own labels.
         let _ = writeln!(
             s,
             "  {} {} ({}){}: {} {}",
@@ -98,7 +99,7 @@ fn diagnosis(s: &mut String, r: &CaptureReport) {
             f.severity.as_str(),
             at(f).map(|a| format!(" at {a}")).unwrap_or_default(),
             f.message,
-            tag(Label::Inferred)
+            tag(f.code.message_label())
         );
         for e in &f.evidence {
             let _ = writeln!(s, "      {} {}", tag(e.label), e.text);

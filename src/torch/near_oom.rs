@@ -1,0 +1,89 @@
+//! PT013: the allocator's OOM-retry path fired — a near out-of-memory.
+//!
+//! When `cudaMalloc` fails, PyTorch's `DeviceCachingAllocator::malloc` releases cached segments
+//! (`release_cached_blocks`) and tries again. Those `segment_free` entries carry `malloc` on their
+//! own stack (`torch::release`, cause `OomRetry`); an explicit `empty_cache()` does not. A retry
+//! that succeeded is an OOM that did not happen this time: the device was full, the cache held
+//! memory in pieces that could not serve the request, and every retry pays a synchronizing
+//! `cudaFree`.
+
+use crate::findings::{Code, Evidence, Finding, Fix, Label, Severity, fmt_bytes};
+use crate::torch::Analysis;
+use crate::torch::model::Snapshot;
+use crate::torch::patterns::culprit;
+use crate::torch::stacks::site_string;
+
+/// PT013 for each device whose trace shows the OOM-retry path and no OOM event.
+pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
+    for d in &a.releases.devices {
+        if d.oom_retries.is_empty() || a.totals.oom_events().any(|o| o.device == d.device) {
+            continue;
+        }
+        let segments: u64 = d.oom_retries.iter().map(|r| r.segments).sum();
+        let bytes: u64 = d.oom_retries.iter().map(|r| r.bytes).sum();
+        let Some(big) = d
+            .oom_retries
+            .iter()
+            .max_by_key(|r| (r.bytes, std::cmp::Reverse(r.index)))
+        else {
+            continue;
+        };
+        let request = big.request.map(|(index, size, stack)| {
+            let (key, _) = a.stacks.site(stack);
+            (index, size, key, stack)
+        });
+        let (key, stack) = request.map_or((None, None), |(_, _, k, s)| (k, s));
+        let (loc, st) = culprit(snap, key, stack);
+        let what = match request {
+            Some((_, size, k, _)) => format!(
+                "to serve a request of {} at {}",
+                fmt_bytes(size),
+                site_string(snap, k)
+            ),
+            None => "to serve a request the trace does not show".to_string(),
+        };
+        let mut f = Finding::new(
+            Code::PT013,
+            Severity::Warning,
+            format!(
+                "Near out of memory on device {}: cudaMalloc failed and the allocator released {} \
+                 of cached segments {what}, then succeeded.",
+                d.device,
+                fmt_bytes(big.bytes),
+            ),
+        )
+        .at(loc, st)
+        .bytes(big.bytes, None, Label::Measured)
+        .evidence(Evidence::measured(format!(
+            "{segments} segment releases ({}) in {} episode(s) carry \
+             DeviceCachingAllocator::malloc on their stack: the allocator's OOM-retry path, not \
+             empty_cache()",
+            fmt_bytes(bytes),
+            d.oom_retries.len()
+        )));
+        if let Some((index, size, _, _)) = request {
+            f = f.evidence(Evidence::measured(format!(
+                "the largest episode starts at entry #{} of device {}: {} segments ({}) released, \
+                 then the {} allocation at entry #{index}",
+                big.index,
+                d.device,
+                big.segments,
+                fmt_bytes(big.bytes),
+                fmt_bytes(size),
+            )));
+        }
+        f = f
+            .evidence(Evidence::inferred(
+                "the device was full when the request came: a slightly larger input, batch or \
+                 another process on the GPU turns this into an OOM",
+            ))
+            .fix(Fix::advice(
+                "Lower what is live when this line runs (a smaller batch or chunk, free large \
+                 tensors before it); `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` lets the \
+                 cache grow and be reused across sizes instead of being released and re-made \
+                 (each retry's cudaFree synchronizes the device)",
+            ));
+        f.scope = Some(format!("device {}", d.device));
+        out.push(f);
+    }
+}

@@ -1,0 +1,143 @@
+//! The release classification as the summary shows it (`torch.releases` in the JSON): per
+//! device, releases by cause, the allocator's OOM-retry episodes, and what later released the
+//! blocks live at the peak (and at the first OOM). Every number is counted from trace entries.
+
+use serde::Serialize;
+
+use crate::torch::Analysis;
+use crate::torch::model::Snapshot;
+use crate::torch::release::{ByCause, GraphSeen, HeldAt};
+use crate::torch::stacks::Role;
+
+/// Releases of one cause.
+#[derive(Clone, Debug, Serialize)]
+pub struct CauseRow {
+    pub cause: &'static str,
+    pub count: u64,
+    pub bytes: u64,
+}
+
+/// Blocks live at one trace index, by what released them later.
+#[derive(Clone, Debug, Serialize)]
+pub struct HeldRow {
+    /// The trace index (blocks live just before it).
+    pub index: u64,
+    pub released: Vec<CauseRow>,
+    /// Allocated in the trace before the index and still live at its end (blocks older than
+    /// the trace are not counted here).
+    pub kept_blocks: u64,
+    pub kept_bytes: u64,
+    /// The same for blocks whose allocation stack looks like a forward activation.
+    pub activations_released: Vec<CauseRow>,
+    /// Bytes released by each later drop of a graph (its output dropped), in trace order: two
+    /// or more mean two graphs were alive at this index.
+    pub graph_drops: Vec<u64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct OomRetryRow {
+    pub index: u64,
+    pub segments: u64,
+    pub bytes: u64,
+    /// Size of the allocation that followed (the request that triggered the retry).
+    pub request_bytes: Option<u64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct DeviceReleaseSummary {
+    pub device: i64,
+    pub blocks: Vec<CauseRow>,
+    pub segments: Vec<CauseRow>,
+    pub oom_retries: Vec<OomRetryRow>,
+    pub at_peak: Option<HeldRow>,
+    pub at_first_oom: Option<HeldRow>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ReleaseSummary {
+    /// Release stacks carry the tensor's C++ destructor chain: graph releases would show.
+    pub native_frames: bool,
+    /// `backward`, `dropped_without_backward`, `none` or `unknown`.
+    pub graph: &'static str,
+    /// Grad mode from the allocation stacks: bytes allocated in the trace under a grad-mode
+    /// decorator (`decorate_context`: `@torch.no_grad()` / `@torch.inference_mode()` /
+    /// `@torch.enable_grad()` on a function), and all bytes allocated in the trace. A `with
+    /// torch.no_grad():` block leaves no frame; `graph` is the evidence then.
+    pub decorated_alloc_bytes: u64,
+    pub alloc_bytes: u64,
+    pub devices: Vec<DeviceReleaseSummary>,
+}
+
+fn rows(b: &ByCause) -> Vec<CauseRow> {
+    b.nonzero()
+        .into_iter()
+        .map(|(c, t)| CauseRow {
+            cause: c.as_str(),
+            count: t.count,
+            bytes: t.bytes,
+        })
+        .collect()
+}
+
+fn held(snap: &Snapshot, a: &Analysis, device: i64, index: u64) -> HeldRow {
+    let all: HeldAt = a.releases.held_at(snap, &a.stacks, device, index, None);
+    let act = a
+        .releases
+        .held_at(snap, &a.stacks, device, index, Some(Role::Activation));
+    HeldRow {
+        index,
+        released: rows(&all.released),
+        kept_blocks: all.kept.count,
+        kept_bytes: all.kept.bytes,
+        activations_released: rows(&act.released),
+        graph_drops: crate::torch::release::graph_drops_held_at(snap, &a.releases, device, index),
+    }
+}
+
+/// The summary of `a.releases`; `None` for a capture with no trace.
+pub fn summarize(snap: &Snapshot, a: &Analysis) -> Option<ReleaseSummary> {
+    if a.releases.devices.is_empty() {
+        return None;
+    }
+    let devices = a
+        .releases
+        .devices
+        .iter()
+        .map(|d| {
+            let t = a.timeline.device(d.device);
+            DeviceReleaseSummary {
+                device: d.device,
+                blocks: rows(&d.blocks),
+                segments: rows(&d.segments),
+                oom_retries: d
+                    .oom_retries
+                    .iter()
+                    .map(|r| OomRetryRow {
+                        index: r.index,
+                        segments: r.segments,
+                        bytes: r.bytes,
+                        request_bytes: r.request.map(|(_, s, _)| s),
+                    })
+                    .collect(),
+                at_peak: t
+                    .and_then(|t| t.peak_set.as_ref())
+                    .map(|p| held(snap, a, d.device, p.index)),
+                at_first_oom: t
+                    .and_then(|t| t.oom_sets.first())
+                    .map(|p| held(snap, a, d.device, p.index)),
+            }
+        })
+        .collect();
+    Some(ReleaseSummary {
+        native_frames: a.releases.native_frames,
+        graph: match a.releases.graph() {
+            GraphSeen::Backward => "backward",
+            GraphSeen::DroppedWithoutBackward => "dropped_without_backward",
+            GraphSeen::None => "none",
+            GraphSeen::Unknown => "unknown",
+        },
+        decorated_alloc_bytes: a.releases.decorated_alloc_bytes,
+        alloc_bytes: a.releases.alloc_bytes,
+        devices,
+    })
+}
