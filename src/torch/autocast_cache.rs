@@ -11,9 +11,9 @@ use rustc_hash::FxHashMap;
 use crate::findings::{Code, Evidence, Finding, Fix, Label, Severity, fmt_bytes};
 use crate::torch::Analysis;
 use crate::torch::model::{Action, Snapshot, StackId};
-use crate::torch::patterns::culprit;
 use crate::torch::release::Cause;
 use crate::torch::sites::percent;
+use crate::torch::stacks::culprit;
 use crate::torch::stacks::{SiteKey, site_string};
 
 /// The cache must hold at least this share of the peak (percent).

@@ -11,7 +11,7 @@ use serde::Serialize;
 use crate::findings::{Code, Evidence, Finding, Fix, Label, Severity, fmt_bytes};
 use crate::torch::Analysis;
 use crate::torch::model::{Action, Snapshot, StackId};
-use crate::torch::patterns::culprit;
+use crate::torch::stacks::culprit;
 use crate::torch::stacks::{SiteKey, site_string};
 
 /// Largest allocation, allocation count and the largest one's stack, of a line on a device.

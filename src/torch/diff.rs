@@ -8,7 +8,7 @@ use rustc_hash::FxHashMap;
 use crate::findings::{Code, Evidence, Finding, Fix, Label, Severity, fmt_bytes, fmt_signed_bytes};
 use crate::torch::Analysis;
 use crate::torch::model::{Snapshot, StackId};
-use crate::torch::patterns::culprit;
+use crate::torch::stacks::culprit;
 use crate::torch::stacks::{Role, SiteKey};
 
 /// One site compared between the two snapshots.

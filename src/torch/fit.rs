@@ -180,7 +180,7 @@ pub fn capacity_findings(
             .map(|f| failure_report(snap, &a.stacks, f));
         let stack = on.first_failure.as_ref().and_then(|f| f.stack);
         let key = a.stacks.site(stack).0;
-        let (loc, frames) = crate::torch::patterns::culprit(snap, key, stack);
+        let (loc, frames) = crate::torch::stacks::culprit(snap, key, stack);
         let what = match on.first_failure.as_ref().and_then(|f| f.entry) {
             Some(e) => format!(
                 "a request of {} (trace entry {e})",

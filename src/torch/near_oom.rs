@@ -10,7 +10,7 @@
 use crate::findings::{Code, Evidence, Finding, Fix, Label, Severity, fmt_bytes};
 use crate::torch::Analysis;
 use crate::torch::model::Snapshot;
-use crate::torch::patterns::culprit;
+use crate::torch::stacks::culprit;
 use crate::torch::stacks::site_string;
 
 /// PT013 for each device whose trace shows the OOM-retry path and no OOM event.

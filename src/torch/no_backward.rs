@@ -11,9 +11,9 @@ use crate::torch::Analysis;
 use rustc_hash::FxHashMap;
 
 use crate::torch::model::{Action, Snapshot, StackId};
-use crate::torch::patterns::culprit;
 use crate::torch::release::{Cause, GraphSeen};
 use crate::torch::sites::percent;
+use crate::torch::stacks::culprit;
 use crate::torch::stacks::{SiteKey, site_string};
 
 /// The graph must hold at least this share of the peak to be worth a finding.

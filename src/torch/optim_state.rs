@@ -12,9 +12,9 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use crate::findings::{Code, Evidence, Finding, Fix, Label, Severity, fmt_bytes};
 use crate::torch::Analysis;
 use crate::torch::model::{Action, Snapshot};
-use crate::torch::patterns::culprit;
 use crate::torch::release::Releases;
 use crate::torch::sites::percent;
+use crate::torch::stacks::culprit;
 use crate::torch::stacks::{Role, SiteKey, StackIndex, site_string};
 
 /// One optimizer site in the trace.

@@ -4,30 +4,18 @@
 //! blocks or trace entries), read (a field of the file) or inferred (a role guess, a cause, an
 //! estimated saving). Expected retention is said to be expected.
 
-use crate::findings::{
-    Code, Evidence, Finding, Fix, FixKind, Label, Location, Severity, fmt_bytes,
-};
+use crate::findings::{Code, Evidence, Finding, Fix, FixKind, Label, Severity, fmt_bytes};
 use crate::site::SiteRole;
 use crate::torch::Analysis;
 use crate::torch::fragmentation::Verdict;
 use crate::torch::model::{BlockState, Snapshot, StackId};
 use crate::torch::release::{Cause, GraphSeen};
 use crate::torch::sites::percent;
-use crate::torch::stacks::{Role, SiteKey, location, site_string, stack_locations};
+use crate::torch::stacks::{Role, SiteKey, culprit, site_string};
 use crate::torch::timeline::{DeviceTimeline, SCALAR_BYTES, SiteTrace, WINDOWS};
 
 /// Allocations needed in a device trace before "repeats every step" can be judged.
 const MIN_ALLOCS_FOR_STEPS: u64 = 24;
-
-/// Culprit location and stack (starting at the culprit) for a site.
-pub fn culprit(
-    snap: &Snapshot,
-    key: SiteKey,
-    stack: Option<StackId>,
-) -> (Option<Location>, Vec<Location>) {
-    let loc = key.and_then(|k| location(snap, k));
-    (loc, stack_locations(snap, stack, key))
-}
 
 fn pct_text(p: Option<f64>) -> String {
     p.map(|p| format!("{p:.1}%")).unwrap_or_else(|| "–".into())

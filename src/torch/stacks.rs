@@ -226,6 +226,16 @@ fn frame_role(f: &crate::torch::model::Frame) -> FrameRole {
     }
 }
 
+/// Culprit location and stack (starting at the culprit) for a site.
+pub fn culprit(
+    snap: &Snapshot,
+    key: SiteKey,
+    stack: Option<StackId>,
+) -> (Option<Location>, Vec<Location>) {
+    let loc = key.and_then(|k| location(snap, k));
+    (loc, stack_locations(snap, stack, key))
+}
+
 /// A frame as a `Location` (line clamped into `u32`; a recorded −1 becomes 0).
 pub fn location(snap: &Snapshot, fid: FrameId) -> Option<Location> {
     let f = snap.frames.get(fid as usize)?;

@@ -11,7 +11,7 @@ use serde::Serialize;
 use crate::findings::{Code, Evidence, Finding, Fix, Label, Severity, fmt_bytes};
 use crate::torch::Analysis;
 use crate::torch::model::{Snapshot, StackId};
-use crate::torch::patterns::culprit;
+use crate::torch::stacks::culprit;
 use crate::torch::stacks::{Role, SiteKey};
 
 /// One site across the series.
