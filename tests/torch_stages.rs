@@ -234,3 +234,86 @@ fn zero_grad_numbers_the_steps_without_an_optimizer_step() {
     assert_eq!(zg, vec![1, 2]);
     assert_eq!(st.last().unwrap()["step"], 2);
 }
+
+/// The inferred stages of one device: `(name, start_index, end_index)`.
+fn inferred(st: &[Value]) -> Vec<(String, u64, u64)> {
+    st.iter()
+        .filter(|s| s["source"] == "inferred")
+        .map(|s| {
+            (
+                s["name"].as_str().unwrap().to_string(),
+                s["span"]["start_index"].as_u64().unwrap(),
+                s["span"]["end_index"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// A bf16 forward-only benchmark: the frees after its peak are the autocast weight cache that
+/// autocast's `__exit__` cleared (85 of the 90 frees, 230 of 243 MiB, `clear_autocast_cache` on
+/// their stacks; PT016), and no free anywhere carries autograd's engine: no backward ran, and
+/// the stage after the forward is named for what released it.
+#[test]
+fn a_forward_only_run_gets_no_backward_stage_autocast_exit_is_named() {
+    let Some(p) = real("silmont2000__memory_forward_bf16_128.pickle") else {
+        return;
+    };
+    let doc = report(&p, "json").json();
+    assert_eq!(doc["captures"][0]["torch"]["releases"]["graph"], "none");
+    assert_eq!(
+        inferred(&stages(&doc)),
+        vec![
+            ("forward".to_string(), 0, 2631),
+            ("autocast cache clear".to_string(), 2631, 2811),
+        ]
+    );
+    let text = report(&p, "text").stdout;
+    assert!(
+        text.contains("step 1   autocast cache clear [inferred]  entries 2631..2811"),
+        "{text}"
+    );
+    assert!(!text.contains("backward [inferred]"), "{text}");
+}
+
+/// A grad-enabled forward whose output is dropped without backward (bolongcheng: 708 frees
+/// through `SavedVariable::reset_data` / `deleteNode`, none on the engine's thread): the graph
+/// is released by the dropping line, not by a backward pass.
+#[test]
+fn a_graph_dropped_without_backward_is_not_a_backward_stage() {
+    let Some(p) =
+        real("bolongcheng__0df6e0e9_memory_snapshot_xl_fwd_cl512_dtypetorch.float32.pickle")
+    else {
+        return;
+    };
+    let doc = report(&p, "json").json();
+    assert_eq!(
+        doc["captures"][0]["torch"]["releases"]["graph"],
+        "dropped_without_backward"
+    );
+    assert_eq!(
+        inferred(&stages(&doc)),
+        vec![
+            ("forward".to_string(), 0, 3694),
+            ("graph dropped".to_string(), 3694, 5112),
+        ]
+    );
+}
+
+/// A real training step keeps its backward: sidsoc12's frees after the forward are autograd's
+/// engine releasing saved tensors and gradient temporaries, then the recorded AdamW step and
+/// `zero_grad` follow.
+#[test]
+fn a_training_step_keeps_its_backward_stage() {
+    let Some(p) = real("sidsoc12__8169e1e6_mem_snapshot_ctx128_fp32_train.pickle") else {
+        return;
+    };
+    let doc = report(&p, "json").json();
+    assert_eq!(doc["captures"][0]["torch"]["releases"]["graph"], "backward");
+    assert_eq!(
+        inferred(&stages(&doc)),
+        vec![
+            ("forward".to_string(), 0, 5699),
+            ("backward".to_string(), 5699, 15452),
+        ]
+    );
+}

@@ -120,8 +120,10 @@ pub fn analyse_staged(
         }
         let (totals, all_sites, device_sites) = others(&stacks);
         let timeline = time("timeline", || timeline::compute(snap, &stacks));
-        let stages = time("stages", || stages::compute(snap, &stacks, &timeline));
         let releases = time("releases", || release::Releases::compute(snap));
+        let stages = time("stages", || {
+            stages::compute(snap, &stacks, &timeline, &releases)
+        });
         let fragmentation = time("fragmentation", || {
             fragmentation::diagnose(snap, &totals, &timeline)
         });

@@ -12,6 +12,7 @@
 pub mod summary;
 
 use crate::torch::model::{Action, AnnotationStage, Snapshot, TraceEntry};
+use crate::torch::release::{Cause, Releases};
 use crate::torch::stacks::{Role, SiteKey, StackIndex};
 use crate::torch::timeline::{DeviceTimeline, Timeline, live_at};
 
@@ -99,7 +100,12 @@ pub const MAX_INFERRED: usize = 96;
 const BLOCK: usize = 4096;
 
 /// The stages of a snapshot's traced devices.
-pub fn compute(snap: &Snapshot, stacks: &StackIndex, timeline: &Timeline) -> Stages {
+pub fn compute(
+    snap: &Snapshot,
+    stacks: &StackIndex,
+    timeline: &Timeline,
+    releases: &Releases,
+) -> Stages {
     let mut out = Stages {
         recorded: !snap.annotations.is_empty(),
         ..Stages::default()
@@ -116,8 +122,14 @@ pub fn compute(snap: &Snapshot, stacks: &StackIndex, timeline: &Timeline) -> Sta
         fold_repeats(&mut spans);
         nest(&mut spans);
         let gaps = uncovered(&spans, list.len() as u64);
+        let trace = Trace {
+            list,
+            stacks,
+            releases,
+            requests: list.iter().any(|e| e.action == Action::FreeRequested),
+        };
         for (a, b) in gaps {
-            infer(list, stacks, a, b, &live, &mut spans);
+            infer(&trace, a, b, &live, &mut spans);
         }
         // Empty spans first at their index, then outer before inner.
         spans.sort_by_key(|s| (s.start, s.end > s.start, s.depth, std::cmp::Reverse(s.end)));
@@ -283,14 +295,8 @@ fn uncovered(spans: &[Stage], n: u64) -> Vec<(u64, u64)> {
 /// between them, `forward` up to the first allocation made by autograd's backward (or, without
 /// one, up to the part's live peak) and `backward` after it when memory falls by at least an
 /// eighth of the part's rise.
-fn infer(
-    list: &[TraceEntry],
-    stacks: &StackIndex,
-    a: u64,
-    b: u64,
-    live: &Live,
-    out: &mut Vec<Stage>,
-) {
+fn infer(t: &Trace, a: u64, b: u64, live: &Live, out: &mut Vec<Stage>) {
+    let (list, stacks) = (t.list, t.stacks);
     let inferred = |out: &Vec<Stage>| {
         out.iter()
             .filter(|s| s.source == StageSource::Inferred)
@@ -314,7 +320,7 @@ fn infer(
                 }
                 j += 1;
             }
-            split(list, stacks, part_start, i, live, out);
+            split(t, part_start, i, live, out);
             if inferred(out) < MAX_INFERRED {
                 out.push(empty_stage(
                     "optimizer".into(),
@@ -329,7 +335,7 @@ fn infer(
         }
         i += 1;
     }
-    split(list, stacks, part_start, b, live, out);
+    split(t, part_start, b, live, out);
     let n = inferred(out);
     if n > MAX_INFERRED {
         // Drop the latest inferred stages beyond the cap.
@@ -345,19 +351,16 @@ fn infer(
     }
 }
 
-/// `a..b` without optimizer allocations as `forward` and `backward`.
-fn split(
-    list: &[TraceEntry],
-    stacks: &StackIndex,
-    a: u64,
-    b: u64,
-    live: &Live,
-    out: &mut Vec<Stage>,
-) {
+/// `a..b` without optimizer allocations: `forward` up to the first allocation made by autograd's
+/// backward, `backward` from it; without one, `forward` up to the part's live peak and, when
+/// memory then falls by at least an eighth of the rise, a stage after it named by what released
+/// that memory (the release classifier's reading of the frees' own stacks): `backward` only
+/// where autograd freed it inside backward.
+fn split(t: &Trace, a: u64, b: u64, live: &Live, out: &mut Vec<Stage>) {
     if a >= b {
         return;
     }
-    let range = &list[a as usize..b as usize];
+    let range = &t.list[a as usize..b as usize];
     if !range
         .iter()
         .any(|e| matches!(e.action, Action::Alloc | Action::FreeCompleted))
@@ -366,23 +369,82 @@ fn split(
     }
     let backward = range
         .iter()
-        .position(|e| e.action == Action::Alloc && stacks.role(e.stack()) == Role::Backward)
+        .position(|e| e.action == Action::Alloc && t.stacks.role(e.stack()) == Role::Backward)
         .map(|p| a + p as u64);
-    let cut = backward.or_else(|| {
-        let (peak, at) = live.max(a, b);
-        let start = live.before(a);
-        let end = live.before(b);
-        let rise = peak.saturating_sub(start);
-        let fall = peak.saturating_sub(end);
-        (rise > 0 && fall > 0 && fall.saturating_mul(8) >= rise).then_some(at + 1)
-    });
-    match cut {
-        Some(c) if c > a && c < b => {
-            out.push(empty_stage("forward".into(), StageSource::Inferred, a, c));
-            out.push(empty_stage("backward".into(), StageSource::Inferred, c, b));
+    let cut = match backward {
+        Some(c) => Some((c, "backward")),
+        None => {
+            let (peak, at) = live.max(a, b);
+            let start = live.before(a);
+            let end = live.before(b);
+            let rise = peak.saturating_sub(start);
+            let fall = peak.saturating_sub(end);
+            (rise > 0 && fall > 0 && fall.saturating_mul(8) >= rise)
+                .then(|| (at + 1, t.released_by(at + 1, b)))
         }
-        Some(c) if c <= a => out.push(empty_stage("backward".into(), StageSource::Inferred, a, b)),
+    };
+    match cut {
+        Some((c, name)) if c > a && c < b => {
+            out.push(empty_stage("forward".into(), StageSource::Inferred, a, c));
+            out.push(empty_stage(name.into(), StageSource::Inferred, c, b));
+        }
+        Some((c, name)) if c <= a => {
+            out.push(empty_stage(name.into(), StageSource::Inferred, a, b))
+        }
         _ => out.push(empty_stage("forward".into(), StageSource::Inferred, a, b)),
+    }
+}
+
+/// One device's trace with what stage inference reads beside it.
+struct Trace<'a> {
+    list: &'a [TraceEntry],
+    stacks: &'a StackIndex,
+    releases: &'a Releases,
+    /// The trace records `free_requested` (the release stacks are on those), else
+    /// `free_completed` carries them.
+    requests: bool,
+}
+
+impl Trace<'_> {
+    /// The name of a stage of frees `a..b`: what released most of their bytes.
+    fn released_by(&self, a: u64, b: u64) -> &'static str {
+        let want = if self.requests {
+            Action::FreeRequested
+        } else {
+            Action::FreeCompleted
+        };
+        let mut bytes = [0u64; Cause::ALL.len()];
+        for e in &self.list[a as usize..(b as usize).min(self.list.len())] {
+            if e.action == want {
+                let c = self.releases.cause(e.stack()) as usize;
+                bytes[c] = bytes[c].saturating_add(e.size);
+            }
+        }
+        let top = Cause::ALL
+            .iter()
+            .copied()
+            .max_by_key(|c| (bytes[*c as usize], std::cmp::Reverse(*c as usize)))
+            .filter(|c| bytes[*c as usize] > 0);
+        top.map_or(RELEASE, release_stage)
+    }
+}
+
+/// The inferred stage of frees that no more specific cause explains (Python lines, native code,
+/// frees recorded without a stack).
+pub const RELEASE: &str = "release";
+
+/// The inferred stage named by the cause of its frees.
+fn release_stage(c: Cause) -> &'static str {
+    match c {
+        Cause::GraphInBackward | Cause::Backward => "backward",
+        Cause::GraphDropped => "graph dropped",
+        Cause::AutocastCache => "autocast cache clear",
+        Cause::OptimizerStep => "optimizer",
+        Cause::ZeroGrad => "zero_grad",
+        Cause::Collector => "gc",
+        Cause::OomRetry | Cause::EmptyCache | Cause::UserLine | Cause::Native | Cause::NoStack => {
+            RELEASE
+        }
     }
 }
 

@@ -95,7 +95,7 @@ fn recorded_spans_hold_the_peak_and_gaps_are_inferred() {
     ];
     let stacks = StackIndex::new(&snap, &FrameFilter::default());
     let timeline = crate::torch::timeline::compute(&snap, &stacks);
-    let st = compute(&snap, &stacks, &timeline);
+    let st = compute(&snap, &stacks, &timeline, &Releases::compute(&snap));
     let names: Vec<(&str, StageSource, u64, u64, u32)> = st
         .stages
         .iter()
@@ -138,7 +138,7 @@ fn unmatched_ends_are_counted_and_open_starts_run_to_the_end() {
     snap.annotations = vec![ann("x", false, 1), ann("y", true, 6)];
     let stacks = StackIndex::new(&snap, &FrameFilter::default());
     let timeline = crate::torch::timeline::compute(&snap, &stacks);
-    let st = compute(&snap, &stacks, &timeline);
+    let st = compute(&snap, &stacks, &timeline, &Releases::compute(&snap));
     assert_eq!(st.unplaced, 1);
     let y = st.stages.iter().find(|s| s.name == "y").unwrap();
     assert_eq!((y.start, y.end, y.end_us), (1, 2, Some(6)));
