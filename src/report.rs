@@ -120,17 +120,25 @@ impl CaptureReport {
         if !t.annotations_recorded {
             return sentence;
         }
-        let device = t.totals.peak_active_bytes_trace_relative.map(|p| p.device);
-        let Some(s) = t
-            .stage_at_peak
-            .iter()
-            .find(|s| Some(s.device) == device)
-            .or(t.stage_at_peak.first())
-        else {
+        let Some(s) = self.stage_at_peak() else {
             return sentence;
         };
         let end = if sentence.ends_with('.') { "." } else { "" };
         format!("{}; {}{end}", sentence.trim_end_matches('.'), s.phrase())
+    }
+
+    /// The stage (recorded or inferred) holding the peak of the peak device (the first device
+    /// with a stage at its peak when the peak's device is not known); `None` for captures
+    /// without a trace or a JAX capture.
+    pub fn stage_at_peak(&self) -> Option<&crate::torch::stages::summary::StageAtPeak> {
+        let Engine::Torch(t) = &self.engine else {
+            return None;
+        };
+        let device = t.totals.peak_active_bytes_trace_relative.map(|p| p.device);
+        t.stage_at_peak
+            .iter()
+            .find(|s| Some(s.device) == device)
+            .or(t.stage_at_peak.first())
     }
 
     /// What the report is about, when a capture holds several things (the JAX module).

@@ -108,6 +108,38 @@ fn optimizer_state_sites_get_live_memory_hints_and_a_stack_hover() {
     lsp.shutdown();
 }
 
+/// The hover on a finding's line names the stage holding the capture's peak: kkaitlyn's
+/// full training step recorded `Optimizer.step#AdamW.step` around the step that creates the
+/// AdamW state (PT004 on optimizers.py:82), and the peak falls inside it.
+#[test]
+fn a_finding_hover_names_the_recorded_stage_at_the_peak() {
+    let Some(src) = lsp_support::shared(SNAPSHOT) else {
+        return;
+    };
+    let (_tmp, ws) = tempdir();
+    workspace(&ws);
+    copy(&src, &ws.join("runs/memory_ctx128_fullstep.pickle"));
+    let opt = ws.join("cs336_basics/optimizers.py");
+    let mut lsp = Lsp::start(&ws, json!({}));
+    lsp.open(&opt);
+    let d = lsp.diagnostics(&opt, Duration::from_secs(60), |d| {
+        d.iter().any(|x| x["code"] == "PT004")
+    });
+    assert!(d.is_some(), "no PT004: {:?}", lsp.messages());
+    let hover = lsp.request(
+        "textDocument/hover",
+        json!({"textDocument": {"uri": uri(&opt)}, "position": {"line": 81, "character": 8}}),
+    );
+    let md = hover["contents"]["value"].as_str().unwrap_or("");
+    assert!(md.contains("**PT004 "), "{md}");
+    assert!(
+        md.contains("- *read*: the capture's peak is in `Optimizer.step#AdamW.step` of step 1\n"),
+        "{md}"
+    );
+    assert!(lsp.errors().is_empty(), "{:?}", lsp.errors());
+    lsp.shutdown();
+}
+
 #[test]
 fn a_snapshot_dumped_slowly_is_quiet_until_complete_then_deleted_clears() {
     let Some(src) = lsp_support::shared(SNAPSHOT) else {

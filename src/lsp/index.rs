@@ -11,6 +11,7 @@ use std::time::SystemTime;
 use crate::findings::{Code, Finding, Location};
 use crate::report::{CaptureReport, Site};
 use crate::source::locate::Locator;
+use crate::torch::stages::summary::StageAtPeak;
 
 /// One capture's last good analysis (the engine's reports, not located: the workspace may
 /// change while they are cached).
@@ -36,6 +37,8 @@ pub struct LineFinding {
     pub capture: PathBuf,
     /// Other (older) captures that report the same finding on this line.
     pub also_in: Vec<String>,
+    /// The stage holding the capture's peak (recorded or inferred), when it has stages.
+    pub stage_at_peak: Option<StageAtPeak>,
 }
 
 impl LineFinding {
@@ -154,6 +157,7 @@ impl Index {
                         finding: f.clone(),
                         capture: cap.path.clone(),
                         also_in: Vec::new(),
+                        stage_at_peak: report.stage_at_peak().cloned(),
                     }));
                 }
                 for s in &report.sites {

@@ -18,6 +18,7 @@ use crate::lsp::index::{LineEntry, LineFinding, LineSite, capture_name};
 use crate::present::escape::{md_code, md_text};
 use crate::report::PercentOf;
 use crate::report::Site;
+use crate::torch::stages::summary::StageAtPeak;
 
 /// How LSP columns are counted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -336,6 +337,19 @@ fn stack_block(frames: &[Location], filter: &FrameFilter) -> String {
     out
 }
 
+/// The hover's line naming the stage that holds the capture's peak: its name and span are
+/// `read` from `external_annotations` or `inferred` from the trace.
+fn stage_line(s: &StageAtPeak) -> String {
+    let (label, name) = match s.source {
+        "recorded" => ("read", md_code(&s.name)),
+        _ => ("inferred", format!("the {}", md_text(&s.name))),
+    };
+    format!(
+        "- *{label}*: the capture's peak is in {name} of step {}\n",
+        s.step
+    )
+}
+
 /// Markdown hover for a line: each finding, then the sites, each with its stack and evidence.
 /// `path` relative to the workspace root that holds it, else as is.
 pub fn hover_markdown(entry: &LineEntry, filter: &FrameFilter) -> String {
@@ -368,7 +382,10 @@ pub fn hover_markdown(entry: &LineEntry, filter: &FrameFilter) -> String {
         for e in &f.evidence {
             md.push_str(&format!("- *{}*: {}\n", e.label.as_str(), md_text(&e.text)));
         }
-        if !f.evidence.is_empty() {
+        if let Some(s) = &lf.stage_at_peak {
+            md.push_str(&stage_line(s));
+        }
+        if !f.evidence.is_empty() || lf.stage_at_peak.is_some() {
             md.push('\n');
         }
         for fix in &f.fixes {
@@ -588,6 +605,25 @@ mod conversion_tests {
         assert!(
             md.contains("1.20 GiB** live in 12 blocks (38.2% of live memory"),
             "{md}"
+        );
+    }
+
+    #[test]
+    fn the_stage_at_the_peak_carries_its_label() {
+        let st = |name: &str, source: &'static str| StageAtPeak {
+            device: 0,
+            name: name.into(),
+            source,
+            step: 2,
+            peak_bytes: 1,
+        };
+        assert_eq!(
+            stage_line(&st("backward", "inferred")),
+            "- *inferred*: the capture's peak is in the backward of step 2\n"
+        );
+        assert_eq!(
+            stage_line(&st("Optimizer.step#AdamW.step", "recorded")),
+            "- *read*: the capture's peak is in `Optimizer.step#AdamW.step` of step 2\n"
         );
     }
 }
