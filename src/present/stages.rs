@@ -70,8 +70,8 @@ pub fn text(t: &Summary) -> String {
         if t.annotations_recorded {
             "names and spans read from external_annotations, gaps inferred from the trace"
         } else {
-            "no external_annotations recorded: inferred from the trace (forward growth, backward \
-             frees, optimizer-state allocations)"
+            "no external_annotations recorded: inferred from the trace (forward growth, the frees \
+             after it named by their release stacks, optimizer-state allocations)"
         }
     );
     let mut devices: Vec<i64> = t.stages.iter().map(|x| x.device).collect();

@@ -11,7 +11,9 @@ use crate::torch::stages::{Stage, StageSource, Stages};
 #[derive(Clone, Debug, Serialize)]
 pub struct StageSummary {
     pub device: i64,
-    /// The recorded `record_function` name, or `forward` / `backward` / `optimizer` inferred.
+    /// The recorded `record_function` name, or inferred: `forward`, `optimizer`, and the frees
+    /// after a peak named by their release stacks (`backward`, `graph dropped`, `autocast cache
+    /// clear`, `zero_grad`, `gc`, `release`; docs/STAGES.md).
     pub name: String,
     /// `recorded` (an `external_annotations` START/END pair) or `inferred` (from the trace).
     pub source: &'static str,
