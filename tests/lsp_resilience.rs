@@ -342,3 +342,58 @@ fn documents_closed_mid_analysis() {
     assert!(lsp.errors().is_empty(), "{:?}", lsp.errors());
     lsp.shutdown();
 }
+
+/// Issue 31, item 5: the cached reports stay within `scan.maxReportBytes`. With room for about
+/// one report, the capture analysed first is dropped (said once in a window message), the other
+/// still serves its hints, and the dropped one is analysed again when it changes.
+#[test]
+fn cached_reports_stay_within_their_memory_budget() {
+    let Some(src) = lsp_support::shared(SNAPSHOT) else {
+        return;
+    };
+    let (_tmp, ws) = tempdir();
+    let opt = user_files(&ws);
+    copy(&src, &ws.join("runs/a_snapshot.pickle"));
+    copy(&src, &ws.join("runs/b_snapshot.pickle"));
+    let mut lsp = Lsp::start(&ws, json!({"scan": {"maxReportBytes": 1}}));
+    lsp.open(&opt);
+    let dropped = |m: &Value| {
+        m["params"]["message"]
+            .as_str()
+            .is_some_and(|s| s.contains("1 cached report(s)") && s.contains("scan.maxReportBytes"))
+    };
+    let shown = lsp.wait_for(0, Duration::from_secs(30), |m| {
+        m["method"] == "window/showMessage" && dropped(m)
+    });
+    let Some(shown) = shown else {
+        panic!("no eviction message: {:?}", lsp.messages())
+    };
+    let first = shown["params"]["message"].as_str().unwrap().to_string();
+    let (gone, kept) = if first.contains("a_snapshot.pickle") {
+        ("a_snapshot.pickle", "b_snapshot.pickle")
+    } else {
+        ("b_snapshot.pickle", "a_snapshot.pickle")
+    };
+    assert!(first.contains(gone) && !first.contains(kept), "{first}");
+    // The kept report still serves.
+    let h = lsp.hints_until(&opt, 450, has_25);
+    assert!(has_25(&h), "{h:#?} {:?}", lsp.messages());
+    // The dropped capture changes: analysed again, and now the other one goes (in the log only).
+    let from = lsp.seen.len();
+    std::thread::sleep(Duration::from_millis(1100));
+    copy(&src, &ws.join("runs").join(gone));
+    let again = lsp.wait_for(from, Duration::from_secs(30), |m| {
+        m["method"] == "window/logMessage"
+            && dropped(m)
+            && m["params"]["message"]
+                .as_str()
+                .is_some_and(|s| s.contains(kept))
+    });
+    assert!(again.is_some(), "{:?}", lsp.messages());
+    let shown_twice = lsp.seen[from..]
+        .iter()
+        .any(|m| m["method"] == "window/showMessage" && dropped(m));
+    assert!(!shown_twice, "the window message is shown once");
+    still_serving(&mut lsp, &opt);
+    lsp.shutdown();
+}

@@ -238,3 +238,84 @@ fn millions_of_event_metadata_entries_are_refused_with_their_offset() {
         r.err()
     );
 }
+
+/// A snapshot with one small segment and `extra` (Python: a dict literal's items) beside it,
+/// pickled by CPython into `dir` (None, after `skip`, without python3).
+fn with_extras(name: &str, extra: &str, dir: &Path) -> Option<PathBuf> {
+    let out = dir.join(format!("{name}.pickle"));
+    let script = format!(
+        "import pickle, sys\n\
+         seg = {{'device': 0, 'address': 0, 'total_size': 1 << 20, 'allocated_size': 0, \
+         'active_size': 0, 'requested_size': 0, 'stream': 0, 'segment_type': 'large', \
+         'blocks': [{{'size': 1 << 20, 'requested_size': 0, 'address': 0, 'state': 'inactive', \
+         'frames': []}}]}}\n\
+         snap = {{'segments': [seg], 'device_traces': [[]], {extra}}}\n\
+         pickle.dump(snap, open(sys.argv[1], 'wb'), protocol=4)\n"
+    );
+    let made = std::process::Command::new("python3")
+        .args(["-c", &script])
+        .arg(&out)
+        .status();
+    match made {
+        Ok(s) if s.success() => Some(out),
+        other => {
+            common::skip(&format!("python3 could not write {name}: {other:?}"));
+            None
+        }
+    }
+}
+
+/// One `external_annotations` dict (a 200-character name) referenced 10^6 times through the
+/// memo: a 2.0 MB file whose model held 244 MiB of annotations (282 MB resident) — each entry
+/// owns its name. Counted and refused like segments.
+#[test]
+fn an_annotation_referenced_a_million_times_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let extra = "'external_annotations': [{'name': 'x' * 200, 'stage': 'START', 'device': 0, \
+                 'time_us': 1}] * 1000000";
+    let Some(p) = with_extras("annotations", extra, dir.path()) else {
+        return;
+    };
+    let e = refused_in_process(&p, 80 << 20);
+    assert!(e.contains("1000000 annotations"), "{e}");
+    assert!(e.contains("over the budget of 64.00 MiB"), "{e}");
+}
+
+/// `trace_alloc_max_entries` as a list of 10^6 values names 10^6 devices, each one of the
+/// analysis's devices (`torch::recording`): a 2.0 MB file that did not finish in a minute (a
+/// search per device). Counted as devices and refused at once.
+#[test]
+fn ring_buffer_keys_naming_a_million_devices_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(p) = with_extras(
+        "ring",
+        "'trace_alloc_max_entries': [5] * 1000000",
+        dir.path(),
+    ) else {
+        return;
+    };
+    let e = refused_in_process(&p, 80 << 20);
+    assert!(e.contains("1000000 devices"), "{e}");
+    let r = common::memlsp(&["report", "ring.pickle"], dir.path());
+    r.assert_one_line_error("ring.pickle");
+}
+
+/// One `host_segments` dict of 1,000 blocks referenced 10^6 times (and 10^6 host traces): only
+/// totals are kept, and the shared dict is read once (it walked 10^9 blocks, over a minute).
+#[test]
+fn host_segments_referenced_a_million_times_are_totalled_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let extra = "'host_segments': [{'total_size': 1 << 20, 'blocks': [{'size': 4096, \
+                 'state': 'active_allocated'}] * 1000}] * 1000000, 'host_traces': [[]] * 1000000";
+    let Some(_) = with_extras("host", extra, dir.path()) else {
+        return;
+    };
+    let r = common::memlsp(&["report", "host.pickle", "--format", "json"], dir.path());
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let host = &r.json()["captures"][0]["torch"]["host"];
+    assert_eq!(host["segments"], 1_000_000, "{host}");
+    assert_eq!(host["reserved_bytes"], 1_000_000u64 << 20, "{host}");
+    assert_eq!(host["allocated_bytes"], 4_096_000_000_000u64, "{host}");
+    assert_eq!(host["trace_entries"], 1_000_000, "{host}");
+    assert_eq!(host["label"], "read", "{host}");
+}

@@ -37,6 +37,8 @@ pub struct Settings {
     pub top_sites: usize,
     /// `scan.maxCaptures` / `scan.maxBytes`: what the start-up scan hands to the analyses.
     pub scan: crate::lsp::workspace::ScanBudget,
+    /// `scan.maxReportBytes`: estimated memory of the cached reports (`lsp::cache`).
+    pub max_report_bytes: u64,
     /// A "Show memory timeline" code lens on every finding's line.
     pub code_lens: bool,
     /// `baseline.file`: a baseline (`memlsp baseline`) to compare every capture with (BL001);
@@ -65,6 +67,7 @@ impl Default for Settings {
             max_model_bytes: opts.decode.max_model_bytes,
             top_sites: opts.analysis.top,
             scan: Default::default(),
+            max_report_bytes: crate::lsp::cache::DEFAULT_MAX_REPORT_BYTES,
             code_lens: true,
             baseline_file: None,
             baseline_max_growth: 5.0,
@@ -204,6 +207,11 @@ impl Settings {
                 None => {}
                 Some(Some(n)) if n > 0 => s.scan.max_bytes = n,
                 Some(_) => problems.push("scan.maxBytes must be a positive integer".into()),
+            }
+            match scan.get("maxReportBytes").map(Value::as_u64) {
+                None => {}
+                Some(Some(n)) if n > 0 => s.max_report_bytes = n,
+                Some(_) => problems.push("scan.maxReportBytes must be a positive integer".into()),
             }
         }
         if let Some(n) = obj.get("maxModelBytes") {

@@ -15,9 +15,12 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use tower_lsp_server::Client;
 use tower_lsp_server::ls_types as lsp;
 
+mod evict;
+
 use crate::analyze;
 use crate::baseline::{Baseline, CompareOptions};
 use crate::error::{CaptureError, ErrorKind};
+use crate::lsp::cache;
 use crate::lsp::config::Settings;
 use crate::lsp::index::{CaptureResult, FileEntry, Index, capture_name};
 use crate::lsp::progress::Bar;
@@ -116,6 +119,9 @@ enum Status {
     /// Failed on a freshly written file: looked at again after `SETTLE` before it is reported.
     Provisional(String),
     Failed,
+    /// Its report was dropped to stay under `scan.maxReportBytes`: analysed again when it
+    /// changes or is opened.
+    Evicted,
 }
 
 struct Entry {
@@ -129,6 +135,9 @@ struct Entry {
     result: Option<Arc<CaptureResult>>,
     /// Raised to stop the running analysis (its capture changed again or went away).
     cancel: Cancel,
+    /// Estimated bytes of `result` and when it was stored (`lsp::cache`).
+    bytes: u64,
+    used: u64,
 }
 
 pub struct Owner {
@@ -157,6 +166,9 @@ pub struct Owner {
     /// The `baseline` setting's file and what was read from it.
     baseline_path: Option<PathBuf>,
     baseline: Option<Arc<(Baseline, CompareOptions)>>,
+    /// Counter of stored results (the cache's recency) and whether the first eviction was shown.
+    stored: u64,
+    evicted_shown: bool,
 }
 
 /// The text a file's findings were placed against, and the captures (path, mtime) they came
@@ -194,6 +206,8 @@ impl Owner {
             moved: HashMap::new(),
             baseline_path: None,
             baseline: None,
+            stored: 0,
+            evicted_shown: false,
         }
     }
 
@@ -258,6 +272,7 @@ impl Owner {
                         docs.insert(path.clone(), doc);
                     }
                 }
+                self.reopen(&path);
                 self.republish_file(&path).await;
             }
             Event::Close(path) => {
@@ -600,6 +615,8 @@ impl Owner {
             status: Status::New,
             result: None,
             cancel: Cancel::default(),
+            bytes: 0,
+            used: 0,
         });
         if entry.running {
             // New content while the old is being read: stop reading the old one (the answer
@@ -737,6 +754,9 @@ impl Owner {
         match outcome {
             Outcome::Reports(reports) if stable => {
                 entry.status = Status::Good;
+                self.stored += 1;
+                entry.used = self.stored;
+                entry.bytes = reports.iter().map(cache::report_bytes).sum();
                 entry.result = Some(Arc::new(CaptureResult {
                     path: path.clone(),
                     mtime: key.mtime,
@@ -818,6 +838,7 @@ impl Owner {
             changed |= self.consider(&path);
         }
         if changed {
+            self.keep_cache_in_budget(&path).await;
             self.republish().await;
         }
     }
@@ -831,11 +852,15 @@ impl Owner {
         if !entry.running || entry.dirty || entry.key != Some(key) {
             return; // changed since: the next analysis publishes
         }
+        self.stored += 1;
+        entry.used = self.stored;
+        entry.bytes = cache::report_bytes(&report);
         entry.result = Some(Arc::new(CaptureResult {
             path: path.clone(),
             mtime: key.mtime,
             reports: vec![report],
         }));
+        self.keep_cache_in_budget(&path).await;
         self.republish().await;
     }
 

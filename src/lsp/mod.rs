@@ -30,9 +30,10 @@
 //!   `${workspaceFolder}` expanded), `userFrameExcludes`, `inlayHints.enable`,
 //!   `inlayHints.minPercent` (default 1), `inlayHints.minBytes` (default 1 MiB), `maxFileBytes`, `maxModelBytes`,
 //!   `scan.maxCaptures` (default 64), `scan.maxBytes` (default 8 GiB), `scan.maxEntries`
-//!   (default 1,000,000),
+//!   (default 1,000,000), `scan.maxReportBytes` (default 512 MiB of cached reports, `cache`),
 //!   `topSites`.
 
+mod cache;
 pub mod commands;
 pub mod config;
 pub mod handlers;

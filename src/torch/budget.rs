@@ -18,7 +18,7 @@ use crate::error::{CaptureError, ErrorKind};
 use crate::findings::fmt_bytes;
 use crate::options::DecodeOptions;
 use crate::pickle::{Tree, Val};
-use crate::torch::model::{Block, Segment, TraceEntry};
+use crate::torch::model::{Annotation, Block, RingBuffer, Segment, TraceEntry};
 
 /// What the analysis keeps per device (totals, sites, timeline and summary of a device with one
 /// small segment: about 2.2 KB measured at 400,000 devices, rounded up).
@@ -31,6 +31,12 @@ pub struct ModelCount {
     pub blocks: u64,
     pub trace_entries: u64,
     pub devices: u64,
+    /// `external_annotations` entries, and their names' bytes (each entry owns its name, so
+    /// one dict referenced 10^6 times through the memo is 10^6 names).
+    pub annotations: u64,
+    pub annotation_name_bytes: u64,
+    /// Devices named by `trace_alloc_overflowed` / `trace_alloc_max_entries`.
+    pub ring_buffers: u64,
 }
 
 impl ModelCount {
@@ -42,8 +48,57 @@ impl ModelCount {
             .trace_entries
             .saturating_mul(size_of::<TraceEntry>() as u64);
         let d = self.devices.saturating_mul(DEVICE_BYTES);
-        s.saturating_add(b).saturating_add(e).saturating_add(d)
+        let a = self
+            .annotations
+            .saturating_mul(size_of::<Annotation>() as u64)
+            .saturating_add(self.annotation_name_bytes);
+        let r = self
+            .ring_buffers
+            .saturating_mul(size_of::<RingBuffer>() as u64);
+        s.saturating_add(b)
+            .saturating_add(e)
+            .saturating_add(d)
+            .saturating_add(a)
+            .saturating_add(r)
     }
+
+    /// Count the keys beside segments and traces into `self`: `annotations`
+    /// (`external_annotations`), and `ring` (`trace_alloc_overflowed`, `trace_alloc_max_entries`:
+    /// each device they name is a device of the analysis, `torch::recording`). The pinned host
+    /// allocator's keys are reduced to totals while read and cost nothing here.
+    pub fn add_extras(&mut self, t: &Tree<'_>, annotations: Option<Val>, ring: [Option<Val>; 2]) {
+        if let Some(list) = annotations.filter(|v| t.is_seq(*v)) {
+            // A dict referenced many times is read once.
+            let mut seen: FxHashMap<Val, u64> = FxHashMap::default();
+            for &a in t.items(list) {
+                let name = *seen.entry(a).or_insert_with(|| annotation_name(t, a));
+                self.annotations += 1;
+                self.annotation_name_bytes = self.annotation_name_bytes.saturating_add(name);
+            }
+        }
+        for v in ring.into_iter().flatten() {
+            let named = if t.is_seq(v) {
+                t.items(v).len() as u64
+            } else if t.is_dict(v) {
+                t.pairs(v).count() as u64
+            } else {
+                0
+            };
+            self.ring_buffers = self.ring_buffers.max(named);
+        }
+        self.devices = self.devices.max(self.ring_buffers);
+    }
+}
+
+/// An annotation dict's name length (0 for anything else: the builder skips it).
+fn annotation_name(t: &Tree<'_>, a: Val) -> u64 {
+    if !t.is_dict(a) {
+        return 0;
+    }
+    t.pairs(a)
+        .find(|(k, _)| t.str(*k) == Some("name"))
+        .and_then(|(_, v)| t.str(v))
+        .map_or(0, |s| s.len() as u64)
 }
 
 /// Count what the model of the decoded tree will hold: `segments` (the list, or `None`),
@@ -124,12 +179,13 @@ pub fn check(
         None,
         format!(
             "the snapshot would hold about {} in memory ({} segments, {} blocks, {} trace entries, \
-             {} devices), over the budget of {} ({})",
+             {} devices, {} annotations), over the budget of {} ({})",
             fmt_bytes(need),
             c.segments,
             c.blocks,
             c.trace_entries,
             c.devices,
+            c.annotations,
             fmt_bytes(limit),
             opts.model_budget_rule(file_len),
         ),

@@ -597,7 +597,16 @@ fn build(
                 host_segments,
                 host_traces,
             ] = b.fields(root, TOP_KEYS);
-            within_budget(path, file_len, t, segments, traces, &streamed, opts)?;
+            let extras = (annotations, [overflowed, max_entries]);
+            within_budget(
+                path,
+                file_len,
+                t,
+                (segments, traces),
+                extras,
+                &streamed,
+                opts,
+            )?;
             match segments {
                 Some(s) => b.segments(s)?,
                 None => {
@@ -624,7 +633,15 @@ fn build(
         }
         Kind::List => {
             b.snap.format = Some(SnapshotFormat::SegmentList);
-            within_budget(path, file_len, t, Some(root), None, &streamed, opts)?;
+            within_budget(
+                path,
+                file_len,
+                t,
+                (Some(root), None),
+                NO_EXTRAS,
+                &streamed,
+                opts,
+            )?;
             b.segments(root)?;
         }
         Kind::Consumed => {
@@ -648,8 +665,8 @@ fn within_budget(
     path: &Path,
     file_len: usize,
     t: &Tree<'_>,
-    segments: Option<Val>,
-    traces: Option<Val>,
+    (segments, traces): (Option<Val>, Option<Val>),
+    (annotations, ring): Extras,
     streamed: &Streamed,
     opts: &DecodeOptions,
 ) -> Result<(), CaptureError> {
@@ -658,10 +675,15 @@ fn within_budget(
         .flatten()
         .map(|(e, _)| e.len() as u64)
         .collect();
-    let c = budget::count(t, segments, traces, &lens, opts.max_trace_events);
+    let mut c = budget::count(t, segments, traces, &lens, opts.max_trace_events);
+    c.add_extras(t, annotations, ring);
     crate::timings::count("model bytes (estimated)", c.bytes());
     budget::check(path, &c, file_len as u64, opts)
 }
+
+/// `external_annotations` and the two ring-buffer keys, counted by the budget.
+type Extras = (Option<Val>, [Option<Val>; 2]);
+const NO_EXTRAS: Extras = (None, [None, None]);
 
 const TOP_KEYS: &[&str; 8] = &[
     "segments",

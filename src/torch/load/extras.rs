@@ -5,7 +5,11 @@
 
 use super::{BLOCK_KEYS, Builder};
 use crate::pickle::Val;
-use crate::torch::model::{Annotation, AnnotationStage};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
+
+use crate::torch::model::{Annotation, AnnotationStage, RingBuffer};
 
 const ANNOTATION_KEYS: &[&str; 4] = &["name", "stage", "device", "time_us"];
 const HOST_SEGMENT_KEYS: &[&str; 4] = &["total_size", "size", "allocated_size", "blocks"];
@@ -74,53 +78,49 @@ impl Builder<'_, '_> {
     /// `trace_alloc_overflowed` / `trace_alloc_max_entries` (FORMAT.md §9).
     pub(super) fn ring_buffers(&mut self, overflowed: Option<Val>, max_entries: Option<Val>) {
         let t = self.t;
-        let mut out: Vec<crate::torch::model::RingBuffer> = Vec::new();
-        let slot = |out: &mut Vec<crate::torch::model::RingBuffer>, d: i64| -> usize {
-            match out.iter().position(|r| r.device == d) {
-                Some(i) => i,
-                None => {
-                    out.push(crate::torch::model::RingBuffer {
-                        device: d,
-                        ..Default::default()
-                    });
-                    out.len() - 1
-                }
-            }
-        };
+        // By device (a list of 10^6 devices was quadratic with a search per entry).
+        let mut out: BTreeMap<i64, RingBuffer> = BTreeMap::new();
         if let Some(v) = overflowed {
             for (d, x) in self.per_device(v) {
-                let i = slot(&mut out, d);
-                out[i].overflowed = t.bool(x).or_else(|| t.int128(x).map(|i| i != 0));
+                slot(&mut out, d).overflowed = t.bool(x).or_else(|| t.int128(x).map(|i| i != 0));
             }
         }
         if let Some(v) = max_entries {
             for (d, x) in self.per_device(v) {
-                let i = slot(&mut out, d);
-                out[i].max_entries = t.int128(x).and_then(|i| u64::try_from(i).ok());
+                slot(&mut out, d).max_entries = t.int128(x).and_then(|i| u64::try_from(i).ok());
             }
         }
-        out.sort_by_key(|r| r.device);
-        self.snap.ring_buffers = out;
+        self.snap.ring_buffers = out.into_values().collect();
     }
 
     /// `host_segments` / `host_traces` (torch 2.14): totals only, never mixed into the device's.
     pub(super) fn host(&mut self, segments: Option<Val>, traces: Option<Val>) {
         let t = self.t;
         let mut h = crate::torch::model::HostMemory::default();
+        // A dict referenced many times through the memo is read once (10^6 references to one
+        // segment of 1,000 blocks would otherwise walk 10^9 blocks).
+        let mut seen: FxHashMap<crate::pickle::Val, (u64, u64)> = FxHashMap::default();
         if let Some(list) = segments.filter(|v| t.is_seq(*v)) {
             for &seg in t.items(list) {
                 if !t.is_dict(seg) {
                     continue;
                 }
-                let [total, size, allocated, blocks] = self.fields(seg, HOST_SEGMENT_KEYS);
-                h.segments += 1;
-                let reserved = self.uint(total.or(size));
-                h.reserved_bytes = h.reserved_bytes.saturating_add(reserved);
-                let alloc = match (allocated, blocks) {
-                    (Some(a), _) => self.uint(Some(a)),
-                    (None, Some(b)) if t.is_seq(b) => self.active_block_bytes(b),
-                    _ => 0,
+                let (reserved, alloc) = match seen.get(&seg) {
+                    Some(&x) => x,
+                    None => {
+                        let [total, size, allocated, blocks] = self.fields(seg, HOST_SEGMENT_KEYS);
+                        let reserved = self.uint(total.or(size));
+                        let alloc = match (allocated, blocks) {
+                            (Some(a), _) => self.uint(Some(a)),
+                            (None, Some(b)) if t.is_seq(b) => self.active_block_bytes(b),
+                            _ => 0,
+                        };
+                        seen.insert(seg, (reserved, alloc));
+                        (reserved, alloc)
+                    }
                 };
+                h.segments += 1;
+                h.reserved_bytes = h.reserved_bytes.saturating_add(reserved);
                 h.allocated_bytes = h.allocated_bytes.saturating_add(alloc);
             }
         }
@@ -144,4 +144,11 @@ impl Builder<'_, '_> {
         }
         sum
     }
+}
+
+fn slot(out: &mut BTreeMap<i64, RingBuffer>, d: i64) -> &mut RingBuffer {
+    out.entry(d).or_insert_with(|| RingBuffer {
+        device: d,
+        ..Default::default()
+    })
 }
