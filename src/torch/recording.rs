@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-use crate::torch::model::Snapshot;
+use crate::torch::model::{RingBuffer, Snapshot};
 use crate::torch::timeline::Timeline;
 
 /// Whether one device's trace starts mid-run (`captures[].torch.trace_start[]`).
@@ -62,11 +62,16 @@ pub fn trace_start(snap: &Snapshot, timeline: &Timeline) -> Vec<TraceStart> {
     devices.extend(snap.ring_buffers.iter().map(|r| r.device));
     devices.sort_unstable();
     devices.dedup();
+    // The first ring buffer recorded for each device, found once (not a search per device).
+    let mut rings: rustc_hash::FxHashMap<i64, &RingBuffer> = Default::default();
+    for r in &snap.ring_buffers {
+        rings.entry(r.device).or_insert(r);
+    }
     devices
         .into_iter()
         .map(|d| {
             let older = timeline.device(d).map_or(0, |t| t.frees_of_older_blocks);
-            let rb = snap.ring_buffers.iter().find(|r| r.device == d);
+            let rb = rings.get(&d).copied();
             let overflowed = rb.and_then(|r| r.overflowed);
             TraceStart {
                 device: d,

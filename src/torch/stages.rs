@@ -11,7 +11,7 @@
 
 pub mod summary;
 
-use crate::torch::model::{Action, AnnotationStage, Snapshot, TraceEntry};
+use crate::torch::model::{Action, Annotation, AnnotationStage, Snapshot, TraceEntry};
 use crate::torch::release::{Cause, Releases};
 use crate::torch::stacks::{Role, SiteKey, StackIndex};
 use crate::torch::timeline::{DeviceTimeline, Timeline, live_at};
@@ -110,6 +110,11 @@ pub fn compute(
         recorded: !snap.annotations.is_empty(),
         ..Stages::default()
     };
+    // Each device's annotations, gathered once (a per-device filter is quadratic in devices).
+    let mut by_device: rustc_hash::FxHashMap<i64, Vec<&Annotation>> = Default::default();
+    for a in &snap.annotations {
+        by_device.entry(a.device).or_default().push(a);
+    }
     for t in &timeline.devices {
         let list = snap.trace(t.device);
         if list.is_empty() {
@@ -117,7 +122,8 @@ pub fn compute(
         }
         let live = Live::new(list, t.live_start);
         let first = out.stages.len();
-        let mut spans = recorded_spans(snap, t.device, list, &mut out.unplaced);
+        let notes = by_device.get(&t.device).map_or(&[][..], Vec::as_slice);
+        let mut spans = recorded_spans(notes, list, &mut out.unplaced);
         spans.sort_by_key(|s| (s.start, std::cmp::Reverse(s.end)));
         fold_repeats(&mut spans);
         nest(&mut spans);
@@ -184,12 +190,7 @@ fn empty_stage(name: String, source: StageSource, start: u64, end: u64) -> Stage
 
 /// The device's START/END pairs placed on its trace by time (an END closes the latest open START
 /// of its name; a START never closed runs to the end of the trace).
-fn recorded_spans(
-    snap: &Snapshot,
-    device: i64,
-    list: &[TraceEntry],
-    unplaced: &mut u64,
-) -> Vec<Stage> {
+fn recorded_spans(notes: &[&Annotation], list: &[TraceEntry], unplaced: &mut u64) -> Vec<Stage> {
     let n = list.len() as u64;
     let timed = list.iter().all(|e| e.time_us().is_some());
     let at = |t: i64, inclusive: bool| -> u64 {
@@ -198,26 +199,25 @@ fn recorded_spans(
             if inclusive { x <= t } else { x < t }
         }) as u64
     };
-    let mut open: Vec<(usize, i64)> = Vec::new();
-    let mut names: Vec<&str> = Vec::new();
+    // Open STARTs in file order (`None` once closed), and per name the positions of its open
+    // ones: an END closes its name's latest in O(1), whatever the number of names.
+    let mut open: Vec<Option<(&str, i64)>> = Vec::new();
+    let mut open_of: rustc_hash::FxHashMap<&str, Vec<usize>> = Default::default();
     let mut out = Vec::new();
-    for a in snap.annotations.iter().filter(|a| a.device == device) {
+    for a in notes {
         let (Some(t), true) = (a.time_us, timed) else {
             *unplaced += 1;
             continue;
         };
-        let id = match names.iter().position(|n| *n == a.name) {
-            Some(i) => i,
-            None => {
-                names.push(&a.name);
-                names.len() - 1
-            }
-        };
+        let name = a.name.as_str();
         match a.stage {
-            AnnotationStage::Start => open.push((id, t)),
-            AnnotationStage::End => match open.iter().rposition(|(i, _)| *i == id) {
+            AnnotationStage::Start => {
+                open_of.entry(name).or_default().push(open.len());
+                open.push(Some((name, t)));
+            }
+            AnnotationStage::End => match open_of.get_mut(name).and_then(Vec::pop) {
                 Some(k) => {
-                    let (_, t0) = open.remove(k);
+                    let (_, t0) = open[k].take().expect("an open START");
                     let mut s = empty_stage(
                         a.name.clone(),
                         StageSource::Recorded,
@@ -232,13 +232,8 @@ fn recorded_spans(
             },
         }
     }
-    for (id, t0) in open {
-        let mut s = empty_stage(
-            names[id].to_string(),
-            StageSource::Recorded,
-            at(t0, false),
-            n,
-        );
+    for (name, t0) in open.into_iter().flatten() {
+        let mut s = empty_stage(name.to_string(), StageSource::Recorded, at(t0, false), n);
         s.start_us = Some(t0);
         out.push(s);
     }
