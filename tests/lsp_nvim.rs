@@ -45,41 +45,14 @@ fn neovim_shows_the_finding_hint_hover_and_applies_the_fix() {
         &src.join("b_mlp_nodonate.xplane.pb"),
         &ws.join("jax/b_mlp_nodonate.xplane.pb"),
     );
-    let out = tmp.path().join("nvim.json");
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/lsp_support/nvim_e2e.lua");
-    let mut child = Command::new(&nvim)
-        .args([
-            "--headless",
-            "--clean",
-            "-u",
-            "NONE",
-            "-i",
-            "NONE",
-            "-n",
-            "-c",
-        ])
-        .arg(format!("luafile {}", script.display()))
-        .env("LSP_CMD", env!("CARGO_BIN_EXE_memlsp"))
-        .env("PY_FILE", &py)
-        .env("WS_ROOT", &ws)
-        .env("OUT_JSON", &out)
-        .env("WANT_CODE", "JX005")
-        .spawn()
-        .expect("start nvim");
-    let t0 = std::time::Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait nvim") {
-            break s;
-        }
-        if t0.elapsed() > Duration::from_secs(60) {
-            let _ = child.kill();
-            panic!("nvim did not finish within 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let seen: Value = serde_json::from_slice(&std::fs::read(&out).expect("nvim wrote no result"))
-        .expect("result JSON");
-    assert!(status.success(), "nvim failed: {seen:#}");
+    let seen = run_nvim(
+        &nvim,
+        "nvim_e2e.lua",
+        &tmp.path().join("nvim.json"),
+        &[("PY_FILE", &py), ("WS_ROOT", &ws)],
+        &[("WANT_CODE", "JX005")],
+        60,
+    );
 
     // Neovim offers UTF-8 first; the server takes it.
     assert_eq!(seen["offset_encoding"], "utf-8");
@@ -152,42 +125,14 @@ fn neovim_shows_the_capacity_diagnostic_on_the_failing_line() {
         .collect();
     std::fs::write(&py, text).unwrap();
     copy(&src, &ws.join("runs/memory_forward_bf16_128.pickle"));
-    let out = tmp.path().join("nvim.json");
-    let script =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/lsp_support/nvim_capacity.lua");
-    let mut child = Command::new(&nvim)
-        .args([
-            "--headless",
-            "--clean",
-            "-u",
-            "NONE",
-            "-i",
-            "NONE",
-            "-n",
-            "-c",
-        ])
-        .arg(format!("luafile {}", script.display()))
-        .env("LSP_CMD", env!("CARGO_BIN_EXE_memlsp"))
-        .env("PY_FILE", &py)
-        .env("WS_ROOT", &ws)
-        .env("OUT_JSON", &out)
-        .env("CAPACITY", "700MiB")
-        .spawn()
-        .expect("start nvim");
-    let t0 = std::time::Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait nvim") {
-            break s;
-        }
-        if t0.elapsed() > Duration::from_secs(90) {
-            let _ = child.kill();
-            panic!("nvim did not finish within 90 s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let seen: Value = serde_json::from_slice(&std::fs::read(&out).expect("nvim wrote no result"))
-        .expect("result JSON");
-    assert!(status.success(), "nvim failed: {seen:#}");
+    let seen = run_nvim(
+        &nvim,
+        "nvim_capacity.lua",
+        &tmp.path().join("nvim.json"),
+        &[("PY_FILE", &py), ("WS_ROOT", &ws)],
+        &[("CAPACITY", "700MiB")],
+        90,
+    );
     let d = &seen["diagnostics"][0];
     assert_eq!(d["lnum"], 32, "{seen:#}");
     assert_eq!(d["severity"], 1, "{seen:#}");
@@ -204,4 +149,55 @@ fn neovim_shows_the_capacity_diagnostic_on_the_failing_line() {
         "{}",
         seen["hover"]
     );
+}
+
+/// Run one of the Lua scripts in `tests/lsp_support/` in headless Neovim against the built server,
+/// within `secs` seconds, and return the JSON it wrote to `out` (checking that Neovim exited 0).
+fn run_nvim(
+    nvim: &std::path::Path,
+    script: &str,
+    out: &std::path::Path,
+    paths: &[(&str, &std::path::Path)],
+    vars: &[(&str, &str)],
+    secs: u64,
+) -> Value {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/lsp_support")
+        .join(script);
+    let mut cmd = Command::new(nvim);
+    cmd.args([
+        "--headless",
+        "--clean",
+        "-u",
+        "NONE",
+        "-i",
+        "NONE",
+        "-n",
+        "-c",
+    ])
+    .arg(format!("luafile {}", script.display()))
+    .env("LSP_CMD", env!("CARGO_BIN_EXE_memlsp"))
+    .env("OUT_JSON", out);
+    for (k, v) in paths {
+        cmd.env(k, v);
+    }
+    for (k, v) in vars {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("start nvim");
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait nvim") {
+            break s;
+        }
+        if t0.elapsed() > Duration::from_secs(secs) {
+            let _ = child.kill();
+            panic!("nvim did not finish within {secs} s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let seen: Value = serde_json::from_slice(&std::fs::read(out).expect("nvim wrote no result"))
+        .expect("result JSON");
+    assert!(status.success(), "nvim failed: {seen:#}");
+    seen
 }
