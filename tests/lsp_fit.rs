@@ -120,3 +120,82 @@ fn hover_on_a_finding_shows_needs_when_a_capacity_is_set() {
     );
     lsp.shutdown();
 }
+
+/// The page's embedded data, as its script reads it.
+fn page_data(html: &str) -> serde_json::Value {
+    let open = r#"<script id="memlsp-data" type="application/json">"#;
+    let start = html.find(open).expect("data script") + open.len();
+    let end = start + html[start..].find("</script>").expect("end of data");
+    serde_json::from_str(&html[start..end].replace("<\\/", "</")).expect("page data is JSON")
+}
+
+/// "Show memory timeline" with `memlsp.capacity` set: the server's page carries the fit as
+/// `memlsp report --on` draws it (the capacity line, `needs`, the first failing request), and a
+/// new capacity draws the page again instead of showing the kept one.
+#[test]
+fn the_timeline_page_draws_the_configured_capacity_and_the_first_failure() {
+    let Some(src) = lsp_support::shared(SNAPSHOT) else {
+        return;
+    };
+    let (_tmp, ws) = tempdir();
+    let swiglu = ws.join("cs336_basics/model/swiglu.py");
+    std::fs::create_dir_all(swiglu.parent().unwrap()).unwrap();
+    let text: String = (1..=80)
+        .map(|i| format!("        x_{i} = f(x)  # line {i}\n"))
+        .collect();
+    std::fs::write(&swiglu, text).unwrap();
+    let cap = ws.join("runs/memory_forward_bf16_128.pickle");
+    copy(&src, &cap);
+    let mut lsp = Lsp::start(&ws, json!({"capacity": "700MiB"}));
+    lsp.open(&swiglu);
+    lsp.diagnostics(&swiglu, Duration::from_secs(60), |d| {
+        d.iter().any(|x| x["code"] == "PT017")
+    })
+    .unwrap_or_else(|| panic!("no PT017: {:?}", lsp.messages()));
+    let timeline = |lsp: &mut Lsp| {
+        let page = lsp.request(
+            "workspace/executeCommand",
+            json!({"command": "memlsp.timeline", "arguments": [{"capture": cap.to_string_lossy()}]}),
+        );
+        let html = page["html"].as_str().unwrap_or_else(|| panic!("{page}"));
+        assert!(
+            html.contains("\"capacity \" + bytes(cap)"),
+            "the page draws the capacity line"
+        );
+        page_data(html)["captures"][0]["torch"].clone()
+    };
+    let torch = timeline(&mut lsp);
+    let fit = &torch["fit"][0];
+    // The same numbers as `memlsp fit … --on 700MiB` (tests/cli_fit.rs).
+    assert_eq!(fit["validated"], true, "{fit}");
+    assert_eq!(fit["needs_bytes"], 818u64 << 20, "{fit}");
+    assert_eq!(fit["on"]["capacity_bytes"], 700u64 << 20, "{fit}");
+    assert_eq!(fit["on"]["fits"], false, "{fit}");
+    let failure = &fit["on"]["first_failure"];
+    assert_eq!(failure["entry"], 1704, "{fit}");
+    assert_eq!(failure["site"]["line"], 33, "{fit}");
+    assert!(
+        failure["site"]["file"]
+            .as_str()
+            .is_some_and(|f| f.ends_with("swiglu.py")),
+        "{fit}"
+    );
+
+    // Another capacity (on which it fits): the kept page is not shown, the new one has it.
+    lsp.settings = json!({"capacity": "1GiB"});
+    lsp.notify(
+        "workspace/didChangeConfiguration",
+        json!({"settings": null}),
+    );
+    lsp.diagnostics(&swiglu, Duration::from_secs(60), |d| {
+        !d.iter().any(|x| x["code"] == "PT017")
+    })
+    .unwrap_or_else(|| panic!("PT017 stayed on 1 GiB: {:?}", lsp.messages()));
+    let torch = timeline(&mut lsp);
+    let on = &torch["fit"][0]["on"];
+    assert_eq!(on["capacity_bytes"], 1u64 << 30, "{on}");
+    assert_eq!(on["fits"], true, "{on}");
+    assert!(on["first_failure"].is_null(), "{on}");
+    assert!(lsp.errors().is_empty(), "{:?}", lsp.errors());
+    lsp.shutdown();
+}

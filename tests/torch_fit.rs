@@ -61,7 +61,8 @@ fn constructor_sun_fails_on_its_recorded_request_at_its_recorded_capacity() {
 
 /// On every validated real device trace without an OOM, `needs` lies between the peak of
 /// allocated bytes and the peak reserved of the recorded run, and more memory never hurt on the
-/// capacities checked above it (or the report says so, and `needs` sits above the failure).
+/// capacities checked above it (or the report says so, and `needs` sits above the failure);
+/// a replay at `needs` fits and one 2 MiB below does not.
 #[test]
 fn needs_lies_between_peak_allocated_and_peak_reserved_on_every_validated_trace() {
     let Some(dir) = common::shared("torch_snapshots/real") else {
@@ -118,6 +119,34 @@ fn needs_lies_between_peak_allocated_and_peak_reserved_on_every_validated_trace(
             assert!(n.capacities_checked > 0 || n.needs_bytes >= n.peak_reserved_bytes);
             if has_oom {
                 continue;
+            }
+            // The search skips replays it can answer from one that fit (docs/FITS.md): a replay
+            // of its own at `needs` fits, and one 2 MiB below fails.
+            let on = |c: u64| {
+                fit_device(
+                    &snap,
+                    d.device,
+                    &FitOptions {
+                        capacity: Some(c),
+                        settings_trials: false,
+                        samples: 0,
+                    },
+                )
+                .on
+                .expect("replayed on the capacity")
+                .fits
+            };
+            assert!(
+                on(n.needs_bytes),
+                "{name} device {}: fails on needs",
+                d.device
+            );
+            if n.needs_bytes > 0 {
+                assert!(
+                    !on(n.needs_bytes - (2 << 20)),
+                    "{name} device {}: fits 2 MiB below needs",
+                    d.device
+                );
             }
             checked += 1;
             assert!(

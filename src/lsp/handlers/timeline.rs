@@ -7,6 +7,7 @@
 //!
 //! Drawing a page analyses the capture again with the pictures (seconds for a 1 GB snapshot);
 //! the last few pages are kept ([`Pages`]) and shown again while nothing they depend on changed.
+//! With `memlsp.capacity` set the page also carries the fit on that capacity (docs/FITS.md).
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -178,6 +179,9 @@ pub fn page(
 ) -> Result<Value, String> {
     let mut opts = view.options.clone();
     opts.analysis.pictures = true;
+    // `memlsp.capacity` set: the page draws "will it fit" as `report --on` does (the capacity
+    // line, `needs`, the first failing request). The capacity is in the key's options.
+    opts.analysis.fit = opts.analysis.capacity.is_some();
     opts.decode.progress = progress;
     let mut reports = crate::analyze::analyze_path(capture, &opts).map_err(|e| e.to_string())?;
     let locator = match &view.resolver {
@@ -232,6 +236,10 @@ mod tests {
         // Other options.
         let mut other = view(Some(index.clone()));
         other.options.analysis.top = 3;
+        assert!(pages.get(&Key::of(&other, &cap).unwrap()).is_none());
+        // Another `memlsp.capacity` (the page draws its line and first failure).
+        let mut other = view(Some(index.clone()));
+        other.options.analysis.capacity = Some(24 << 30);
         assert!(pages.get(&Key::of(&other, &cap).unwrap()).is_none());
         let mut other = view(Some(index.clone()));
         other.options.locate.path_mappings = vec![("/home/u".into(), dir.path().into())];

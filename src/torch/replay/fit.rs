@@ -8,7 +8,8 @@
 //! bisection on a 2 MiB grid between the peak of allocated bytes (below it nothing fits) and the
 //! peak reserved without a limit (there the run is the unlimited one). Bisection assumes more
 //! memory never hurts; [`needs`] checks that on capacities above the answer and, where one
-//! fails, moves the answer above it. See docs/FITS.md.
+//! fails, moves the answer above it. A capacity between the peak reserved of a replay that fit
+//! and that replay's capacity is answered from it, without a replay. See docs/FITS.md.
 //!
 //! Plain data in, plain data out: no IO, no rendering.
 
@@ -232,11 +233,27 @@ fn up(x: u64) -> u64 {
 /// `samples` capacities between it and the unlimited run's peak reserved checked to fit too.
 pub(crate) fn needs(req: &Requests, samples: u32) -> Needs {
     let mut replays = 0u32;
-    let mut fits = |c: u64| {
-        replays += 1;
-        attempt(req, Some(c), &[]).fits
-    };
     let free = attempt(req, None, &[]);
+    // Replays that fit, as (their peak reserved, their capacity). Such a replay is the replay at
+    // every capacity between the two: each segment it was granted (reserved + size ≤ its peak)
+    // is granted there too, each it was refused is refused there too, so the same requests are
+    // served the same way and it fits; those capacities need no replay of their own. The
+    // unlimited run is one when it fits (its capacity: any).
+    let mut fitted: Vec<(u64, u64)> = Vec::new();
+    if free.fits {
+        fitted.push((free.peak_reserved, u64::MAX));
+    }
+    let mut fits = |c: u64| {
+        if fitted.iter().any(|&(peak, cap)| peak <= c && c <= cap) {
+            return true;
+        }
+        replays += 1;
+        let a = attempt(req, Some(c), &[]);
+        if a.fits {
+            fitted.push((a.peak_reserved, c));
+        }
+        a.fits
+    };
     let mut top = up(free.peak_reserved).max(FIT_GRANULARITY);
     // The unlimited run never asks for more than its peak; should the model disagree, grow.
     let mut guard = 0;
