@@ -216,7 +216,8 @@ fn the_page_carries_stage_bands() {
         (&2264.into(), &3904.into(), &"read".into())
     );
     assert!(bands.iter().any(|b| b[5] == true && b[2] == "backward"));
-    assert!(html.contains("Stage bands under the picture"));
+    // The page script draws them (the bands of each device, from its `stages`).
+    assert!(html.contains("(dev.stages || []).map(st =>"));
 }
 
 /// An SGD run with no optimizer step recorded: its `zero_grad` calls number the steps.
