@@ -106,8 +106,8 @@ pub(super) fn run(args: CompareArgs) -> i32 {
     crate::analyze::locate(&mut reports, &opts);
     let out = match args.format {
         ReportFormat::Text => {
-            let mut s = super::text::ranks_table(&cmp);
-            s.push_str(&super::text::check(&reports, 0));
+            let mut s = crate::present::text::ranks_table(&cmp);
+            s.push_str(&crate::present::text::check(&reports, 0));
             // Site names of the ranks' captures are in the table: shown, not obeyed.
             crate::present::escape::terminal(&s).into_owned()
         }

@@ -13,8 +13,8 @@ use std::fmt::Write;
 use crate::findings::{Finding, Kind, Label, SavingNote, fmt_bytes};
 use crate::report::{CaptureReport, Engine};
 
-pub(super) use check::{check, fix_notes};
-pub(super) use torch::ranks_table;
+pub(crate) use check::{check, fix_notes};
+pub(crate) use torch::ranks_table;
 
 /// `[measured]` etc.
 pub(crate) fn tag(l: Label) -> &'static str {
@@ -27,7 +27,7 @@ pub(crate) fn tag(l: Label) -> &'static str {
 }
 
 /// `report`: per capture, the headline sentence, the engine's sections, then the shared ones.
-pub(super) fn report(reports: &[CaptureReport], top: usize) -> String {
+pub(crate) fn report(reports: &[CaptureReport], top: usize) -> String {
     let mut out = String::new();
     // A comparison of ranks is printed with the first rank of its group, once.
     let (_, groups) = crate::report::rank_groups(reports);
