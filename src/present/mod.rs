@@ -7,10 +7,12 @@
 pub mod capacity;
 pub mod categories;
 pub mod compare;
+pub mod editor;
 pub mod escape;
 pub mod fit;
 pub mod github;
 pub mod hint;
+pub mod hover;
 pub mod html;
 pub mod json;
 pub mod jsonrpc;
