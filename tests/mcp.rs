@@ -453,7 +453,7 @@ fn check_baseline_compares_the_ranks_of_a_folder_as_check_does() {
     );
     assert_eq!(r["structuredContent"]["passed"], false, "{r}");
     let text = r["content"][0]["text"].as_str().unwrap();
-    assert_eq!(text.matches("PT012 (warning)").count(), pt012, "{text}");
+    assert_eq!(text.matches("warning[PT012]").count(), pt012, "{text}");
 }
 
 impl Mcp {

@@ -16,6 +16,7 @@ pub mod hover;
 pub mod html;
 pub mod json;
 pub mod jsonrpc;
+pub mod mcp_text;
 pub mod sarif;
 pub mod stages;
 pub mod text;

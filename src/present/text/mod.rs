@@ -13,7 +13,7 @@ use std::fmt::Write;
 use crate::findings::{Finding, Kind, Label, SavingNote, fmt_bytes};
 use crate::report::{CaptureReport, Engine};
 
-pub(crate) use check::{check, fix_notes};
+pub(crate) use check::{check, finding_line, fix_notes, place, whence};
 pub(crate) use torch::ranks_table;
 
 /// `[measured]` etc.
@@ -58,6 +58,18 @@ pub(crate) fn report(reports: &[CaptureReport], top: usize) -> String {
         std::borrow::Cow::Borrowed(_) => out,
         std::borrow::Cow::Owned(escaped) => escaped,
     }
+}
+
+/// `memlsp compare SUMMARY…` (ranks from their JSON summaries): the ranks table, then the
+/// findings it raised as `--check` lists them.
+pub(crate) fn rank_comparison(
+    cmp: &crate::torch::ranks::RankComparison,
+    reports: &[CaptureReport],
+) -> String {
+    let mut s = ranks_table(cmp);
+    s.push_str(&check(reports, 0));
+    // Site names of the ranks' captures are in the table: shown, not obeyed.
+    crate::present::escape::terminal(&s).into_owned()
 }
 
 /// Findings that diagnose (attribution hints are the top-sites rows already shown).
