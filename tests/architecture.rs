@@ -46,7 +46,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("present", &["present", "cli", "lsp", "mcp"]),
 ];
 
-/// Modules of one layer that must not import each other: the engines, the presenters.
+/// Modules of one layer that must not import each other: the engines, the presenters; and the
+/// renderings (`present`) know no front end.
 const SIBLINGS: &[(&str, &str)] = &[
     ("torch", "xla"),
     ("xla", "torch"),
@@ -56,6 +57,9 @@ const SIBLINGS: &[(&str, &str)] = &[
     ("mcp", "cli"),
     ("lsp", "mcp"),
     ("mcp", "lsp"),
+    ("present", "cli"),
+    ("present", "lsp"),
+    ("present", "mcp"),
 ];
 
 /// Crates only some presenters may use.
@@ -457,10 +461,15 @@ fn violations(rel: &Path, text: &str) -> Vec<String> {
                 && from_name != to_name
                 && layer(&target).is_some_and(|l| l.0 == from)
             {
-                out.push(format!(
-                    "{shown}:{line}: `{a}` imports `crate::{target}`: the {} must not depend on each other",
-                    if matches!(*a, "cli" | "lsp" | "mcp") { "presenters" } else { "engines" }
-                ));
+                out.push(match *a {
+                    "present" => format!(
+                        "{shown}:{line}: `present` imports `crate::{target}`: a rendering knows no front end; pass it what it shows"
+                    ),
+                    _ => format!(
+                        "{shown}:{line}: `{a}` imports `crate::{target}`: the {} must not depend on each other",
+                        if matches!(*a, "cli" | "lsp" | "mcp") { "presenters" } else { "engines" }
+                    ),
+                });
             }
         }
     }
@@ -754,6 +763,11 @@ fn the_checker_catches_each_kind_of_violation() {
     );
     assert_eq!(v.len(), 1, "{v:?}");
     assert!(violations(Path::new("present/mcp_text.rs"), plant).is_empty());
+    let v = violations(
+        Path::new("present/hover.rs"),
+        "use crate::lsp::index::LineEntry;\n",
+    );
+    assert!(v.iter().any(|m| m.contains("knows no front end")), "{v:?}");
     // Other text a front end writes, a field named in a string, a finding read outside a
     // formatting call: none of them is rendering a finding.
     let v = violations(
