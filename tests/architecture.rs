@@ -1,8 +1,9 @@
 //! The architecture, as a test (rust-analyzer's `tidy.rs` style): reads `src/` and fails on an
 //! import that goes up a layer, on LSP, MCP, clap or tokio outside their presenters, on a finding
-//! code written as a string outside `src/findings.rs`, and on an import circle between files. The
-//! layers and the allowed directions are the table below and the one in `docs/ARCHITECTURE.md`;
-//! keep both in step.
+//! code written as a string outside `src/findings.rs`, on a front end (`src/cli`, `src/lsp`,
+//! `src/mcp`) that words a finding itself instead of calling `src/present`, and on an import
+//! circle between files. The layers and the allowed directions are the table below and the one
+//! in `docs/ARCHITECTURE.md`; keep both in step.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -45,7 +46,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("present", &["present", "cli", "lsp", "mcp"]),
 ];
 
-/// Modules of one layer that must not import each other: the engines, the presenters.
+/// Modules of one layer that must not import each other: the engines, the presenters; and the
+/// renderings (`present`) know no front end.
 const SIBLINGS: &[(&str, &str)] = &[
     ("torch", "xla"),
     ("xla", "torch"),
@@ -55,6 +57,9 @@ const SIBLINGS: &[(&str, &str)] = &[
     ("mcp", "cli"),
     ("lsp", "mcp"),
     ("mcp", "lsp"),
+    ("present", "cli"),
+    ("present", "lsp"),
+    ("present", "mcp"),
 ];
 
 /// Crates only some presenters may use.
@@ -65,6 +70,94 @@ const CONFINED: &[(&str, &[&str])] = &[
     ("rmcp", &["mcp"]),
     ("clap", &["cli"]),
 ];
+
+/// The front ends: they choose a format and write what `src/present` rendered.
+const FRONT_ENDS: &[&str] = &["cli", "lsp", "mcp"];
+
+/// Calls that build text: a front end's arguments to them may not read what a finding says.
+const FORMATTERS: &[&str] = &[
+    "format!",
+    "format_args!",
+    "write!",
+    "writeln!",
+    "print!",
+    "println!",
+    "eprint!",
+    "eprintln!",
+    ".push_str",
+];
+
+/// What a finding (its evidence, fixes) or a site says, and a report's headline: the fields of
+/// `Finding`, `Evidence`, `Fix` and `Site` that a rendering shows. `bytes` is left out: budgets
+/// and sizes of files have one too.
+const FINDING_WORDS: &[&str] = &[
+    "message",
+    "severity",
+    "code",
+    "evidence",
+    "fixes",
+    "title",
+    "text",
+    "scope",
+    "stack",
+    "location",
+    "percent",
+    "percent_of",
+    "bytes_label",
+    "label",
+    "blocks",
+    "role",
+    "reference_line",
+    "carried_by",
+    "headline",
+];
+
+/// Each `(line, field)` where `code` (comments and literals removed) reads one of
+/// [`FINDING_WORDS`] as `.field` inside the parenthesised arguments of one of [`FORMATTERS`].
+fn formats_a_finding(code: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    let word = |c: char| c.is_alphanumeric() || c == '_';
+    for f in FORMATTERS {
+        for (at, _) in code.match_indices(f) {
+            // A whole name: `format!`, not `eformat!`.
+            if !f.starts_with('.') && code[..at].chars().next_back().is_some_and(word) {
+                continue;
+            }
+            let rest = &code[at + f.len()..];
+            let gap = rest.len() - rest.trim_start().len();
+            if !rest[gap..].starts_with('(') {
+                continue;
+            }
+            let from = at + f.len() + gap + 1;
+            let mut depth = 1;
+            let mut to = code.len();
+            for (i, c) in code[from..].char_indices() {
+                match c {
+                    '(' => depth += 1,
+                    ')' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            to = from + i;
+                            break;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            let args = &code[from..to];
+            for (i, _) in args.match_indices('.') {
+                let name: String = args[i + 1..].chars().take_while(|c| word(*c)).collect();
+                if FINDING_WORDS.contains(&name.as_str()) {
+                    let line = code[..from + i].matches('\n').count() + 1;
+                    out.push((line, name));
+                }
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
 
 /// The layer of a module path (`xla::plan`), by longest listed prefix.
 fn layer(module: &str) -> Option<(usize, &'static str)> {
@@ -368,10 +461,15 @@ fn violations(rel: &Path, text: &str) -> Vec<String> {
                 && from_name != to_name
                 && layer(&target).is_some_and(|l| l.0 == from)
             {
-                out.push(format!(
-                    "{shown}:{line}: `{a}` imports `crate::{target}`: the {} must not depend on each other",
-                    if matches!(*a, "cli" | "lsp" | "mcp") { "presenters" } else { "engines" }
-                ));
+                out.push(match *a {
+                    "present" => format!(
+                        "{shown}:{line}: `present` imports `crate::{target}`: a rendering knows no front end; pass it what it shows"
+                    ),
+                    _ => format!(
+                        "{shown}:{line}: `{a}` imports `crate::{target}`: the {} must not depend on each other",
+                        if matches!(*a, "cli" | "lsp" | "mcp") { "presenters" } else { "engines" }
+                    ),
+                });
             }
         }
     }
@@ -402,6 +500,13 @@ fn violations(rel: &Path, text: &str) -> Vec<String> {
                     ));
                 }
             }
+        }
+    }
+    if FRONT_ENDS.contains(&top) {
+        for (line, field) in formats_a_finding(code) {
+            out.push(format!(
+                "{shown}:{line}: a front end formats a finding itself (`.{field}` in a formatting call): render it in `src/present` (one file per format) and write what that returns"
+            ));
         }
     }
     if rel != Path::new("findings.rs") {
@@ -638,6 +743,38 @@ fn the_checker_catches_each_kind_of_violation() {
         v.iter().any(|m| m.contains("presenters")),
         "a test module in its own file hides nothing after it: {v:?}"
     );
+    // A front end that words a finding itself; the same words in `src/present` are its job.
+    let plant = "fn f(f: &Finding) -> String {\n    format!(\n        \"{}: {}\",\n        f.code,\n        md(&f.message)\n    )\n}\n";
+    let v = violations(Path::new("mcp/tools.rs"), plant);
+    assert_eq!(v.len(), 2, "{v:?}");
+    assert!(
+        v[0].starts_with("src/mcp/tools.rs:4: a front end formats a finding itself (`.code`"),
+        "{v:?}"
+    );
+    assert!(v[1].starts_with("src/mcp/tools.rs:5:"), "{v:?}");
+    let v = violations(
+        Path::new("lsp/to_proto.rs"),
+        "fn f(md: &mut String, s: &Site) { md.push_str(&pct(s.percent_of)); }\n",
+    );
+    assert_eq!(v.len(), 1, "{v:?}");
+    let v = violations(
+        Path::new("cli/report.rs"),
+        "fn f(r: &CaptureReport) { println!(\"{}\", r.headline()); }\n",
+    );
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(violations(Path::new("present/mcp_text.rs"), plant).is_empty());
+    let v = violations(
+        Path::new("present/hover.rs"),
+        "use crate::lsp::index::LineEntry;\n",
+    );
+    assert!(v.iter().any(|m| m.contains("knows no front end")), "{v:?}");
+    // Other text a front end writes, a field named in a string, a finding read outside a
+    // formatting call: none of them is rendering a finding.
+    let v = violations(
+        Path::new("cli/check.rs"),
+        "fn f(e: &E, b: &Budget, f: &Finding) {\n    eprintln!(\"memlsp: {e} .message\");\n    let s = format!(\"{}\", fmt_bytes(b.bytes));\n    let x = f.code == Code::BL001;\n    let t = present::text::check(&r, f.severity);\n}\n",
+    );
+    assert!(v.is_empty(), "{v:?}");
     let v = violations(Path::new("torch/patterns.rs"), "let c = \"PT002\";\n");
     assert!(v.iter().any(|m| m.contains("finding code")), "{v:?}");
     // Comments, strings and the test module do not count.

@@ -219,6 +219,25 @@ fn an_agent_analyses_a_capture_asks_about_a_line_and_reads_a_finding_page() {
     // The same document as the CLI's.
     let cli = common::memlsp(&["report", common::arg(&capture), "--format", "json"], ws);
     assert_eq!(cli.json(), *doc);
+    // The same words as the CLI's: each finding of the summary is the line `--check` prints.
+    let check = common::memlsp(&["--check", common::arg(&capture)], ws);
+    let said: Vec<&str> = summary
+        .lines()
+        .skip(1)
+        .map(str::trim_start)
+        .filter(|l| !l.starts_with('…'))
+        .collect();
+    assert!(
+        said[0].starts_with("b_mlp_nodonate.py:57: warning[JX005] "),
+        "{summary}"
+    );
+    for l in &said {
+        assert!(
+            check.stdout.lines().any(|c| c == *l),
+            "{l}\nnot in\n{}",
+            check.stdout
+        );
+    }
 
     // explain_line: the workspace holds the program and its capture.
     let r = mcp.call(
@@ -453,7 +472,7 @@ fn check_baseline_compares_the_ranks_of_a_folder_as_check_does() {
     );
     assert_eq!(r["structuredContent"]["passed"], false, "{r}");
     let text = r["content"][0]["text"].as_str().unwrap();
-    assert_eq!(text.matches("PT012 (warning)").count(), pt012, "{text}");
+    assert_eq!(text.matches("warning[PT012]").count(), pt012, "{text}");
 }
 
 impl Mcp {

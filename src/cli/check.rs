@@ -12,8 +12,9 @@ use crate::error::CaptureError;
 use crate::findings::Severity;
 use crate::report::CaptureReport;
 
-use super::{CheckFormat, CommonArgs, emit, emit_with, github, sarif, text};
+use super::{CheckFormat, CommonArgs, emit, emit_with};
 use crate::present::json;
+use crate::present::{github, sarif, text};
 
 pub(super) struct CheckArgs {
     pub paths: Vec<PathBuf>,

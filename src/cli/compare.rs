@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::report::{CaptureReport, Engine};
 use crate::torch::ranks::{RankComparison, RankRow, RankSummary, rank_in_name};
@@ -105,24 +105,8 @@ pub(super) fn run(args: CompareArgs) -> i32 {
         .collect();
     crate::analyze::locate(&mut reports, &opts);
     let out = match args.format {
-        ReportFormat::Text => {
-            let mut s = super::text::ranks_table(&cmp);
-            s.push_str(&super::text::check(&reports, 0));
-            // Site names of the ranks' captures are in the table: shown, not obeyed.
-            crate::present::escape::terminal(&s).into_owned()
-        }
-        ReportFormat::Json => {
-            let findings: Vec<Value> = reports
-                .iter()
-                .flat_map(|r| r.findings.iter())
-                .map(|f| serde_json::to_value(f).unwrap_or(Value::Null))
-                .collect();
-            js::render(&json!({
-                "memlsp": super::VERSION,
-                "rank_comparison": &*cmp,
-                "findings": findings,
-            }))
-        }
+        ReportFormat::Text => crate::present::text::rank_comparison(&cmp, &reports),
+        ReportFormat::Json => js::render(&js::rank_comparison(&cmp, &reports)),
         ReportFormat::Html => {
             eprintln!("memlsp: compare writes text or json");
             return 2;

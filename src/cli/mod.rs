@@ -9,13 +9,10 @@ mod check;
 mod compare;
 mod compare_labels;
 mod fit;
-mod github;
 #[cfg(test)]
 mod presenter_tests;
 mod progress;
 mod report;
-mod sarif;
-mod text;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -325,7 +322,7 @@ fn absolute(path: &std::path::Path) -> PathBuf {
 
 /// The text report of located reports, as `memlsp report` prints it.
 pub fn render_text(reports: &[crate::report::CaptureReport], top: usize) -> String {
-    text::report(reports, top)
+    crate::present::text::report(reports, top)
 }
 
 /// The HTML page of reports analysed with pictures, as `memlsp report --format html` writes it.

@@ -10,8 +10,9 @@ use crate::options::LocateOptions;
 use crate::report::{CaptureReport, Engine, PercentOf, Site, SiteFrame, SiteRole};
 use crate::source::locate::Locator;
 
-use super::{check::exit_code, github, sarif, text};
+use super::check::exit_code;
 use crate::present::json;
+use crate::present::{github, sarif, text};
 
 const TRAIN: &str =
     "import torch\n\ntotal = 0\nfor x in data:\n    loss = model(x).sum()\n    total += loss\n";

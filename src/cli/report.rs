@@ -4,8 +4,9 @@ use crate::analyze::{Partial, run_diff, run_partial};
 
 use std::io::Write;
 
-use super::{ReportArgs, ReportFormat, emit_with, text};
+use super::{ReportArgs, ReportFormat, emit_with};
 use crate::present::json;
+use crate::present::text;
 
 pub(super) fn run_report(args: ReportArgs) -> i32 {
     // `MEMLSP_TIMINGS=1`: phase timings and peak RSS on stderr at the end (for the benchmarks).

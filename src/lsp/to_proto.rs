@@ -11,14 +11,10 @@ use serde_json::json;
 use tower_lsp_server::ls_types as lsp;
 use tower_lsp_server::ls_types::Uri;
 
-use crate::findings::Location;
-use crate::findings::{self, SavingNote, Severity, fmt_bytes};
-use crate::frames::{FrameFilter, FrameKind};
+use crate::findings::{self, Severity};
+use crate::frames::FrameFilter;
 use crate::lsp::index::{LineEntry, LineFinding, LineSite, capture_name};
-use crate::present::escape::{md_code, md_text};
-use crate::report::PercentOf;
-use crate::report::Site;
-use crate::torch::stages::summary::StageAtPeak;
+use crate::present::{editor, hover};
 
 /// How LSP columns are counted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -115,10 +111,6 @@ fn line_range(line0: u32, text: Option<&str>, enc: Encoding) -> lsp::Range {
     )
 }
 
-fn frame_label(loc: &findings::Location) -> String {
-    format!("{}:{} {}", loc.file, loc.line, loc.function)
-}
-
 /// The diagnostic for a finding now on line `line` (1-based; where the culprit line's text is
 /// after the user's edits), whose current text is `line_text`.
 pub fn diagnostic(
@@ -130,30 +122,13 @@ pub fn diagnostic(
     let f = &lf.finding;
     let line0 = line.saturating_sub(1);
     let name = lf.capture_name();
-    let mut whence = format!("capture {name}");
-    if let Some(scope) = &f.scope {
-        whence.push_str(&format!(", {scope}"));
-    }
-    if !lf.also_in.is_empty() {
-        whence.push_str(&format!("; also in {}", lf.also_in.join(", ")));
-    }
-    let message = format!("{} ({whence})", f.message);
+    let message = editor::diagnostic_message(f, &name, &lf.also_in);
 
     let mut related = Vec::new();
     if let Some(cap) = uri(&lf.capture) {
-        let mut what = format!("evidence: {name}");
-        if let Some(b) = f.bytes {
-            what.push_str(&format!(", {}", fmt_bytes(b)));
-            if let Some(p) = f.percent {
-                what.push_str(&format!(" ({p:.0}%)"));
-            }
-            if let Some(l) = f.bytes_label {
-                what.push_str(&format!(" {}", l.as_str()));
-            }
-        }
         related.push(lsp::DiagnosticRelatedInformation {
             location: lsp::Location::new(cap, lsp::Range::default()),
-            message: what,
+            message: editor::evidence_note(f, &name),
         });
     }
     // The next frames of the allocation stack that resolve, outermost callers last.
@@ -174,10 +149,7 @@ pub fn diagnostic(
                 u,
                 lsp::Range::new(lsp::Position::new(l0, 0), lsp::Position::new(l0, 0)),
             ),
-            message: format!(
-                "called from `{}` (recorded as {}:{})",
-                fr.function, fr.file, fr.line
-            ),
+            message: editor::called_from(fr),
         });
     }
 
@@ -193,7 +165,7 @@ pub fn diagnostic(
                 "saving_range": x.saving_range.map(|(lo, hi)| [lo, hi]),
                 // What replaying the recorded requests with the fix gave (absent until the
                 // simulations ran: the first publish shows what the capture records).
-                "simulated": x.simulated.as_ref().map(|s| format!("{} — {}", s.change, s.outcome())),
+                "simulated": x.simulated.as_ref().map(editor::simulated_outcome),
             })
         })
         .collect();
@@ -219,34 +191,13 @@ pub fn diagnostic(
     }
 }
 
-/// `38% live memory` (PyTorch) or `41% of heap peak` (JAX).
-pub fn hint_label(site: &Site) -> String {
-    let p = site.percent;
-    match site.percent_of {
-        PercentOf::LiveMemory => format!("{p:.0}% live memory"),
-        other => format!("{p:.0}% of {}", other.as_str()),
-    }
-}
-
 /// The inlay hint at the end of `line_text` (line `line0`, 0-based).
 pub fn inlay_hint(ls: &LineSite, line0: u32, line_text: &str, enc: Encoding) -> lsp::InlayHint {
     let s = &ls.site;
-    let mut tip = format!(
-        "{} in {} block{} ({:.1}% of {}) {}, capture {}",
-        fmt_bytes(s.bytes),
-        s.blocks,
-        if s.blocks == 1 { "" } else { "s" },
-        s.percent,
-        s.percent_of.as_str(),
-        s.label.as_str(),
-        capture_name(&ls.capture)
-    );
-    if let Some(scope) = &s.scope {
-        tip.push_str(&format!(", {scope}"));
-    }
+    let tip = editor::site_tooltip(s, &capture_name(&ls.capture));
     lsp::InlayHint {
         position: lsp::Position::new(line0, column(line_text, line_text.len() as u32, enc)),
-        label: lsp::InlayHintLabel::String(hint_label(s)),
+        label: lsp::InlayHintLabel::String(editor::site_hint(s)),
         kind: None,
         text_edits: None,
         tooltip: Some(lsp::InlayHintTooltip::String(tip)),
@@ -265,18 +216,7 @@ pub fn finding_hint(
 ) -> Option<lsp::InlayHint> {
     let f = &lf.finding;
     let label = crate::present::hint::finding_hint(f)?;
-    let mut tip = format!(
-        "{} {}{}, capture {}",
-        f.code,
-        f.code.pattern(),
-        f.bytes_label
-            .map(|l| format!(" ({} bytes)", l.as_str()))
-            .unwrap_or_default(),
-        lf.capture_name()
-    );
-    if let Some(scope) = &f.scope {
-        tip.push_str(&format!(", {scope}"));
-    }
+    let tip = editor::finding_tooltip(f, &lf.capture_name());
     Some(lsp::InlayHint {
         position: lsp::Position::new(line0, column(line_text, line_text.len() as u32, enc)),
         label: lsp::InlayHintLabel::String(label),
@@ -289,166 +229,27 @@ pub fn finding_hint(
     })
 }
 
-/// The allocation stack as hover Markdown: one line per user frame, each a link to the file
-/// and line (`file:///…#L8`, which VS Code and Neovim's `gx` open); framework and native frames
-/// folded into a count.
-fn stack_block(frames: &[Location], filter: &FrameFilter) -> String {
-    let mut out = String::new();
-    let mut folded = 0usize;
-    let mut folded_native = 0usize;
-    for fr in frames {
-        match filter.classify(&fr.file) {
-            FrameKind::User => {
-                let link = fr.local().and_then(uri).map(|u| {
-                    format!(
-                        "[{}:{}]({}#L{})",
-                        md_text(fr.shown()),
-                        fr.line,
-                        // A `(` or `)` of the path would end the link's destination.
-                        u.as_str().replace('(', "%28").replace(')', "%29"),
-                        fr.line
-                    )
-                });
-                match link {
-                    Some(l) => out.push_str(&format!("- {l} {}\n", md_code(&fr.function))),
-                    None => out.push_str(&format!(
-                        "- {} (not in the workspace)\n",
-                        md_code(&frame_label(fr))
-                    )),
-                }
-            }
-            FrameKind::Generated => {
-                // The kernel a compiler wrote for the user's line below it.
-                out.push_str(&format!(
-                    "- {} (generated code)\n",
-                    md_code(&frame_label(fr))
-                ));
-            }
-            FrameKind::Framework => folded += 1,
-            FrameKind::Native => folded_native += 1,
-        }
-    }
-    if folded > 0 {
-        out.push_str(&format!("- … {folded} framework frames folded\n"));
-    }
-    if folded_native > 0 {
-        out.push_str(&format!("- … {folded_native} native frames folded\n"));
-    }
-    out
-}
-
-/// The hover's line naming the stage that holds the capture's peak: its name and span are
-/// `read` from `external_annotations` or `inferred` from the trace.
-fn stage_line(s: &StageAtPeak) -> String {
-    let (label, name) = match s.source {
-        "recorded" => ("read", md_code(&s.name)),
-        _ => ("inferred", format!("the {}", md_text(&s.name))),
-    };
-    format!(
-        "- *{label}*: the capture's peak is in {name} of step {}\n",
-        s.step
-    )
-}
-
-/// Markdown hover for a line: each finding, then the sites, each with its stack and evidence.
-/// `path` relative to the workspace root that holds it, else as is.
+/// Markdown hover for a line (`present::hover`), its stack frames linked by file URI.
 pub fn hover_markdown(entry: &LineEntry, filter: &FrameFilter) -> String {
-    let mut md = String::new();
-    for lf in &entry.findings {
-        let f = &lf.finding;
-        md.push_str(&format!(
-            "**{} {}** ({}), capture {}",
-            f.code,
-            f.code.pattern(),
-            f.severity.as_str(),
-            md_code(&lf.capture_name())
-        ));
-        if let Some(scope) = &f.scope {
-            md.push_str(&format!(", {}", md_text(&scope.to_string())));
-        }
-        md.push_str("\n\n");
-        md.push_str(&md_text(&f.message));
-        md.push_str("\n\n");
-        if let Some(b) = f.bytes {
-            md.push_str(&format!("**{}**", fmt_bytes(b)));
-            if let Some(p) = f.percent {
-                md.push_str(&format!(" ({p:.1}%)"));
-            }
-            if let Some(l) = f.bytes_label {
-                md.push_str(&format!(" *{}*", l.as_str()));
-            }
-            md.push_str("\n\n");
-        }
-        for e in &f.evidence {
-            md.push_str(&format!("- *{}*: {}\n", e.label.as_str(), md_text(&e.text)));
-        }
-        if let Some(s) = &lf.stage_at_peak {
-            md.push_str(&stage_line(s));
-        }
-        if !f.evidence.is_empty() || lf.stage_at_peak.is_some() {
-            md.push('\n');
-        }
-        for fix in &f.fixes {
-            md.push_str(&format!("- fix: {}", md_text(&fix.title)));
-            match fix.saving_note() {
-                Some(SavingNote::InTitle) => md.push_str(" (*inferred*)"),
-                Some(SavingNote::Amount(a)) => {
-                    md.push_str(&format!(" (saves {}, *inferred*)", md_text(&a)))
-                }
-                None => {}
-            }
-            if let Some(sim) = &fix.simulated {
-                md.push_str(&format!(
-                    "\n  - *simulated*: {} — {}",
-                    md_text(&sim.change),
-                    md_text(&sim.outcome())
-                ));
-            }
-            md.push('\n');
-        }
-        if !lf.finding.stack.is_empty() {
-            md.push_str("\nAllocation stack (innermost first):\n\n");
-            md.push_str(&stack_block(&lf.finding.stack, filter));
-        }
-        md.push_str(&format!("\n[{}]({})\n\n---\n\n", f.code, f.code.docs_url()));
-    }
-    for ls in &entry.sites {
-        let s = &ls.site;
-        md.push_str(&format!(
-            "**{}** live in {} block{} ({:.1}% of {}, *{}*), capture {}",
-            fmt_bytes(s.bytes),
-            s.blocks,
-            if s.blocks == 1 { "" } else { "s" },
-            s.percent,
-            s.percent_of.as_str(),
-            s.label.as_str(),
-            md_code(&capture_name(&ls.capture))
-        ));
-        if let Some(scope) = &s.scope {
-            md.push_str(&format!(", {}", md_text(&scope.to_string())));
-        }
-        if let Some(role) = s.role {
-            md.push_str(&format!("; role: {} (*inferred*)", role.as_str()));
-        }
-        md.push('\n');
-        match (&s.reference_line, &s.carried_by) {
-            (Some(x), _) => md.push_str(&format!(
-                "\nxprof shows these buffers at {} (library code); memlsp attributes them to this line, the first frame of yours (*inferred*)\n",
-                md_code(&format!("{}:{}", x.file, x.line))
-            )),
-            (None, Some(via)) => md.push_str(&format!(
-                "\nxprof shows no line for these buffers; memlsp attributes them to this line because {}, the loop called here, carries them (*inferred*)\n",
-                md_code(&via.to_string())
-            )),
-            _ => {}
-        }
-        if !ls.site.stack.is_empty() {
-            md.push_str("\nAllocation stack (innermost first):\n\n");
-            md.push_str(&stack_block(&ls.site.stack, filter));
-        }
-        md.push_str("\n---\n\n");
-    }
-    md.trim_end().trim_end_matches("---").trim_end().to_string()
+    let findings: Vec<hover::HoverFinding> = entry
+        .findings
+        .iter()
+        .map(|lf| hover::HoverFinding {
+            finding: &lf.finding,
+            capture: lf.capture_name(),
+            stage_at_peak: lf.stage_at_peak.as_ref(),
+        })
+        .collect();
+    let sites: Vec<hover::HoverSite> = entry
+        .sites
+        .iter()
+        .map(|ls| hover::HoverSite {
+            site: &ls.site,
+            capture: capture_name(&ls.capture),
+        })
+        .collect();
+    let link = |p: &Path| uri(p).map(|u| u.as_str().to_string());
+    hover::markdown(&findings, &sites, filter, &link)
 }
 
 /// memlsp text edits → an LSP `WorkspaceEdit`. `text_of` gives the current text of an edited
@@ -605,25 +406,6 @@ mod conversion_tests {
         assert!(
             md.contains("1.20 GiB** live in 12 blocks (38.2% of live memory"),
             "{md}"
-        );
-    }
-
-    #[test]
-    fn the_stage_at_the_peak_carries_its_label() {
-        let st = |name: &str, source: &'static str| StageAtPeak {
-            device: 0,
-            name: name.into(),
-            source,
-            step: 2,
-            peak_bytes: 1,
-        };
-        assert_eq!(
-            stage_line(&st("backward", "inferred")),
-            "- *inferred*: the capture's peak is in the backward of step 2\n"
-        );
-        assert_eq!(
-            stage_line(&st("Optimizer.step#AdamW.step", "recorded")),
-            "- *read*: the capture's peak is in `Optimizer.step#AdamW.step` of step 2\n"
         );
     }
 }

@@ -20,6 +20,7 @@ use crate::error::{CaptureError, ErrorKind};
 use crate::findings::{Code, Finding, Location, Severity};
 use crate::options::{Cancel, Options};
 use crate::present::json as doc;
+use crate::present::mcp_text;
 use crate::report::{CaptureReport, Engine};
 use crate::source::locate::Locator;
 
@@ -379,7 +380,7 @@ fn analyze(a: AnalyzeArgs, ctx: &Ctx) -> Result<Output, String> {
     let reports = analyze::run(&path, &opts).map_err(|e| e.to_string())?;
     Ok(Output {
         structured: doc::document(&reports, &[]),
-        summary: summary(&reports),
+        summary: mcp_text::summary(&reports),
     })
 }
 
@@ -435,7 +436,7 @@ fn diff(a: DiffArgs, ctx: &Ctx) -> Result<Output, String> {
     let reports = [report];
     Ok(Output {
         structured: doc::document(&reports, &[]),
-        summary: summary(&reports),
+        summary: mcp_text::summary(&reports),
     })
 }
 
@@ -464,20 +465,8 @@ fn compare_ranks(a: CompareRanksArgs, ctx: &Ctx) -> Result<Output, String> {
             dir.display()
         ));
     };
-    let mut text = match comparison.imbalance {
-        Some(x) => format!(
-            "{} ranks; {x:.2}× live memory between the fullest and the emptiest [measured]",
-            ranks.len()
-        ),
-        None => format!("{} ranks", ranks.len()),
-    };
-    for (r, rank, _) in &ranks {
-        text.push_str(&format!(
-            "\nrank {rank} ({}): {}",
-            r.display_path(),
-            r.headline()
-        ));
-    }
+    let shown: Vec<(&CaptureReport, usize)> = ranks.iter().map(|(r, k, _)| (*r, *k)).collect();
+    let text = mcp_text::ranks(comparison.imbalance, &shown);
     Ok(Output {
         structured: json!({
             "memlsp": doc::VERSION,
@@ -548,23 +537,11 @@ fn explain_line(a: ExplainLineArgs, ctx: &Ctx) -> Result<Output, String> {
             continue;
         }
         let capture = report.display_path();
-        for f in &findings {
-            text.push(format!(
-                "{capture}: {} ({}): {}",
-                f.code,
-                f.severity.as_str(),
-                f.message
-            ));
-        }
-        for s in &sites {
-            text.push(format!(
-                "{capture}: site {} ({:.1}% of {}) [{}]",
-                crate::findings::fmt_bytes(s.bytes),
-                s.percent,
-                s.percent_of.as_str(),
-                s.label.as_str()
-            ));
-        }
+        text.push(mcp_text::explain_line_hit(&mcp_text::LineHit {
+            capture: &capture,
+            findings: &findings,
+            sites: &sites,
+        }));
         hits.push(json!({
             "path": capture,
             "kind": report.kind().as_str(),
@@ -573,15 +550,8 @@ fn explain_line(a: ExplainLineArgs, ctx: &Ctx) -> Result<Output, String> {
             "sites": sites,
         }));
     }
-    let mut head = format!(
-        "{shown}:{}: {} capture(s) of {} scanned say something about this line",
-        a.line,
-        hits.len(),
-        analysed
-    );
-    for note in cut.iter().chain(&refused) {
-        head.push_str(&format!("\n{note}"));
-    }
+    let notes: Vec<&String> = cut.iter().chain(&refused).collect();
+    let summary = mcp_text::explain_line(&shown, a.line, analysed, hits.len(), &notes, &text);
     let mut structured = json!({
         "memlsp": doc::VERSION,
         "file": shown,
@@ -596,10 +566,7 @@ fn explain_line(a: ExplainLineArgs, ctx: &Ctx) -> Result<Output, String> {
     }
     Ok(Output {
         structured,
-        summary: std::iter::once(head)
-            .chain(text)
-            .collect::<Vec<_>>()
-            .join("\n"),
+        summary,
     })
 }
 
@@ -665,47 +632,18 @@ fn check_baseline(a: CheckBaselineArgs, ctx: &Ctx) -> Result<Output, String> {
     };
     // A check the budget cut short has not passed: not everything was looked at.
     let passed = verdict == Verdict::Clean && cut.is_none();
-    let mut text = vec![format!(
-        "{}: {} capture(s) against {} ({} number(s) compared, allowed growth {:.1}%, failing on {}); {} BL001{}",
-        if passed { "passed" } else { "failed" },
-        reports.len(),
-        file.display(),
-        outcome.compared,
-        max_growth * 100.0,
-        fail_on.as_str(),
-        bl001.len(),
-        match errors.len() {
-            0 => String::new(),
-            n => format!("; {n} capture(s) unreadable"),
-        }
-    )];
-    for r in &reports {
-        for f in r.findings.iter().filter(|f| f.code == Code::BL001) {
-            let at = f
-                .location
-                .as_ref()
-                .map(|l| format!(" at {}:{}", l.shown(), l.line))
-                .unwrap_or_default();
-            text.push(format!("BL001{at}: {}", f.message));
-        }
-        for f in r
-            .findings
-            .iter()
-            .filter(|f| f.code != Code::BL001 && f.severity >= fail_on)
-        {
-            text.push(format!(
-                "{} ({}) in {}: {}",
-                f.code,
-                f.severity.as_str(),
-                r.display_path(),
-                f.message
-            ));
-        }
-    }
-    for e in &errors {
-        text.push(e.to_string());
-    }
-    text.extend(cut.iter().chain(&refused).cloned());
+    let notes: Vec<&String> = cut.iter().chain(&refused).collect();
+    let baseline_shown = file.display().to_string();
+    let text = mcp_text::baseline_check(&mcp_text::BaselineCheck {
+        passed,
+        reports: &reports,
+        baseline: &baseline_shown,
+        compared: outcome.compared,
+        max_growth,
+        fail_on,
+        errors: &errors,
+        notes: &notes,
+    });
     let mut structured = json!({
         "memlsp": doc::VERSION,
         "passed": passed,
@@ -731,33 +669,8 @@ fn check_baseline(a: CheckBaselineArgs, ctx: &Ctx) -> Result<Output, String> {
     }
     Ok(Output {
         structured,
-        summary: text.join("\n"),
+        summary: text,
     })
-}
-
-/// Each capture's headline, then its findings (at most five), one line each.
-fn summary(reports: &[CaptureReport]) -> String {
-    let mut out = Vec::new();
-    for r in reports {
-        out.push(format!("{}: {}", r.display_path(), r.headline()));
-        for f in r.findings.iter().take(5) {
-            let at = f
-                .location
-                .as_ref()
-                .map(|l| format!(" at {}:{}", l.shown(), l.line))
-                .unwrap_or_default();
-            out.push(format!(
-                "  {} ({}){at}: {}",
-                f.code,
-                f.severity.as_str(),
-                f.message
-            ));
-        }
-        if r.findings.len() > 5 {
-            out.push(format!("  … and {} more finding(s)", r.findings.len() - 5));
-        }
-    }
-    out.join("\n")
 }
 
 fn canonical(p: &Path) -> PathBuf {

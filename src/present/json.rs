@@ -107,3 +107,21 @@ pub fn render(doc: &Value) -> String {
     s.push('\n');
     s
 }
+
+/// `memlsp compare SUMMARY…` (ranks from their JSON summaries): the comparison and the findings
+/// it raised.
+pub fn rank_comparison(
+    cmp: &crate::torch::ranks::RankComparison,
+    reports: &[CaptureReport],
+) -> Value {
+    let findings: Vec<Value> = reports
+        .iter()
+        .flat_map(|r| r.findings.iter())
+        .map(|f| serde_json::to_value(f).unwrap_or(Value::Null))
+        .collect();
+    json!({
+        "memlsp": VERSION,
+        "rank_comparison": cmp,
+        "findings": findings,
+    })
+}

@@ -35,10 +35,7 @@ pub fn code_actions(
             let diag = view.published(&path, line - 1, f.code);
             for fix in &f.fixes {
                 // "Add loss.detach() — peak 23.1 → 11.8 GiB (simulated)"
-                let title = match &fix.simulated {
-                    Some(sim) => format!("{} — {}", fix.title, sim.summary()),
-                    None => fix.title.clone(),
-                };
+                let title = crate::present::editor::fix_title(fix);
                 let mut action = CodeAction {
                     title: title.clone(),
                     kind: Some(CodeActionKind::QUICKFIX),

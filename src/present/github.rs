@@ -5,7 +5,7 @@ use std::fmt::Write;
 use crate::findings::Severity;
 use crate::report::CaptureReport;
 
-pub(super) fn check(reports: &[CaptureReport]) -> String {
+pub(crate) fn check(reports: &[CaptureReport]) -> String {
     let mut out = String::new();
     for r in reports {
         for f in &r.findings {

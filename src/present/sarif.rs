@@ -14,13 +14,13 @@ use crate::error::CaptureError;
 use crate::findings::{Finding, Location, Severity, TextEdit};
 use crate::report::CaptureReport;
 
-use super::VERSION;
+use super::json::VERSION;
 
 const SCHEMA: &str = "https://json.schemastore.org/sarif-2.1.0.json";
 const SRCROOT: &str = "%SRCROOT%";
 
 /// The SARIF log; `root` is the workspace that relative paths are relative to.
-pub(super) fn document(reports: &[CaptureReport], root: &Path, errors: &[CaptureError]) -> Value {
+pub(crate) fn document(reports: &[CaptureReport], root: &Path, errors: &[CaptureError]) -> Value {
     let mut rules: BTreeMap<&str, &Finding> = BTreeMap::new();
     for f in reports.iter().flat_map(|r| &r.findings) {
         rules.entry(f.code.as_str()).or_insert(f);

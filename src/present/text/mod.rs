@@ -13,8 +13,8 @@ use std::fmt::Write;
 use crate::findings::{Finding, Kind, Label, SavingNote, fmt_bytes};
 use crate::report::{CaptureReport, Engine};
 
-pub(super) use check::{check, fix_notes};
-pub(super) use torch::ranks_table;
+pub(crate) use check::{check, finding_line, fix_notes, place, whence};
+pub(crate) use torch::ranks_table;
 
 /// `[measured]` etc.
 pub(crate) fn tag(l: Label) -> &'static str {
@@ -27,7 +27,7 @@ pub(crate) fn tag(l: Label) -> &'static str {
 }
 
 /// `report`: per capture, the headline sentence, the engine's sections, then the shared ones.
-pub(super) fn report(reports: &[CaptureReport], top: usize) -> String {
+pub(crate) fn report(reports: &[CaptureReport], top: usize) -> String {
     let mut out = String::new();
     // A comparison of ranks is printed with the first rank of its group, once.
     let (_, groups) = crate::report::rank_groups(reports);
@@ -58,6 +58,18 @@ pub(super) fn report(reports: &[CaptureReport], top: usize) -> String {
         std::borrow::Cow::Borrowed(_) => out,
         std::borrow::Cow::Owned(escaped) => escaped,
     }
+}
+
+/// `memlsp compare SUMMARY…` (ranks from their JSON summaries): the ranks table, then the
+/// findings it raised as `--check` lists them.
+pub(crate) fn rank_comparison(
+    cmp: &crate::torch::ranks::RankComparison,
+    reports: &[CaptureReport],
+) -> String {
+    let mut s = ranks_table(cmp);
+    s.push_str(&check(reports, 0));
+    // Site names of the ranks' captures are in the table: shown, not obeyed.
+    crate::present::escape::terminal(&s).into_owned()
 }
 
 /// Findings that diagnose (attribution hints are the top-sites rows already shown).

@@ -26,18 +26,7 @@ pub(crate) fn check(reports: &[CaptureReport], unreadable: usize) -> String {
 fn finding(out: &mut String, r: &CaptureReport, f: &Finding) {
     // Capture strings (frame and file names) reach these lines: each is kept one line with no
     // control character (`present::escape::one_line`).
-    let capture = one_line(&r.display_path()).into_owned();
-    let place = match &f.location {
-        Some(l) => format!("{}:{}", one_line(l.shown()), l.line),
-        None => capture.clone(),
-    };
-    let _ = writeln!(
-        out,
-        "{place}: {}[{}] {}",
-        f.severity.as_str(),
-        f.code,
-        one_line(&f.message)
-    );
+    let _ = writeln!(out, "{}", finding_line(&place(r, f), f));
     for e in &f.evidence {
         let _ = writeln!(out, "  = {}: {}", e.label.as_str(), one_line(&e.text));
     }
@@ -48,16 +37,49 @@ fn finding(out: &mut String, r: &CaptureReport, f: &Finding) {
         }
         let _ = writeln!(out, "{line}");
     }
+    if let Some(w) = whence(r, f) {
+        let _ = writeln!(out, "{w}");
+    }
+}
+
+/// `  = capture: NAME (scope)` under a finding placed on a line, `  = scope: (…)` under one
+/// placed on its capture, else nothing.
+pub(crate) fn whence(r: &CaptureReport, f: &Finding) -> Option<String> {
     let scope = f
         .scope
         .as_deref()
         .map(|s| format!(" ({})", one_line(s)))
         .unwrap_or_default();
     if f.location.is_some() {
-        let _ = writeln!(out, "  = capture: {capture}{scope}");
+        Some(format!(
+            "  = capture: {}{scope}",
+            one_line(&r.display_path())
+        ))
     } else if !scope.is_empty() {
-        let _ = writeln!(out, "  = scope:{scope}");
+        Some(format!("  = scope:{scope}"))
+    } else {
+        None
     }
+}
+
+/// Where a finding is: its `file:line` (the shown file), else the capture it came from.
+pub(crate) fn place(r: &CaptureReport, f: &Finding) -> String {
+    match &f.location {
+        Some(l) => format!("{}:{}", l.shown(), l.line),
+        None => r.display_path(),
+    }
+}
+
+/// `place: severity[CODE] message`: a finding's first line as `--check` prints it (and the MCP
+/// tools say it), kept one line with no control character.
+pub(crate) fn finding_line(place: &str, f: &Finding) -> String {
+    format!(
+        "{}: {}[{}] {}",
+        one_line(place),
+        f.severity.as_str(),
+        f.code,
+        one_line(&f.message)
+    )
 }
 
 /// ` (saves ~1.00 GiB, inferred; cost: …)` after a fix title, or nothing.
