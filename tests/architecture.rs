@@ -8,6 +8,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+#[path = "architecture/sizes.rs"]
+mod sizes;
+
 /// Layers, bottom first. A module may import its own layer and the layers below.
 const LAYERS: &[(&str, &[&str])] = &[
     (

@@ -216,186 +216,37 @@ fn device_timeline(
     list: &[TraceEntry],
 ) -> DeviceTimeline {
     let n = list.len();
-    let mut t = DeviceTimeline {
+    let mut w = Walk::new(DeviceTimeline {
         device,
         entries: n as u64,
         first_time_us: list.first().and_then(|e| e.time_us()),
         last_time_us: list.last().and_then(|e| e.time_us()),
         has_time: list.iter().any(|e| e.time_us().is_some()),
         ..Default::default()
-    };
-    // addr → (alloc index, requested size, stack)
-    let mut live: FxHashMap<u64, (usize, u64, Option<StackId>)> = FxHashMap::default();
-    // addr → free_requested index, size, stream, stack
-    let mut requested: FxHashMap<u64, (usize, u64, u64, Option<StackId>)> = FxHashMap::default();
-    let mut sites: FxHashMap<SiteKey, SiteTrace> = FxHashMap::default();
-    let mut run = FreeBurst::default();
-    let mut run_parts: u16 = 0;
-    let mut run_sites: FxHashMap<SiteKey, (u64, Option<StackId>)> = FxHashMap::default();
-    let mut best: Option<FreeBurst> = None;
-    let mut running: i64 = 0;
-    let mut floors_rel = [i64::MAX; WINDOWS];
-    let mut peak_rel: Option<(i64, usize)> = None;
-    let mut trough_before_peak: (i64, usize) = (0, 0);
-    let mut trough: (i64, usize) = (i64::MAX, 0);
-    let mut prev_alloc_opt = false;
-
+    });
     for (i, e) in list.iter().enumerate() {
-        let is_free_like = matches!(
-            e.action,
-            Action::FreeRequested
-                | Action::FreeCompleted
-                | Action::SegmentFree
-                | Action::SegmentUnmap
-                | Action::Snapshot
-        );
-        if !is_free_like && run.frees > 0 {
-            close_run(
-                &mut run,
-                run_parts,
-                &mut run_sites,
-                &mut best,
-                &mut t.batched_bursts,
-            );
-            run_parts = 0;
-        }
-        match e.action {
-            Action::Alloc => {
-                t.allocs += 1;
-                t.alloc_bytes = t.alloc_bytes.saturating_add(e.size);
-                live.insert(e.addr, (i, e.size, e.stack()));
-                let (key, _) = stacks.site(e.stack());
-                let s = sites.entry(key).or_insert_with(|| SiteTrace {
-                    key,
-                    role: stacks.role(e.stack()),
-                    stack: e.stack(),
-                    ..Default::default()
-                });
-                s.allocs += 1;
-                s.alloc_max_size = s.alloc_max_size.max(e.size);
-                s.alloc_windows |= 1 << part(i, n);
-                s.last_alloc = i as u64;
-                if e.size <= SCALAR_BYTES {
-                    s.scalar_allocs += 1;
-                    s.scalar_windows |= 1 << part(i, n);
-                    s.scalar_max_size = s.scalar_max_size.max(e.size);
-                    s.last_scalar_alloc = i as u64;
-                }
-                s.alloc_bytes = s.alloc_bytes.saturating_add(e.size);
-                running = running.saturating_add(signed(e.size));
-                let opt = s.role == Role::OptimizerState;
-                if opt && !prev_alloc_opt {
-                    t.optimizer_runs += 1;
-                }
-                prev_alloc_opt = opt;
-            }
-            Action::FreeRequested => {
-                t.free_requested += 1;
-                requested.insert(e.addr, (i, e.size, e.stream, e.stack()));
-            }
-            Action::FreeCompleted => {
-                t.free_completed += 1;
-                t.freed_bytes = t.freed_bytes.saturating_add(e.size);
-                running = running.saturating_sub(signed(e.size));
-                if let Some((ri, size, _, stack)) = requested.remove(&e.addr)
-                    && i > ri + 1
-                {
-                    let d = &mut t.delayed;
-                    d.count += 1;
-                    d.bytes = d.bytes.saturating_add(size);
-                    let between = (i - ri - 1) as u64;
-                    if between > d.max_entries_between {
-                        d.max_entries_between = between;
-                        d.example = stack.or(e.stack());
-                    }
-                    if let (Some(a), Some(b)) = (list[ri].time_us(), e.time_us()) {
-                        d.max_us = Some(d.max_us.unwrap_or(0).max(b.saturating_sub(a)));
-                    }
-                }
-                if run.frees == 0 {
-                    run.start = i as u64;
-                    run.time_us = e.time_us();
-                }
-                run.end = i as u64;
-                run.frees += 1;
-                run.bytes = run.bytes.saturating_add(e.size);
-                run.gc |= stacks.has_gc_frame(e.stack());
-                match live.remove(&e.addr) {
-                    Some((ai, size, stack)) => {
-                        let (key, _) = stacks.site(stack);
-                        if let Some(s) = sites.get_mut(&key) {
-                            s.freed += 1;
-                        }
-                        run_parts |= 1 << part(ai, n);
-                        let rs = run_sites.entry(key).or_insert((0, stack));
-                        rs.0 = rs.0.saturating_add(size);
-                    }
-                    None => t.frees_of_older_blocks += 1,
-                }
-            }
-            Action::SegmentAlloc => add(&mut t.segment_allocs, e.size),
-            Action::SegmentFree => add(&mut t.segment_frees, e.size),
-            Action::SegmentMap => add(&mut t.segment_maps, e.size),
-            Action::SegmentUnmap => add(&mut t.segment_unmaps, e.size),
-            _ => {}
-        }
-        let w = part(i, n);
-        floors_rel[w] = floors_rel[w].min(running);
-        if running < trough.0 {
-            trough = (running, i);
-        }
-        if peak_rel.is_none_or(|(b, _)| running > b) {
-            peak_rel = Some((running, i));
-            trough_before_peak = if trough.0 <= running {
-                trough
-            } else {
-                (running, i)
-            };
-        }
+        w.step(stacks, list, i, e);
     }
-    if run.frees > 0 {
-        close_run(
-            &mut run,
-            run_parts,
-            &mut run_sites,
-            &mut best,
-            &mut t.batched_bursts,
-        );
+    if w.run.frees > 0 {
+        w.close_run();
     }
+    let Walk {
+        mut t,
+        live,
+        requested,
+        mut sites,
+        best,
+        running,
+        floors_rel,
+        peak_rel,
+        trough_before_peak,
+        trough,
+        ..
+    } = w;
     t.burst = best;
     t.cycles = sawtooth_cycles(list, peak_rel.map(|p| p.0).unwrap_or(0), trough.0);
-
-    for (ai, size, stack) in live.values() {
-        let (key, _) = stacks.site(*stack);
-        if let Some(s) = sites.get_mut(&key) {
-            s.retained += 1;
-            s.retained_bytes = s.retained_bytes.saturating_add(*size);
-            s.retained_windows |= 1 << part(*ai, n);
-            let ai = *ai as u64;
-            if s.retained == 1 || ai < s.retained_first {
-                s.retained_first = ai;
-            }
-            s.retained_last = s.retained_last.max(ai);
-            s.retained_max_size = s.retained_max_size.max(*size);
-            if *size <= SCALAR_BYTES {
-                s.scalar_retained += 1;
-                s.scalar_retained_bytes = s.scalar_retained_bytes.saturating_add(*size);
-            }
-        }
-    }
-    let mut pending: Vec<PendingFree> = requested
-        .into_iter()
-        .map(|(addr, (i, size, stream, stack))| PendingFree {
-            index: i as u64,
-            addr,
-            size,
-            stream,
-            stack,
-        })
-        .collect();
-    pending.sort_by_key(|p| p.index);
-    t.pending = pending;
-
+    count_retained(&mut sites, &live, stacks, n);
+    t.pending = pending_frees(requested);
     let mut sites: Vec<SiteTrace> = sites.into_values().collect();
     sites.sort_by(|a, b| {
         b.retained_bytes
@@ -433,6 +284,237 @@ fn device_timeline(
         }
     }
     t
+}
+
+/// The state of the one forward pass over a device's trace.
+struct Walk {
+    t: DeviceTimeline,
+    /// addr → (alloc index, requested size, stack)
+    live: FxHashMap<u64, (usize, u64, Option<StackId>)>,
+    /// addr → free_requested index, size, stream, stack
+    requested: FxHashMap<u64, (usize, u64, u64, Option<StackId>)>,
+    sites: FxHashMap<SiteKey, SiteTrace>,
+    /// The run of frees in progress, the window parts its blocks were allocated in, and its
+    /// bytes per site.
+    run: FreeBurst,
+    run_parts: u16,
+    run_sites: FxHashMap<SiteKey, (u64, Option<StackId>)>,
+    best: Option<FreeBurst>,
+    /// Live bytes relative to the trace's start.
+    running: i64,
+    floors_rel: [i64; WINDOWS],
+    peak_rel: Option<(i64, usize)>,
+    trough_before_peak: (i64, usize),
+    trough: (i64, usize),
+    prev_alloc_opt: bool,
+}
+
+impl Walk {
+    fn new(t: DeviceTimeline) -> Self {
+        Walk {
+            t,
+            live: FxHashMap::default(),
+            requested: FxHashMap::default(),
+            sites: FxHashMap::default(),
+            run: FreeBurst::default(),
+            run_parts: 0,
+            run_sites: FxHashMap::default(),
+            best: None,
+            running: 0,
+            floors_rel: [i64::MAX; WINDOWS],
+            peak_rel: None,
+            trough_before_peak: (0, 0),
+            trough: (i64::MAX, 0),
+            prev_alloc_opt: false,
+        }
+    }
+
+    fn close_run(&mut self) {
+        close_run(
+            &mut self.run,
+            self.run_parts,
+            &mut self.run_sites,
+            &mut self.best,
+            &mut self.t.batched_bursts,
+        );
+        self.run_parts = 0;
+    }
+
+    /// Entry `i` of the trace.
+    fn step(&mut self, stacks: &StackIndex, list: &[TraceEntry], i: usize, e: &TraceEntry) {
+        let n = list.len();
+        let is_free_like = matches!(
+            e.action,
+            Action::FreeRequested
+                | Action::FreeCompleted
+                | Action::SegmentFree
+                | Action::SegmentUnmap
+                | Action::Snapshot
+        );
+        if !is_free_like && self.run.frees > 0 {
+            self.close_run();
+        }
+        let t = &mut self.t;
+        match e.action {
+            Action::Alloc => self.alloc(stacks, n, i, e),
+            Action::FreeRequested => {
+                t.free_requested += 1;
+                self.requested
+                    .insert(e.addr, (i, e.size, e.stream, e.stack()));
+            }
+            Action::FreeCompleted => self.free_completed(stacks, list, i, e),
+            Action::SegmentAlloc => add(&mut t.segment_allocs, e.size),
+            Action::SegmentFree => add(&mut t.segment_frees, e.size),
+            Action::SegmentMap => add(&mut t.segment_maps, e.size),
+            Action::SegmentUnmap => add(&mut t.segment_unmaps, e.size),
+            _ => {}
+        }
+        self.track_level(n, i);
+    }
+
+    fn alloc(&mut self, stacks: &StackIndex, n: usize, i: usize, e: &TraceEntry) {
+        let t = &mut self.t;
+        t.allocs += 1;
+        t.alloc_bytes = t.alloc_bytes.saturating_add(e.size);
+        self.live.insert(e.addr, (i, e.size, e.stack()));
+        let (key, _) = stacks.site(e.stack());
+        let s = self.sites.entry(key).or_insert_with(|| SiteTrace {
+            key,
+            role: stacks.role(e.stack()),
+            stack: e.stack(),
+            ..Default::default()
+        });
+        s.allocs += 1;
+        s.alloc_max_size = s.alloc_max_size.max(e.size);
+        s.alloc_windows |= 1 << part(i, n);
+        s.last_alloc = i as u64;
+        if e.size <= SCALAR_BYTES {
+            s.scalar_allocs += 1;
+            s.scalar_windows |= 1 << part(i, n);
+            s.scalar_max_size = s.scalar_max_size.max(e.size);
+            s.last_scalar_alloc = i as u64;
+        }
+        s.alloc_bytes = s.alloc_bytes.saturating_add(e.size);
+        self.running = self.running.saturating_add(signed(e.size));
+        let opt = s.role == Role::OptimizerState;
+        if opt && !self.prev_alloc_opt {
+            t.optimizer_runs += 1;
+        }
+        self.prev_alloc_opt = opt;
+    }
+
+    fn free_completed(
+        &mut self,
+        stacks: &StackIndex,
+        list: &[TraceEntry],
+        i: usize,
+        e: &TraceEntry,
+    ) {
+        let n = list.len();
+        let t = &mut self.t;
+        t.free_completed += 1;
+        t.freed_bytes = t.freed_bytes.saturating_add(e.size);
+        self.running = self.running.saturating_sub(signed(e.size));
+        if let Some((ri, size, _, stack)) = self.requested.remove(&e.addr)
+            && i > ri + 1
+        {
+            let d = &mut t.delayed;
+            d.count += 1;
+            d.bytes = d.bytes.saturating_add(size);
+            let between = (i - ri - 1) as u64;
+            if between > d.max_entries_between {
+                d.max_entries_between = between;
+                d.example = stack.or(e.stack());
+            }
+            if let (Some(a), Some(b)) = (list[ri].time_us(), e.time_us()) {
+                d.max_us = Some(d.max_us.unwrap_or(0).max(b.saturating_sub(a)));
+            }
+        }
+        let run = &mut self.run;
+        if run.frees == 0 {
+            run.start = i as u64;
+            run.time_us = e.time_us();
+        }
+        run.end = i as u64;
+        run.frees += 1;
+        run.bytes = run.bytes.saturating_add(e.size);
+        run.gc |= stacks.has_gc_frame(e.stack());
+        match self.live.remove(&e.addr) {
+            Some((ai, size, stack)) => {
+                let (key, _) = stacks.site(stack);
+                if let Some(s) = self.sites.get_mut(&key) {
+                    s.freed += 1;
+                }
+                self.run_parts |= 1 << part(ai, n);
+                let rs = self.run_sites.entry(key).or_insert((0, stack));
+                rs.0 = rs.0.saturating_add(size);
+            }
+            None => t.frees_of_older_blocks += 1,
+        }
+    }
+
+    /// The floor of each window part, the trough so far and the peak (relative live bytes).
+    fn track_level(&mut self, n: usize, i: usize) {
+        let running = self.running;
+        let w = part(i, n);
+        self.floors_rel[w] = self.floors_rel[w].min(running);
+        if running < self.trough.0 {
+            self.trough = (running, i);
+        }
+        if self.peak_rel.is_none_or(|(b, _)| running > b) {
+            self.peak_rel = Some((running, i));
+            self.trough_before_peak = if self.trough.0 <= running {
+                self.trough
+            } else {
+                (running, i)
+            };
+        }
+    }
+}
+
+/// The blocks still live after the last entry, counted into their sites as retained.
+fn count_retained(
+    sites: &mut FxHashMap<SiteKey, SiteTrace>,
+    live: &FxHashMap<u64, (usize, u64, Option<StackId>)>,
+    stacks: &StackIndex,
+    n: usize,
+) {
+    for (ai, size, stack) in live.values() {
+        let (key, _) = stacks.site(*stack);
+        if let Some(s) = sites.get_mut(&key) {
+            s.retained += 1;
+            s.retained_bytes = s.retained_bytes.saturating_add(*size);
+            s.retained_windows |= 1 << part(*ai, n);
+            let ai = *ai as u64;
+            if s.retained == 1 || ai < s.retained_first {
+                s.retained_first = ai;
+            }
+            s.retained_last = s.retained_last.max(ai);
+            s.retained_max_size = s.retained_max_size.max(*size);
+            if *size <= SCALAR_BYTES {
+                s.scalar_retained += 1;
+                s.scalar_retained_bytes = s.scalar_retained_bytes.saturating_add(*size);
+            }
+        }
+    }
+}
+
+/// Frees requested and never completed, in trace order.
+fn pending_frees(
+    requested: FxHashMap<u64, (usize, u64, u64, Option<StackId>)>,
+) -> Vec<PendingFree> {
+    let mut pending: Vec<PendingFree> = requested
+        .into_iter()
+        .map(|(addr, (i, size, stream, stack))| PendingFree {
+            index: i as u64,
+            addr,
+            size,
+            stream,
+            stack,
+        })
+        .collect();
+    pending.sort_by_key(|p| p.index);
+    pending
 }
 
 /// Count rise-then-fall cycles of the running live bytes, each at least 1/8 of the range.

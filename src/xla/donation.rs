@@ -90,77 +90,157 @@ pub fn estimate(
     events: &[hpb::heap_simulator_trace::Event],
     levels: &[u64],
 ) -> Option<DonationEstimate> {
-    let entry = module
-        .computations
-        .iter()
-        .find(|c| c.id == module.entry_computation_id)?;
-    let in_entry: FxHashSet<i64> = entry.instructions.iter().map(|i| i.id).collect();
-    let mut by_id: FxHashMap<i64, &hpb::HloInstructionProto> = FxHashMap::default();
-    let mut by_name: FxHashMap<&str, i64> = FxHashMap::default();
-    let mut users: FxHashMap<i64, Vec<i64>> = FxHashMap::default();
-    let comps: FxHashMap<i64, &hpb::HloComputationProto> =
-        module.computations.iter().map(|c| (c.id, c)).collect();
-    for c in &module.computations {
-        for i in &c.instructions {
-            by_id.insert(i.id, i);
-            by_name.insert(i.name.as_str(), i.id);
-            for o in &i.operand_ids {
-                users.entry(*o).or_default().push(i.id);
-            }
+    let g = Schedule::of(module)?;
+    let (pairs, donated_args) = state_pairs(module, &g)?;
+    let allocs = output_allocations(ba, color, &pairs);
+    let defined = defined_bytes(ba);
+    let param_bytes = |id: i64| defined.get(&id).copied().unwrap_or(0);
+    let mut args: Vec<(String, u64)> = Vec::new();
+    for (prm, _) in &pairs {
+        let op_name = prm
+            .metadata
+            .as_ref()
+            .map(|m| m.op_name.as_str())
+            .unwrap_or("");
+        let root = arg_root(op_name);
+        match args.iter_mut().find(|a| a.0 == root) {
+            Some(a) => a.1 = a.1.saturating_add(param_bytes(prm.id)),
+            None => args.push((root.to_string(), param_bytes(prm.id))),
         }
     }
+    let mut est = DonationEstimate {
+        params: pairs.len(),
+        args,
+        donated_args,
+        scheduled: g.scheduled,
+        ..DonationEstimate::default()
+    };
+    let lent_delta = lent_temporaries(&mut est, &g, ba, &allocs);
+    let copy_delta = copies(&mut est, &g, &pairs, &param_bytes);
+    let heap_at = heap_at_positions(&g, events, levels);
+    let (mut lent, mut copies) = (0i128, 0i128);
+    for (t, heap) in heap_at.iter().enumerate().take(g.n + 1) {
+        lent += lent_delta[t];
+        copies += copy_delta[t];
+        est.lent_peak = est.lent_peak.max(lent.max(0) as u64);
+        est.moved_peak = est
+            .moved_peak
+            .max((*heap as i128 + lent + copies).max(0) as u64);
+    }
+    (est.output_bytes > 0).then_some(est)
+}
 
-    // Positions: the entry computation's schedule; an instruction of a called computation
-    // (fusion, loop body) takes the position of the entry instruction that calls it.
-    let sequence = module
-        .schedule
-        .as_ref()
-        .and_then(|s| s.sequences.get(&entry.id))
-        .map(|s| s.instruction_ids.clone())
-        .filter(|s| !s.is_empty());
-    let scheduled = sequence.is_some();
-    let order = sequence.unwrap_or_else(|| entry.instructions.iter().map(|i| i.id).collect());
-    let n = order.len();
-    let mut pos: FxHashMap<i64, usize> = FxHashMap::default();
-    for (p, id) in order.iter().enumerate() {
-        pos.insert(*id, p);
-        let mut stack: Vec<i64> = by_id
-            .get(id)
-            .map(|i| i.called_computation_ids.clone())
-            .unwrap_or_default();
-        let mut seen: FxHashSet<i64> = FxHashSet::default();
-        while let Some(cid) = stack.pop() {
-            if !seen.insert(cid) {
-                continue;
-            }
-            for i in comps
-                .get(&cid)
-                .map(|c| c.instructions.as_slice())
-                .unwrap_or(&[])
-            {
-                pos.entry(i.id).or_insert(p);
-                stack.extend(i.called_computation_ids.iter().copied());
+/// A state parameter and the output value (instruction, shape index) it would alias.
+type Pair<'a> = (&'a hpb::HloInstructionProto, (i64, Vec<i64>));
+
+/// The module's instructions, who uses each, and their positions in the entry computation's
+/// schedule.
+struct Schedule<'a> {
+    entry: &'a hpb::HloComputationProto,
+    in_entry: FxHashSet<i64>,
+    by_id: FxHashMap<i64, &'a hpb::HloInstructionProto>,
+    by_name: FxHashMap<&'a str, i64>,
+    users: FxHashMap<i64, Vec<i64>>,
+    /// The entry computation's instructions in schedule order.
+    order: Vec<i64>,
+    pos: FxHashMap<i64, usize>,
+    /// `order.len()`: the position of "returned".
+    n: usize,
+    root: i64,
+    /// The order is the module's schedule (else the entry computation's order).
+    scheduled: bool,
+}
+
+impl<'a> Schedule<'a> {
+    fn of(module: &'a hpb::HloModuleProto) -> Option<Self> {
+        let entry = module
+            .computations
+            .iter()
+            .find(|c| c.id == module.entry_computation_id)?;
+        let in_entry: FxHashSet<i64> = entry.instructions.iter().map(|i| i.id).collect();
+        let mut by_id: FxHashMap<i64, &hpb::HloInstructionProto> = FxHashMap::default();
+        let mut by_name: FxHashMap<&str, i64> = FxHashMap::default();
+        let mut users: FxHashMap<i64, Vec<i64>> = FxHashMap::default();
+        let comps: FxHashMap<i64, &hpb::HloComputationProto> =
+            module.computations.iter().map(|c| (c.id, c)).collect();
+        for c in &module.computations {
+            for i in &c.instructions {
+                by_id.insert(i.id, i);
+                by_name.insert(i.name.as_str(), i.id);
+                for o in &i.operand_ids {
+                    users.entry(*o).or_default().push(i.id);
+                }
             }
         }
-    }
-    let at = |id: i64| pos.get(&id).copied().unwrap_or(0);
-    let root = entry.root_id;
 
-    // Last position a value (instruction, shape index) is used at; `n` when it is returned.
-    let last_use = |id: i64, index: &[i64]| -> usize {
-        let mut end = at(id);
+        // Positions: the entry computation's schedule; an instruction of a called computation
+        // (fusion, loop body) takes the position of the entry instruction that calls it.
+        let sequence = module
+            .schedule
+            .as_ref()
+            .and_then(|s| s.sequences.get(&entry.id))
+            .map(|s| s.instruction_ids.clone())
+            .filter(|s| !s.is_empty());
+        let scheduled = sequence.is_some();
+        let order = sequence.unwrap_or_else(|| entry.instructions.iter().map(|i| i.id).collect());
+        let n = order.len();
+        let mut pos: FxHashMap<i64, usize> = FxHashMap::default();
+        for (p, id) in order.iter().enumerate() {
+            pos.insert(*id, p);
+            let mut stack: Vec<i64> = by_id
+                .get(id)
+                .map(|i| i.called_computation_ids.clone())
+                .unwrap_or_default();
+            let mut seen: FxHashSet<i64> = FxHashSet::default();
+            while let Some(cid) = stack.pop() {
+                if !seen.insert(cid) {
+                    continue;
+                }
+                for i in comps
+                    .get(&cid)
+                    .map(|c| c.instructions.as_slice())
+                    .unwrap_or(&[])
+                {
+                    pos.entry(i.id).or_insert(p);
+                    stack.extend(i.called_computation_ids.iter().copied());
+                }
+            }
+        }
+        Some(Schedule {
+            entry,
+            in_entry,
+            by_id,
+            by_name,
+            users,
+            order,
+            pos,
+            n,
+            root: entry.root_id,
+            scheduled,
+        })
+    }
+
+    fn at(&self, id: i64) -> usize {
+        self.pos.get(&id).copied().unwrap_or(0)
+    }
+
+    /// Last position a value (instruction, shape index) is used at; `n` when it is returned.
+    fn last_use(&self, id: i64, index: &[i64]) -> usize {
+        let mut end = self.at(id);
         let mut stack: Vec<(i64, Vec<i64>)> = vec![(id, index.to_vec())];
         let mut seen: FxHashSet<(i64, Vec<i64>)> = FxHashSet::default();
         while let Some((v, idx)) = stack.pop() {
-            if v == root {
-                return n;
+            if v == self.root {
+                return self.n;
             }
             if !seen.insert((v, idx.clone())) {
                 continue;
             }
-            for u in users.get(&v).map(|x| x.as_slice()).unwrap_or(&[]) {
-                let Some(ui) = by_id.get(u) else { continue };
-                end = end.max(at(*u));
+            for u in self.users.get(&v).map(|x| x.as_slice()).unwrap_or(&[]) {
+                let Some(ui) = self.by_id.get(u) else {
+                    continue;
+                };
+                end = end.max(self.at(*u));
                 match ui.opcode.as_str() {
                     "get-tuple-element" if idx.first() == Some(&ui.tuple_index) => {
                         stack.push((*u, idx[1..].to_vec()));
@@ -180,13 +260,13 @@ pub fn estimate(
             }
         }
         end
-    };
+    }
 
-    // The instruction and index that define the value an instruction's result (at `index`)
-    // holds: through bitcasts, tuples and get-tuple-element.
-    let source = |mut id: i64, mut index: Vec<i64>| -> (i64, Vec<i64>) {
+    /// The instruction and index that define the value an instruction's result (at `index`)
+    /// holds: through bitcasts, tuples and get-tuple-element.
+    fn source(&self, mut id: i64, mut index: Vec<i64>) -> (i64, Vec<i64>) {
         for _ in 0..64 {
-            let Some(i) = by_id.get(&id) else { break };
+            let Some(i) = self.by_id.get(&id) else { break };
             match i.opcode.as_str() {
                 "bitcast" if !i.operand_ids.is_empty() => id = i.operand_ids[0],
                 "get-tuple-element" if !i.operand_ids.is_empty() => {
@@ -204,10 +284,17 @@ pub fn estimate(
             }
         }
         (id, index)
-    };
+    }
+}
 
-    // Outputs: the root tuple's elements (or the root itself); those already aliased are taken.
-    let root_i = by_id.get(&root)?;
+/// The state parameters not donated yet, each with the output it would alias, and the
+/// arguments with a parameter donated already. Outputs: the root tuple's elements (or the root
+/// itself); those already aliased are taken. None when there is nothing to donate.
+fn state_pairs<'a>(
+    module: &hpb::HloModuleProto,
+    g: &Schedule<'a>,
+) -> Option<(Vec<Pair<'a>>, Vec<String>)> {
+    let root_i = g.by_id.get(&g.root)?;
     let outputs: Vec<(String, i64)> = match root_i.shape.as_ref() {
         Some(s) if s.element_type == 13 => s
             .tuple_shapes
@@ -232,14 +319,14 @@ pub fn estimate(
     if let Some(d) = &module.buffer_donor {
         donated.extend(d.entries.iter().map(|e| e.parameter_number));
     }
-    let mut params: Vec<&hpb::HloInstructionProto> = entry
+    let mut params: Vec<&hpb::HloInstructionProto> = g
+        .entry
         .instructions
         .iter()
         .filter(|i| i.opcode == "parameter")
         .collect();
     params.sort_by_key(|i| i.parameter_number);
-    // (parameter, the output value it would alias)
-    let mut pairs: Vec<(&hpb::HloInstructionProto, (i64, Vec<i64>))> = Vec::new();
+    let mut pairs: Vec<Pair> = Vec::new();
     let mut donated_args: Vec<String> = Vec::new();
     for prm in params {
         let op_name = prm
@@ -263,17 +350,17 @@ pub fn estimate(
         };
         taken[k] = true;
         let value = if outputs[k].1 < 0 {
-            source(root, Vec::new())
+            g.source(g.root, Vec::new())
         } else {
-            source(root, vec![outputs[k].1])
+            g.source(g.root, vec![outputs[k].1])
         };
         pairs.push((prm, value));
     }
-    if pairs.is_empty() {
-        return None;
-    }
+    (!pairs.is_empty()).then_some((pairs, donated_args))
+}
 
-    // The allocations of those outputs, and who else lives in them.
+/// The allocations of those outputs (of this colour, live out, not parameters).
+fn output_allocations(ba: &hpb::BufferAssignmentProto, color: i64, pairs: &[Pair]) -> Vec<usize> {
     let lb: FxHashMap<(i64, Vec<i64>), &hpb::LogicalBufferProto> = ba
         .logical_buffers
         .iter()
@@ -289,7 +376,7 @@ pub fn estimate(
         }
     }
     let mut allocs: Vec<usize> = Vec::new();
-    for (_, value) in &pairs {
+    for (_, value) in pairs {
         let Some(b) = lb.get(value) else { continue };
         let Some(&ai) = alloc_of.get(&b.id) else {
             continue;
@@ -303,6 +390,11 @@ pub fn estimate(
             allocs.push(ai);
         }
     }
+    allocs
+}
+
+/// The largest logical buffer each instruction defines, by instruction id.
+fn defined_bytes(ba: &hpb::BufferAssignmentProto) -> FxHashMap<i64, u64> {
     let mut defined_bytes: FxHashMap<i64, u64> = FxHashMap::default();
     for b in &ba.logical_buffers {
         if let Some(d) = b.defined_at.as_ref() {
@@ -310,31 +402,22 @@ pub fn estimate(
             *e = (*e).max(b.size.max(0) as u64);
         }
     }
-    let param_bytes = |id: i64| defined_bytes.get(&id).copied().unwrap_or(0);
-    let mut args: Vec<(String, u64)> = Vec::new();
-    for (prm, _) in &pairs {
-        let op_name = prm
-            .metadata
-            .as_ref()
-            .map(|m| m.op_name.as_str())
-            .unwrap_or("");
-        let root = arg_root(op_name);
-        match args.iter_mut().find(|a| a.0 == root) {
-            Some(a) => a.1 = a.1.saturating_add(param_bytes(prm.id)),
-            None => args.push((root.to_string(), param_bytes(prm.id))),
-        }
-    }
-    let mut est = DonationEstimate {
-        params: pairs.len(),
-        args,
-        donated_args,
-        scheduled,
-        ..DonationEstimate::default()
-    };
+    defined_bytes
+}
+
+/// Who else lives in the output allocations: the temporaries lent their memory, counted into
+/// `est`, as a change of bytes in use at each position.
+fn lent_temporaries(
+    est: &mut DonationEstimate,
+    g: &Schedule,
+    ba: &hpb::BufferAssignmentProto,
+    allocs: &[usize],
+) -> Vec<i128> {
+    let n = g.n;
     let by_lb: FxHashMap<i64, &hpb::LogicalBufferProto> =
         ba.logical_buffers.iter().map(|b| (b.id, b)).collect();
     let mut lent_delta = vec![0i128; n + 2];
-    for &ai in &allocs {
+    for &ai in allocs {
         let a = &ba.buffer_allocations[ai];
         est.output_bytes = est.output_bytes.saturating_add(a.size.max(0) as u64);
         for asg in &a.assigned {
@@ -345,14 +428,15 @@ pub fn estimate(
                 continue;
             };
             // A value defined inside a called computation stands for its caller's result.
-            let end = if in_entry.contains(&d.instruction_id) {
-                last_use(d.instruction_id, &d.shape_index)
+            let end = if g.in_entry.contains(&d.instruction_id) {
+                g.last_use(d.instruction_id, &d.shape_index)
             } else {
-                let caller = order
-                    .get(at(d.instruction_id))
+                let caller = g
+                    .order
+                    .get(g.at(d.instruction_id))
                     .copied()
                     .unwrap_or(d.instruction_id);
-                last_use(caller, &[])
+                g.last_use(caller, &[])
             };
             if end >= n {
                 continue; // the output itself (or a value colocated with it)
@@ -360,19 +444,30 @@ pub fn estimate(
             let size = b.size.max(0) as u64;
             est.lent_buffers += 1;
             est.lent_bytes = est.lent_bytes.saturating_add(size);
-            let start = at(d.instruction_id);
+            let start = g.at(d.instruction_id);
             lent_delta[start] += size as i128;
             lent_delta[end.max(start) + 1] -= size as i128;
         }
     }
+    lent_delta
+}
 
-    // Copies: a parameter one of whose readers the update does not depend on.
+/// Copies: a parameter one of whose readers the update does not depend on; counted into `est`,
+/// as a change of bytes in use at each position.
+fn copies(
+    est: &mut DonationEstimate,
+    g: &Schedule,
+    pairs: &[Pair],
+    param_bytes: &dyn Fn(i64) -> u64,
+) -> Vec<i128> {
+    let n = g.n;
     let mut copy_delta = vec![0i128; n + 2];
-    for (prm, (out, _)) in &pairs {
+    for (prm, (out, _)) in pairs {
         let mut ancestors: FxHashSet<i64> = FxHashSet::default();
         let mut stack = vec![*out];
         while let Some(x) = stack.pop() {
-            for o in by_id
+            for o in g
+                .by_id
                 .get(&x)
                 .map(|i| i.operand_ids.as_slice())
                 .unwrap_or(&[])
@@ -385,8 +480,8 @@ pub fn estimate(
         let mut readers: Vec<i64> = Vec::new();
         let mut frontier = vec![prm.id];
         while let Some(x) = frontier.pop() {
-            for u in users.get(&x).map(|v| v.as_slice()).unwrap_or(&[]) {
-                match by_id.get(u).map(|i| i.opcode.as_str()) {
+            for u in g.users.get(&x).map(|v| v.as_slice()).unwrap_or(&[]) {
+                match g.by_id.get(u).map(|i| i.opcode.as_str()) {
                     Some("bitcast") => frontier.push(*u),
                     _ => readers.push(*u),
                 }
@@ -397,18 +492,26 @@ pub fn estimate(
             est.copies += 1;
             est.copy_bytes = est.copy_bytes.saturating_add(size);
             copy_delta[0] += size as i128;
-            copy_delta[at(*out).min(n) + 1] -= size as i128;
+            copy_delta[g.at(*out).min(n) + 1] -= size as i128;
         }
     }
+    copy_delta
+}
 
-    // The heap at each position: the most in use during the events of its instructions.
-    let mut heap_at = vec![0u64; n + 1];
+/// The heap at each position: the most in use during the events of its instructions.
+fn heap_at_positions(
+    g: &Schedule,
+    events: &[hpb::heap_simulator_trace::Event],
+    levels: &[u64],
+) -> Vec<u64> {
+    let mut heap_at = vec![0u64; g.n + 1];
     let mut p = 0usize;
     let mut level = 0u64;
     for (e, after) in events.iter().zip(levels) {
-        if let Some(&q) = by_name
+        if let Some(&q) = g
+            .by_name
             .get(e.instruction_name.as_str())
-            .and_then(|id| pos.get(id))
+            .and_then(|id| g.pos.get(id))
         {
             if q > p {
                 for h in heap_at.iter_mut().take(q).skip(p + 1) {
@@ -424,14 +527,5 @@ pub fn estimate(
     for h in heap_at.iter_mut().skip(p + 1) {
         *h = level;
     }
-    let (mut lent, mut copies) = (0i128, 0i128);
-    for (t, heap) in heap_at.iter().enumerate().take(n + 1) {
-        lent += lent_delta[t];
-        copies += copy_delta[t];
-        est.lent_peak = est.lent_peak.max(lent.max(0) as u64);
-        est.moved_peak = est
-            .moved_peak
-            .max((*heap as i128 + lent + copies).max(0) as u64);
-    }
-    (est.output_bytes > 0).then_some(est)
+    heap_at
 }

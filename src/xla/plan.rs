@@ -297,27 +297,78 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
     let empty_module = hpb::HloModuleProto::default();
     let module = proto.hlo_module.as_ref().unwrap_or(&empty_module);
     plan.entry_computation = module.entry_computation_name.clone();
-    let sfi = module.stack_frame_index.as_ref();
     let empty_ba = hpb::BufferAssignmentProto::default();
     let ba = proto.buffer_assignment.as_ref().unwrap_or(&empty_ba);
+    let ix = Instructions::of(module, ba);
+    let mut bufs = logical_buffers(ba, &ix);
 
-    let mut by_id: FxHashMap<i64, &hpb::HloInstructionProto> = FxHashMap::default();
-    let mut users: FxHashMap<i64, Vec<&hpb::HloInstructionProto>> = FxHashMap::default();
-    for c in &module.computations {
-        for i in &c.instructions {
-            by_id.insert(i.id, i);
-            for o in &i.operand_ids {
-                users.entry(*o).or_default().push(i);
+    // Totals over allocations of this colour.
+    let allocs: Vec<(usize, &hpb::BufferAllocationProto)> = ba
+        .buffer_allocations
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| a.color == color)
+        .collect();
+    let donors = donated_params(module);
+    add_totals(&mut plan, &allocs, &donors, module);
+
+    let traces = &ba.heap_simulator_traces;
+    let trace = heap_trace(traces, &bufs, &allocs, color);
+    let heap = trace
+        .and_then(|ti| traces.get(ti))
+        .map(|t| replay_heap(&mut plan, t, &mut bufs))
+        .unwrap_or_default();
+    peak_rows(&mut plan, &allocs, &bufs, &heap, &ix);
+    parameters_and_call_site(&mut plan, module, &allocs, &donors, ix.sfi);
+
+    let events = trace
+        .and_then(|ti| traces.get(ti))
+        .map(|t| t.events.as_slice())
+        .unwrap_or(&[]);
+    let donation = super::donation::estimate(module, ba, color, events, plan.heap_levels());
+    plan.donation = donation;
+    count_remat(&mut plan, module);
+    plan
+}
+
+/// The module's instructions by id, who uses each, and what a row needs to describe one.
+struct Instructions<'a> {
+    by_id: FxHashMap<i64, &'a hpb::HloInstructionProto>,
+    users: FxHashMap<i64, Vec<&'a hpb::HloInstructionProto>>,
+    sfi: Option<&'a hpb::StackFrameIndexProto>,
+    ba: &'a hpb::BufferAssignmentProto,
+}
+
+impl<'a> Instructions<'a> {
+    fn of(module: &'a hpb::HloModuleProto, ba: &'a hpb::BufferAssignmentProto) -> Self {
+        let mut by_id: FxHashMap<i64, &hpb::HloInstructionProto> = FxHashMap::default();
+        let mut users: FxHashMap<i64, Vec<&hpb::HloInstructionProto>> = FxHashMap::default();
+        for c in &module.computations {
+            for i in &c.instructions {
+                by_id.insert(i.id, i);
+                for o in &i.operand_ids {
+                    users.entry(*o).or_default().push(i);
+                }
             }
         }
+        Instructions {
+            by_id,
+            users,
+            sfi: module.stack_frame_index.as_ref(),
+            ba,
+        }
     }
-    // The `while` an unnamed instruction's value flows into (through tuples and copies).
-    let carrying_while = |start: &hpb::HloInstructionProto| -> Option<&hpb::HloInstructionProto> {
+
+    /// The `while` an unnamed instruction's value flows into (through tuples and copies).
+    fn carrying_while(
+        &self,
+        start: &hpb::HloInstructionProto,
+    ) -> Option<&'a hpb::HloInstructionProto> {
         let mut frontier = vec![start.id];
         for _ in 0..4 {
             let mut next = Vec::new();
             for id in frontier {
-                for u in users.get(&id).map(|v| v.as_slice()).unwrap_or(&[]) {
+                for u in self.users.get(&id).map(|v| v.as_slice()).unwrap_or(&[]) {
                     if u.opcode == "while" {
                         return Some(u);
                     }
@@ -332,7 +383,74 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
             frontier = next;
         }
         None
-    };
+    }
+
+    /// One row of the buffers at the peak.
+    fn row(&self, b: &Buf, heap: bool) -> PeakBuffer {
+        let sfi = self.sfi;
+        let idx = b
+            .proto
+            .defined_at
+            .as_ref()
+            .map(|d| d.shape_index.as_slice())
+            .unwrap_or(&[]);
+        let empty_shape = hpb::ShapeProto::default();
+        let shape = hlo::resolve_shape(b.instr.shape.as_ref().unwrap_or(&empty_shape), idx);
+        let op_name = b
+            .instr
+            .metadata
+            .as_ref()
+            .map(|m| m.op_name.clone())
+            .unwrap_or_default();
+        let (source, stack) = hlo::source_of(b.instr, sfi);
+        let instruction = if idx.is_empty() {
+            b.instr.name.clone()
+        } else {
+            let parts: Vec<String> = idx.iter().map(|i| i.to_string()).collect();
+            format!("{}{{{}}}", b.instr.name, parts.join(","))
+        };
+        let mut role = role_of(&op_name, &b.instr.opcode, shape.element_type);
+        let (mut via, mut via_stack) = (None, Vec::new());
+        if op_name.is_empty() {
+            if let Some(w) = self.carrying_while(b.instr) {
+                let wname = w
+                    .metadata
+                    .as_ref()
+                    .map(|m| m.op_name.as_str())
+                    .unwrap_or("");
+                role = if wname.contains("transpose(") {
+                    Role::Backward
+                } else {
+                    Role::ScanStack
+                };
+                via = Some(w.name.clone());
+                via_stack = hlo::source_of(w, sfi).1;
+            }
+        }
+        PeakBuffer {
+            logical_buffer_id: b.proto.id,
+            size: b.proto.size.max(0) as u64,
+            instruction,
+            shape: hlo::shape_string(shape),
+            role,
+            via,
+            via_stack,
+            live_events: 0..0,
+            op_name,
+            opcode: b.instr.opcode.clone(),
+            category: Category::of(&self.ba.buffer_allocations[b.alloc]),
+            heap,
+            source,
+            stack,
+        }
+    }
+}
+
+/// Every assigned logical buffer whose defining instruction is known, by id.
+fn logical_buffers<'a>(
+    ba: &'a hpb::BufferAssignmentProto,
+    ix: &Instructions<'a>,
+) -> FxHashMap<i64, Buf<'a>> {
     let lb_proto: FxHashMap<i64, &hpb::LogicalBufferProto> =
         ba.logical_buffers.iter().map(|b| (b.id, b)).collect();
     let mut bufs: FxHashMap<i64, Buf> = FxHashMap::default();
@@ -342,7 +460,7 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
                 continue;
             };
             let iid = p.defined_at.as_ref().map(|d| d.instruction_id).unwrap_or(0);
-            let Some(instr) = by_id.get(&iid) else {
+            let Some(instr) = ix.by_id.get(&iid) else {
                 continue;
             };
             bufs.insert(
@@ -357,16 +475,17 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
             );
         }
     }
+    bufs
+}
 
-    // Totals over allocations of this colour.
-    let allocs: Vec<(usize, &hpb::BufferAllocationProto)> = ba
-        .buffer_allocations
-        .iter()
-        .enumerate()
-        .filter(|(_, a)| a.color == color)
-        .collect();
-    let donors = donated_params(module);
-    for (_, a) in &allocs {
+/// Totals over the allocations of this colour.
+fn add_totals(
+    plan: &mut Plan,
+    allocs: &[(usize, &hpb::BufferAllocationProto)],
+    donors: &FxHashSet<(i64, Vec<i64>)>,
+    module: &hpb::HloModuleProto,
+) {
+    for (_, a) in allocs {
         let size = a.size.max(0) as u64;
         if a.is_thread_local || a.is_tuple {
             plan.non_reusable_bytes = plan.non_reusable_bytes.saturating_add(size);
@@ -401,10 +520,16 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
         .as_ref()
         .map(|a| a.entries.len())
         .unwrap_or(0);
+}
 
-    // Heap-simulator trace: the trace whose first event's buffer lies in a temporary allocation
-    // of this colour; else the trace with most events of this colour.
-    let traces = &ba.heap_simulator_traces;
+/// Heap-simulator trace: the trace whose first event's buffer lies in a temporary allocation
+/// of this colour; else the trace with most events of this colour.
+fn heap_trace(
+    traces: &[hpb::HeapSimulatorTrace],
+    bufs: &FxHashMap<i64, Buf>,
+    allocs: &[(usize, &hpb::BufferAllocationProto)],
+    color: i64,
+) -> Option<usize> {
     let mut trace_of_alloc: FxHashMap<usize, usize> = FxHashMap::default();
     for (ti, t) in traces.iter().enumerate() {
         let Some(e) = t.events.first() else { continue };
@@ -412,189 +537,152 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
             trace_of_alloc.insert(b.alloc, ti);
         }
     }
-    let mut trace = allocs
+    let trace = allocs
         .iter()
         .filter(|(_, a)| !is_indefinite(a) && !a.is_thread_local)
         .find_map(|(ai, _)| trace_of_alloc.get(ai).copied());
-    if trace.is_none() {
-        let mut best = (0usize, None);
-        for (ti, t) in traces.iter().enumerate() {
-            let n = t
-                .events
-                .iter()
-                .filter(|e| {
-                    bufs.get(&e.buffer_id)
-                        .is_some_and(|b| b.proto.color == color)
-                })
-                .count();
-            if n > best.0 {
-                best = (n, Some(ti));
-            }
-        }
-        trace = best.1;
+    if trace.is_some() {
+        return trace;
     }
+    let mut best = (0usize, None);
+    for (ti, t) in traces.iter().enumerate() {
+        let n = t
+            .events
+            .iter()
+            .filter(|e| {
+                bufs.get(&e.buffer_id)
+                    .is_some_and(|b| b.proto.color == color)
+            })
+            .count();
+        if n > best.0 {
+            best = (n, Some(ti));
+        }
+    }
+    best.1
+}
 
-    // Replay (XPLANE_FORMAT.md §4). `live` holds root canonical buffers; `display` maps a root to
-    // the buffer xprof shows for it: itself, or the buffer whose SHARE_WITH revived it (the value
-    // that occupies the memory now). Shares into a buffer already live (in place) change nothing.
-    let mut peak_ids: Vec<i64> = Vec::new();
+/// What the heap replay leaves for the rows: the buffers xprof shows at the peak, and each root
+/// buffer's lives (event index ranges).
+#[derive(Default)]
+struct HeapReplay {
+    peak_ids: Vec<i64>,
+    live_ranges: FxHashMap<i64, Vec<std::ops::Range<usize>>>,
+}
+
+/// Replay (XPLANE_FORMAT.md §4). `live` holds root canonical buffers; `display` maps a root to
+/// the buffer xprof shows for it: itself, or the buffer whose SHARE_WITH revived it (the value
+/// that occupies the memory now). Shares into a buffer already live (in place) change nothing.
+fn replay_heap(
+    plan: &mut Plan,
+    t: &hpb::HeapSimulatorTrace,
+    bufs: &mut FxHashMap<i64, Buf>,
+) -> HeapReplay {
+    let mut out = HeapReplay::default();
     // Root buffer -> event index at which it became live; closed into `live_ranges` when freed.
     let mut opened: FxHashMap<i64, usize> = FxHashMap::default();
-    let mut live_ranges: FxHashMap<i64, Vec<std::ops::Range<usize>>> = FxHashMap::default();
-    if let Some(t) = trace.and_then(|ti| traces.get(ti)) {
-        let mut live: Vec<i64> = Vec::new();
-        let mut display: FxHashMap<i64, i64> = FxHashMap::default();
-        let mut heap: i64 = 0;
-        let mut peak: i64 = 0;
-        plan.heap_curve.reserve(t.events.len());
-        for (pos, e) in t.events.iter().enumerate() {
-            plan.heap_points += 1;
-            plan.heap_curve.push(heap.max(0) as u64);
-            if !bufs.contains_key(&e.buffer_id) {
-                continue;
-            }
-            // (root that became live, the buffer it shows)
-            let mut grew: Option<(i64, i64)> = None;
-            match e.kind {
-                0 => {
-                    let root = root_of(&bufs, e.buffer_id);
-                    let refs = match bufs.get_mut(&root) {
-                        Some(b) => {
-                            b.refs += 1;
-                            b.refs
-                        }
-                        None => continue,
-                    };
-                    if refs == 1 {
-                        grew = Some((root, e.buffer_id));
-                    }
-                }
-                1 => {
-                    let root = root_of(&bufs, e.buffer_id);
-                    let refs = match bufs.get_mut(&root) {
-                        Some(b) => {
-                            b.refs -= 1;
-                            b.refs
-                        }
-                        None => continue,
-                    };
-                    if refs == 0 {
-                        if let Some(start) = opened.remove(&root) {
-                            live_ranges.entry(root).or_default().push(start..pos);
-                        }
-                        live.retain(|&x| x != root);
-                        display.remove(&root);
-                        heap =
-                            heap.saturating_sub(bufs.get(&root).map(|b| b.proto.size).unwrap_or(0));
-                    }
-                }
-                2 => {
-                    let canon = e.share_with_canonical_id;
-                    if !bufs.contains_key(&canon) {
-                        continue;
-                    }
-                    if let Some(b) = bufs.get_mut(&e.buffer_id) {
-                        b.canonical = Some(canon);
-                    }
-                    let root = root_of(&bufs, canon);
-                    let refs = match bufs.get_mut(&root) {
-                        Some(b) => {
-                            b.refs += 1;
-                            b.refs
-                        }
-                        None => continue,
-                    };
-                    if refs == 1 {
-                        grew = Some((root, e.buffer_id));
-                    }
-                }
-                _ => {}
-            }
-            if let Some((root, shown)) = grew {
-                opened.insert(root, pos);
-                live.push(root);
-                display.insert(root, shown);
-                heap = heap.saturating_add(bufs.get(&root).map(|b| b.proto.size).unwrap_or(0));
-                if heap > peak {
-                    peak = heap;
-                    plan.peak_position = pos;
-                    plan.peak_instruction = e.instruction_name.clone();
-                    peak_ids = live
-                        .iter()
-                        .map(|r| display.get(r).copied().unwrap_or(*r))
-                        .collect();
-                }
-            }
-        }
-        plan.heap_curve.push(heap.max(0) as u64);
-        for (root, start) in opened.drain() {
-            live_ranges
-                .entry(root)
-                .or_default()
-                .push(start..t.events.len());
-        }
+    let mut live: Vec<i64> = Vec::new();
+    let mut display: FxHashMap<i64, i64> = FxHashMap::default();
+    let mut heap: i64 = 0;
+    let mut peak: i64 = 0;
+    plan.heap_curve.reserve(t.events.len());
+    for (pos, e) in t.events.iter().enumerate() {
         plan.heap_points += 1;
-        plan.heap_peak_bytes = peak.max(0) as u64;
-    }
-
-    // Rows: the largest logical buffer of each indefinite allocation, then heap buffers.
-    let row = |b: &Buf, heap: bool| -> PeakBuffer {
-        let idx = b
-            .proto
-            .defined_at
-            .as_ref()
-            .map(|d| d.shape_index.as_slice())
-            .unwrap_or(&[]);
-        let empty_shape = hpb::ShapeProto::default();
-        let shape = hlo::resolve_shape(b.instr.shape.as_ref().unwrap_or(&empty_shape), idx);
-        let op_name = b
-            .instr
-            .metadata
-            .as_ref()
-            .map(|m| m.op_name.clone())
-            .unwrap_or_default();
-        let (source, stack) = hlo::source_of(b.instr, sfi);
-        let instruction = if idx.is_empty() {
-            b.instr.name.clone()
-        } else {
-            let parts: Vec<String> = idx.iter().map(|i| i.to_string()).collect();
-            format!("{}{{{}}}", b.instr.name, parts.join(","))
-        };
-        let mut role = role_of(&op_name, &b.instr.opcode, shape.element_type);
-        let (mut via, mut via_stack) = (None, Vec::new());
-        if op_name.is_empty() {
-            if let Some(w) = carrying_while(b.instr) {
-                let wname = w
-                    .metadata
-                    .as_ref()
-                    .map(|m| m.op_name.as_str())
-                    .unwrap_or("");
-                role = if wname.contains("transpose(") {
-                    Role::Backward
-                } else {
-                    Role::ScanStack
+        plan.heap_curve.push(heap.max(0) as u64);
+        if !bufs.contains_key(&e.buffer_id) {
+            continue;
+        }
+        // (root that became live, the buffer it shows)
+        let mut grew: Option<(i64, i64)> = None;
+        match e.kind {
+            0 => {
+                let root = root_of(bufs, e.buffer_id);
+                let refs = match bufs.get_mut(&root) {
+                    Some(b) => {
+                        b.refs += 1;
+                        b.refs
+                    }
+                    None => continue,
                 };
-                via = Some(w.name.clone());
-                via_stack = hlo::source_of(w, sfi).1;
+                if refs == 1 {
+                    grew = Some((root, e.buffer_id));
+                }
+            }
+            1 => {
+                let root = root_of(bufs, e.buffer_id);
+                let refs = match bufs.get_mut(&root) {
+                    Some(b) => {
+                        b.refs -= 1;
+                        b.refs
+                    }
+                    None => continue,
+                };
+                if refs == 0 {
+                    if let Some(start) = opened.remove(&root) {
+                        out.live_ranges.entry(root).or_default().push(start..pos);
+                    }
+                    live.retain(|&x| x != root);
+                    display.remove(&root);
+                    heap = heap.saturating_sub(bufs.get(&root).map(|b| b.proto.size).unwrap_or(0));
+                }
+            }
+            2 => {
+                let canon = e.share_with_canonical_id;
+                if !bufs.contains_key(&canon) {
+                    continue;
+                }
+                if let Some(b) = bufs.get_mut(&e.buffer_id) {
+                    b.canonical = Some(canon);
+                }
+                let root = root_of(bufs, canon);
+                let refs = match bufs.get_mut(&root) {
+                    Some(b) => {
+                        b.refs += 1;
+                        b.refs
+                    }
+                    None => continue,
+                };
+                if refs == 1 {
+                    grew = Some((root, e.buffer_id));
+                }
+            }
+            _ => {}
+        }
+        if let Some((root, shown)) = grew {
+            opened.insert(root, pos);
+            live.push(root);
+            display.insert(root, shown);
+            heap = heap.saturating_add(bufs.get(&root).map(|b| b.proto.size).unwrap_or(0));
+            if heap > peak {
+                peak = heap;
+                plan.peak_position = pos;
+                plan.peak_instruction = e.instruction_name.clone();
+                out.peak_ids = live
+                    .iter()
+                    .map(|r| display.get(r).copied().unwrap_or(*r))
+                    .collect();
             }
         }
-        PeakBuffer {
-            logical_buffer_id: b.proto.id,
-            size: b.proto.size.max(0) as u64,
-            instruction,
-            shape: hlo::shape_string(shape),
-            role,
-            via,
-            via_stack,
-            live_events: 0..0,
-            op_name,
-            opcode: b.instr.opcode.clone(),
-            category: Category::of(&ba.buffer_allocations[b.alloc]),
-            heap,
-            source,
-            stack,
-        }
-    };
+    }
+    plan.heap_curve.push(heap.max(0) as u64);
+    for (root, start) in opened.drain() {
+        out.live_ranges
+            .entry(root)
+            .or_default()
+            .push(start..t.events.len());
+    }
+    plan.heap_points += 1;
+    plan.heap_peak_bytes = peak.max(0) as u64;
+    out
+}
+
+/// Rows: the largest logical buffer of each indefinite allocation, then heap buffers.
+fn peak_rows(
+    plan: &mut Plan,
+    allocs: &[(usize, &hpb::BufferAllocationProto)],
+    bufs: &FxHashMap<i64, Buf>,
+    heap: &HeapReplay,
+    ix: &Instructions,
+) {
     let mut rows = Vec::new();
     for (_, a) in allocs.iter().filter(|(_, a)| is_indefinite(a)) {
         let mut best: Option<&Buf> = None;
@@ -607,15 +695,16 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
         }
         if let Some(b) = best {
             plan.indefinite_in_peak = plan.indefinite_in_peak.saturating_add(a.size.max(0) as u64);
-            rows.push(row(b, false));
+            rows.push(ix.row(b, false));
         }
     }
-    for id in &peak_ids {
+    for id in &heap.peak_ids {
         if let Some(b) = bufs.get(id) {
-            let mut r = row(b, true);
+            let mut r = ix.row(b, true);
             // The life (a buffer shared into after a free lives again) that holds the peak.
-            r.live_events = live_ranges
-                .get(&root_of(&bufs, *id))
+            r.live_events = heap
+                .live_ranges
+                .get(&root_of(bufs, *id))
                 .and_then(|v| v.iter().find(|l| l.contains(&plan.peak_position)))
                 .cloned()
                 .unwrap_or(0..0);
@@ -636,57 +725,62 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
     });
     plan.at_peak = rows;
     plan.total_peak_bytes = plan.heap_peak_bytes.saturating_add(plan.indefinite_in_peak);
+}
 
-    // Parameters and where the module was called from.
+/// Parameters and where the module was called from.
+fn parameters_and_call_site(
+    plan: &mut Plan,
+    module: &hpb::HloModuleProto,
+    allocs: &[(usize, &hpb::BufferAllocationProto)],
+    donors: &FxHashSet<(i64, Vec<i64>)>,
+    sfi: Option<&hpb::StackFrameIndexProto>,
+) {
     let entry = module
         .computations
         .iter()
         .find(|c| c.id == module.entry_computation_id)
         .or_else(|| module.computations.last());
-    if let Some(entry) = entry {
-        let mut params: Vec<Param> = entry
-            .instructions
-            .iter()
-            .filter(|i| i.opcode == "parameter")
-            .map(|i| {
-                let bytes = allocs
-                    .iter()
-                    .filter(|(_, a)| {
-                        a.is_entry_computation_parameter && a.parameter_number == i.parameter_number
-                    })
-                    .map(|(_, a)| a.size.max(0) as u64)
-                    .sum();
-                Param {
-                    number: i.parameter_number,
-                    shape: bare_shape(i.shape.as_ref()),
-                    op_name: i
-                        .metadata
-                        .as_ref()
-                        .map(|m| m.op_name.clone())
-                        .unwrap_or_default(),
-                    bytes,
-                    donated: donors.iter().any(|(p, _)| *p == i.parameter_number),
-                }
-            })
-            .collect();
-        params.sort_by_key(|p| p.number);
-        plan.parameters = params;
-        plan.call_site = common_callers(entry, sfi);
-        if let Some(root) = entry.instructions.iter().find(|i| i.id == entry.root_id) {
-            plan.output_shapes = match root.shape.as_ref() {
-                Some(s) if s.element_type == 13 => {
-                    s.tuple_shapes.iter().map(|t| bare_shape(Some(t))).collect()
-                }
-                s => vec![bare_shape(s)],
-            };
-        }
+    let Some(entry) = entry else { return };
+    let mut params: Vec<Param> = entry
+        .instructions
+        .iter()
+        .filter(|i| i.opcode == "parameter")
+        .map(|i| {
+            let bytes = allocs
+                .iter()
+                .filter(|(_, a)| {
+                    a.is_entry_computation_parameter && a.parameter_number == i.parameter_number
+                })
+                .map(|(_, a)| a.size.max(0) as u64)
+                .sum();
+            Param {
+                number: i.parameter_number,
+                shape: bare_shape(i.shape.as_ref()),
+                op_name: i
+                    .metadata
+                    .as_ref()
+                    .map(|m| m.op_name.clone())
+                    .unwrap_or_default(),
+                bytes,
+                donated: donors.iter().any(|(p, _)| *p == i.parameter_number),
+            }
+        })
+        .collect();
+    params.sort_by_key(|p| p.number);
+    plan.parameters = params;
+    plan.call_site = common_callers(entry, sfi);
+    if let Some(root) = entry.instructions.iter().find(|i| i.id == entry.root_id) {
+        plan.output_shapes = match root.shape.as_ref() {
+            Some(s) if s.element_type == 13 => {
+                s.tuple_shapes.iter().map(|t| bare_shape(Some(t))).collect()
+            }
+            s => vec![bare_shape(s)],
+        };
     }
-    let events = trace
-        .and_then(|ti| traces.get(ti))
-        .map(|t| t.events.as_slice())
-        .unwrap_or(&[]);
-    let donation = super::donation::estimate(module, ba, color, events, plan.heap_levels());
-    plan.donation = donation;
+}
+
+/// Instructions XLA's rematerialization pass cloned, and those under the user's `jax.checkpoint`.
+fn count_remat(plan: &mut Plan, module: &hpb::HloModuleProto) {
     for i in module.computations.iter().flat_map(|c| &c.instructions) {
         if i.name.contains(".remat") {
             plan.xla_remat_instructions += 1;
@@ -698,7 +792,6 @@ pub fn compute(m: &hlo::ModuleEntry, proto: &hpb::HloProto, color: i64) -> Plan 
             plan.user_remat_instructions += 1;
         }
     }
-    plan
 }
 
 fn bare_shape(s: Option<&hpb::ShapeProto>) -> String {

@@ -16,7 +16,6 @@ pub(super) fn retained_per_step(
     if t.allocs < MIN_ALLOCS_FOR_STEPS {
         return;
     }
-    let allocated = a.totals.overall.allocated;
     // Only sites with a Python frame can be pinned; `<no stack>` merges unrelated allocations.
     let rep: Vec<&SiteTrace> = t
         .sites
@@ -61,100 +60,127 @@ pub(super) fn retained_per_step(
             });
     let graph_kept = act_kept.saturating_mul(10) >= act_alloc.saturating_mul(3);
     if !activations.is_empty() && !scalars.is_empty() && graph_kept {
-        let act_bytes = activations
-            .iter()
-            .fold(0u64, |x, s| x.saturating_add(s.retained_bytes));
-        let act_blocks: u64 = activations.iter().map(|s| s.retained).sum();
-        let parts = activations
-            .iter()
-            .map(|s| s.retained_parts())
-            .max()
-            .unwrap_or(0);
-        // The kept scalars if some are kept, else the one made last in each step (the total
-        // that consumes the loss).
-        let Some(lead) = scalars
-            .iter()
-            .max_by_key(|s| (s.scalar_retained.min(3), s.last_scalar_alloc))
-            .copied()
-        else {
-            return;
-        };
-        let (loc, stack) = culprit(snap, lead.key, lead.stack);
-        let total = act_bytes.saturating_add(lead.scalar_retained_bytes);
-        let mut f = Finding::new(
-            Code::PT002,
-            Severity::Warning,
-            format!(
-                "Autograd graphs are kept alive across steps: {} of forward activations allocated \
-                 in {} of {} parts of the trace are never freed; {} holds a tensor that keeps them \
-                 alive.",
-                fmt_bytes(act_bytes),
-                parts,
-                WINDOWS,
-                where_(snap, lead.key),
-            ),
-        )
-        .at(loc, stack)
-        .bytes(total, percent(total, allocated), Label::Inferred)
-        .evidence(Evidence::inferred(format!(
-            "{} of the {} that forward allocated in the trace were never freed (forward = sites \
-             whose stacks look like activations)",
-            fmt_bytes(act_kept),
-            fmt_bytes(act_alloc)
-        )))
-        .evidence(Evidence::inferred(format!(
-            "{} activation allocations from {} forward site(s) spread over {} of {} parts of the \
-             trace were never freed ({} still live)",
-            act_blocks,
-            activations.len(),
-            parts,
-            WINDOWS,
-            fmt_bytes(act_bytes)
-        )));
-        f = f.evidence(Evidence::inferred(format!(
-            "a loss-sized tensor (≤ {} B requested) is made at {} once per step: {} allocations over \
-             {} of {WINDOWS} parts of the trace, {} still live",
-            lead.scalar_max_size,
-            site_string(snap, lead.key),
-            lead.scalar_allocs,
-            lead.scalar_windows.count_ones(),
-            lead.scalar_retained
-        )));
-        if let Some((lo, hi)) = floor {
-            f = f.evidence(Evidence::measured(format!(
-                "the floor of live memory rose from {} to {} across the trace",
-                fmt_bytes(lo.max(0) as u64),
-                fmt_bytes(hi.max(0) as u64)
-            )));
-        }
-        f = f
-            .evidence(Evidence::inferred(
-                "a tensor that requires grad is accumulated or logged each step (e.g. \
-                 `total_loss += loss`), so every step's graph and its saved activations stay reachable",
-            ))
-            .fix(
-                Fix::new(
-                    "Accumulate `loss.detach()` instead of `loss`",
-                    FixKind::DetachAccumulated { item: false },
-                )
-                .saving(total)
-                .preferred(),
-            )
-            .fix(
-                Fix::new(
-                    "Or accumulate `loss.item()` (a Python float; synchronises with the GPU)",
-                    FixKind::DetachAccumulated { item: true },
-                )
-                .saving(total),
-            )
-            .fix(Fix::advice(
-                "If nothing is accumulated, look for `backward(retain_graph=True)`",
-            ));
-        f.scope = Some(format!("device {}", t.device));
-        out.push(f);
+        let kept = (act_alloc, act_kept);
+        out.extend(kept_graph(snap, a, t, &activations, &scalars, kept, floor));
         // The other retained user sites belong to the same graphs.
         return;
     }
+    growing_containers(snap, a, t, &rep, graph_kept, floor, out);
+}
+
+/// PT002: forward activations kept across steps, with the per-step loss-sized tensor that keeps
+/// them (`kept` = activation bytes allocated and never freed in the trace).
+fn kept_graph(
+    snap: &Snapshot,
+    a: &Analysis,
+    t: &DeviceTimeline,
+    activations: &[&&SiteTrace],
+    scalars: &[&SiteTrace],
+    (act_alloc, act_kept): (u64, u64),
+    floor: Option<(i64, i64)>,
+) -> Option<Finding> {
+    let allocated = a.totals.overall.allocated;
+    let act_bytes = activations
+        .iter()
+        .fold(0u64, |x, s| x.saturating_add(s.retained_bytes));
+    let act_blocks: u64 = activations.iter().map(|s| s.retained).sum();
+    let parts = activations
+        .iter()
+        .map(|s| s.retained_parts())
+        .max()
+        .unwrap_or(0);
+    // The kept scalars if some are kept, else the one made last in each step (the total
+    // that consumes the loss).
+    let lead = scalars
+        .iter()
+        .max_by_key(|s| (s.scalar_retained.min(3), s.last_scalar_alloc))
+        .copied()?;
+    let (loc, stack) = culprit(snap, lead.key, lead.stack);
+    let total = act_bytes.saturating_add(lead.scalar_retained_bytes);
+    let mut f = Finding::new(
+        Code::PT002,
+        Severity::Warning,
+        format!(
+            "Autograd graphs are kept alive across steps: {} of forward activations allocated \
+             in {} of {} parts of the trace are never freed; {} holds a tensor that keeps them \
+             alive.",
+            fmt_bytes(act_bytes),
+            parts,
+            WINDOWS,
+            where_(snap, lead.key),
+        ),
+    )
+    .at(loc, stack)
+    .bytes(total, percent(total, allocated), Label::Inferred)
+    .evidence(Evidence::inferred(format!(
+        "{} of the {} that forward allocated in the trace were never freed (forward = sites \
+         whose stacks look like activations)",
+        fmt_bytes(act_kept),
+        fmt_bytes(act_alloc)
+    )))
+    .evidence(Evidence::inferred(format!(
+        "{} activation allocations from {} forward site(s) spread over {} of {} parts of the \
+         trace were never freed ({} still live)",
+        act_blocks,
+        activations.len(),
+        parts,
+        WINDOWS,
+        fmt_bytes(act_bytes)
+    )));
+    f = f.evidence(Evidence::inferred(format!(
+        "a loss-sized tensor (≤ {} B requested) is made at {} once per step: {} allocations over \
+         {} of {WINDOWS} parts of the trace, {} still live",
+        lead.scalar_max_size,
+        site_string(snap, lead.key),
+        lead.scalar_allocs,
+        lead.scalar_windows.count_ones(),
+        lead.scalar_retained
+    )));
+    if let Some((lo, hi)) = floor {
+        f = f.evidence(Evidence::measured(format!(
+            "the floor of live memory rose from {} to {} across the trace",
+            fmt_bytes(lo.max(0) as u64),
+            fmt_bytes(hi.max(0) as u64)
+        )));
+    }
+    f = f
+        .evidence(Evidence::inferred(
+            "a tensor that requires grad is accumulated or logged each step (e.g. \
+             `total_loss += loss`), so every step's graph and its saved activations stay reachable",
+        ))
+        .fix(
+            Fix::new(
+                "Accumulate `loss.detach()` instead of `loss`",
+                FixKind::DetachAccumulated { item: false },
+            )
+            .saving(total)
+            .preferred(),
+        )
+        .fix(
+            Fix::new(
+                "Or accumulate `loss.item()` (a Python float; synchronises with the GPU)",
+                FixKind::DetachAccumulated { item: true },
+            )
+            .saving(total),
+        )
+        .fix(Fix::advice(
+            "If nothing is accumulated, look for `backward(retain_graph=True)`",
+        ));
+    f.scope = Some(format!("device {}", t.device));
+    Some(f)
+}
+
+/// PT003: lines whose tensors of every step stay (a container appended to each step).
+fn growing_containers(
+    snap: &Snapshot,
+    a: &Analysis,
+    t: &DeviceTimeline,
+    rep: &[&SiteTrace],
+    graph_kept: bool,
+    floor: Option<(i64, i64)>,
+    out: &mut Vec<Finding>,
+) {
+    let allocated = a.totals.overall.allocated;
     // Containers: repeated, never-freed allocations that are not model state or scalars, in a
     // trace that shows several steps (sawtooth cycles or optimizer steps). A model output kept
     // each step (`history.append(model(x))`) was allocated inside `forward`: an activation by its
