@@ -74,6 +74,7 @@ pub enum Code {
     PT015,
     PT016,
     PT017,
+    PT020,
     JX001,
     JX002,
     JX003,
@@ -88,7 +89,7 @@ pub enum Code {
 
 impl Code {
     /// Every code, in documentation order.
-    pub const ALL: [Code; 27] = [
+    pub const ALL: [Code; 28] = [
         Code::PT001,
         Code::PT002,
         Code::PT003,
@@ -106,6 +107,7 @@ impl Code {
         Code::PT015,
         Code::PT016,
         Code::PT017,
+        Code::PT020,
         Code::JX001,
         Code::JX002,
         Code::JX003,
@@ -138,6 +140,7 @@ impl Code {
             Code::PT015 => "PT015",
             Code::PT016 => "PT016",
             Code::PT017 => "PT017",
+            Code::PT020 => "PT020",
             Code::JX001 => "JX001",
             Code::JX002 => "JX002",
             Code::JX003 => "JX003",
@@ -176,6 +179,7 @@ impl Code {
             Code::PT015 => "capture cannot attribute memory",
             Code::PT016 => "autocast weight cache",
             Code::PT017 => "OOM on the configured capacity",
+            Code::PT020 => "model states dominate the peak",
             Code::JX001 => "plan exceeds capacity",
             Code::JX002 => "forward activations kept for backward",
             Code::JX003 => "backward dominates",
@@ -214,6 +218,7 @@ impl Code {
             | Code::PT005
             | Code::PT010
             | Code::PT015
+            | Code::PT020
             | Code::JX002
             | Code::JX003
             | Code::JX008 => Severity::Information,
@@ -246,7 +251,8 @@ impl Code {
             | Code::PT014
             | Code::PT015
             | Code::PT016
-            | Code::PT017 => Family::Torch,
+            | Code::PT017
+            | Code::PT020 => Family::Torch,
             Code::JX001
             | Code::JX002
             | Code::JX003
