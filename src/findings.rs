@@ -84,12 +84,13 @@ pub enum Code {
     JX007,
     JX008,
     JX009,
+    JX010,
     BL001,
 }
 
 impl Code {
     /// Every code, in documentation order.
-    pub const ALL: [Code; 28] = [
+    pub const ALL: [Code; 29] = [
         Code::PT001,
         Code::PT002,
         Code::PT003,
@@ -117,6 +118,7 @@ impl Code {
         Code::JX007,
         Code::JX008,
         Code::JX009,
+        Code::JX010,
         Code::BL001,
     ];
 
@@ -150,6 +152,7 @@ impl Code {
             Code::JX007 => "JX007",
             Code::JX008 => "JX008",
             Code::JX009 => "JX009",
+            Code::JX010 => "JX010",
             Code::BL001 => "BL001",
         }
     }
@@ -189,6 +192,7 @@ impl Code {
             Code::JX007 => "allocator retry / OOM",
             Code::JX008 => "XLA already rematerialized",
             Code::JX009 => "top buffer at peak",
+            Code::JX010 => "oversized eval outputs",
             Code::BL001 => "grew past the baseline",
         }
     }
@@ -213,7 +217,8 @@ impl Code {
             | Code::PT016
             | Code::JX004
             | Code::JX005
-            | Code::JX006 => Severity::Warning,
+            | Code::JX006
+            | Code::JX010 => Severity::Warning,
             Code::PT004
             | Code::PT005
             | Code::PT010
@@ -261,7 +266,8 @@ impl Code {
             | Code::JX006
             | Code::JX007
             | Code::JX008
-            | Code::JX009 => Family::Jax,
+            | Code::JX009
+            | Code::JX010 => Family::Jax,
             Code::BL001 => Family::Both,
         }
     }
