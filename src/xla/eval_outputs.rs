@@ -14,8 +14,21 @@
 
 use crate::findings::{Code, Evidence, Finding, Fix, Location, Severity, fmt_bytes};
 
-use super::diagnose::{Context, culprit};
-use super::plan::{Category, PeakBuffer, Role};
+use super::plan::{Category, PeakBuffer, Plan, Role};
+
+/// Chooses the culprit frame of a buffer's stack (the first user frame).
+pub type Pick<'a> = &'a dyn Fn(&[Location]) -> Option<usize>;
+
+/// Culprit location and stack (innermost first) of a buffer: the frame `pick` chooses, else the
+/// line xprof shows.
+fn culprit(b: &PeakBuffer, pick: Pick) -> (Option<Location>, Vec<Location>) {
+    let stack: Vec<Location> = b.frames().iter().map(|f| f.location()).collect();
+    if stack.is_empty() {
+        return (b.line().map(|f| f.location()), stack);
+    }
+    let i = pick(&stack).unwrap_or(0);
+    (Some(stack[i].clone()), stack)
+}
 
 /// The returned matrix must be at least this share of the module's total peak (percent)…
 const MIN_SHARE_PERCENT: u64 = 20;
@@ -48,8 +61,7 @@ fn share(part: u64, whole: u64) -> f64 {
 }
 
 /// JX010: an eval function returns a large matrix beside a value it reduced from it.
-pub fn jx010_eval_outputs(ctx: &Context) -> Option<Finding> {
-    let p = ctx.plan;
+pub fn jx010_eval_outputs(p: &Plan, pick: Pick) -> Option<Finding> {
     let trains = p.at_peak.iter().any(|b| {
         matches!(
             b.role,
@@ -93,15 +105,15 @@ pub fn jx010_eval_outputs(ctx: &Context) -> Option<Finding> {
         .iter()
         .filter(|b| b.heap && super::hlo::without_layout(&b.shape) == shape)
         .max_by_key(|b| b.size);
-    let (loc, stack) = culprit(out, ctx.pick);
-    let twin_loc: Option<Location> = twin.and_then(|b| culprit(b, ctx.pick).0);
+    let (loc, stack) = culprit(out, pick);
+    let twin_loc: Option<Location> = twin.and_then(|b| culprit(b, pick).0);
     let held = out.size + twin.map_or(0, |b| b.size);
     let mut f = Finding::new(
         Code::JX010,
         Severity::Warning,
         format!(
-            "{} returns {} {shape} beside a value it reduces inside jit: {} of its {} peak{}",
-            p.module,
+            "the function returns {} {shape} beside a value it reduces inside jit: {} of its \
+             {} peak{}",
             fmt_bytes(out.size),
             pct_text(share(out.size, p.total_peak_bytes)),
             fmt_bytes(p.total_peak_bytes),
