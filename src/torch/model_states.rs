@@ -400,3 +400,69 @@ fn fixes(m: &ModelStates, ranks: Option<u64>) -> Vec<Fix> {
     );
     fixes
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    fn adam(peak: u64, opt: u64, grads: u64, unknown: u64, kept: u64) -> ModelStates {
+        ModelStates {
+            peak,
+            optimizer: opt,
+            gradients: grads,
+            unknown,
+            state_kept: kept,
+            slots: Some(2),
+            ..ModelStates::default()
+        }
+    }
+
+    #[test]
+    fn parameters_are_one_adam_slot_bounded_by_the_memory_no_role_claims() {
+        // sidsoc12's shape: m/v 25.38 GiB kept, 12.85 GiB without a stack.
+        let m = adam(51 * GIB, 26 * GIB, 13 * GIB, 13 * GIB, 26 * GIB);
+        assert_eq!(m.parameters(), 13 * GIB);
+        assert!(m.parameters_inferred());
+        assert_eq!(m.total(), 52 * GIB);
+        // No room for them at the peak: never more than what no role claims.
+        let m = adam(40 * GIB, 26 * GIB, 13 * GIB, GIB, 26 * GIB);
+        assert_eq!(m.parameters(), GIB);
+        // Without slots only identified parameter blocks count.
+        let m = ModelStates {
+            slots: None,
+            parameters_seen: 2 * GIB,
+            ..adam(40 * GIB, 26 * GIB, 13 * GIB, GIB, 26 * GIB)
+        };
+        assert_eq!(m.parameters(), 2 * GIB);
+        assert!(!m.parameters_inferred());
+    }
+
+    #[test]
+    fn fires_only_on_a_large_share_of_a_large_peak_with_optimizer_state() {
+        // Optimizer-dominated step.
+        assert!(adam(51 * GIB, 26 * GIB, 13 * GIB, 13 * GIB, 26 * GIB).fires());
+        // Activation-dominated (Wedsonlin 1024: ~27 % of 22.55 GiB).
+        assert!(!adam(22 * GIB, 3 * GIB, GIB, GIB, 3 * GIB).fires());
+        // Too small to matter (JasperSolt: 0.1 GiB).
+        assert!(!adam(100 << 20, 60 << 20, 0, 40 << 20, 60 << 20).fires());
+        // No optimizer: gradients alone are a backward, not model states to shrink.
+        assert!(!adam(3 * GIB, 0, 3 * GIB, 0, 0).fires());
+    }
+
+    #[test]
+    fn the_fixes_are_bounds_and_sharding_says_per_rank_sizes() {
+        let m = adam(51 * GIB, 24 * GIB, 12 * GIB, 12 * GIB, 24 * GIB);
+        let one = fixes(&m, None);
+        assert!(one[0].title.contains("AdamW8bit"), "{}", one[0].title);
+        assert_eq!(one[0].saving_bytes, Some(18 * GIB));
+        assert!(one[1].title.contains("state/N"), "{}", one[1].title);
+        assert_eq!(one[1].saving_bytes, None);
+        assert_eq!(one[2].saving_bytes, Some(24 * GIB));
+        assert!(one.iter().all(|f| f.simulated.is_none()));
+        let four = fixes(&m, Some(4));
+        assert!(four[1].title.contains("state/4"), "{}", four[1].title);
+        assert_eq!(four[1].saving_bytes, Some(18 * GIB));
+    }
+}
