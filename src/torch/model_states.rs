@@ -284,9 +284,9 @@ pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
     )
     .at(loc, stack)
     .bytes(total, percent(total, m.peak), Label::Inferred)
-    .evidence(Evidence::measured(format!(
-        "live at the peak by role: optimizer state {} · gradient / backward {} · parameter {} · \
-         no role (mostly without a stack) {} of {} (roles from the stacks, inferred)",
+    .evidence(Evidence::inferred(format!(
+        "live at the peak by role (bytes measured, roles from the stacks): optimizer state {} · \
+         gradients {} · parameter {} · no role (mostly without a stack) {} of {}",
         fmt_bytes(m.optimizer),
         fmt_bytes(m.gradients),
         fmt_bytes(m.parameters_seen),
@@ -309,7 +309,7 @@ pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
         f = f.evidence(Evidence::measured(m.slots_from.clone()));
     }
     if m.optimizer_other() > 0 {
-        f = f.evidence(Evidence::measured(format!(
+        f = f.evidence(Evidence::inferred(format!(
             "{} of the optimizer's blocks at the peak are not the state it keeps to the end \
              (parameters an earlier step rewrote, or the step's temporaries)",
             fmt_bytes(m.optimizer_other())
