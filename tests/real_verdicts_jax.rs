@@ -207,3 +207,42 @@ fn the_eval_output_finding_states_a_bound_from_the_plan() {
     assert_eq!(fix.saving_range, Some(((128 << 20) - 8192 * 4, 128 << 20)));
     assert!(fix.title.contains("at most 128.00 MiB"), "{}", fix.title);
 }
+
+/// JX010 is specific: over every module with a plan in every shared JAX capture (184 modules:
+/// train steps, initialisers, eager per-op jits, a matmul and a conv benchmark whose only output
+/// is their matrix) it fires on h_eval_and_train's eval step alone.
+#[test]
+fn the_eval_output_finding_fires_on_the_eval_step_alone() {
+    let Some(root) = common::shared_dir() else {
+        common::skip("../shared is absent (set MEMLSP_SHARED to the shared folder)");
+        return;
+    };
+    let mut files = BTreeSet::new();
+    captures(&root, "jax_cpu_captures", &mut files);
+    captures(&root, "jax-real-captures", &mut files);
+    let (mut modules, mut hits) = (0, Vec::new());
+    for file in &files {
+        let path = root.join(file);
+        let r = memlsp::analyze::run_file(&path, &Options::default()).unwrap();
+        let memlsp::report::Engine::Xla(s) = &r.engine else {
+            panic!("{file}: not a JAX capture")
+        };
+        let memlsp::xla::summary::Modules::List(rows) = &s.modules else {
+            continue;
+        };
+        for row in rows {
+            modules += 1;
+            let mut opts = Options::default();
+            opts.analysis.module = Some(row.module.clone());
+            let r = memlsp::analyze::run_file(&path, &opts).unwrap();
+            if r.findings.iter().any(|f| f.code.as_str() == "JX010") {
+                hits.push(format!("{file} {}", row.module));
+            }
+        }
+    }
+    assert!(modules >= 150, "{modules} modules");
+    assert_eq!(
+        hits,
+        ["jax_cpu_captures/h_eval_and_train/h_eval_and_train.xplane.pb jit_eval_step(34)"]
+    );
+}
