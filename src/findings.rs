@@ -74,6 +74,7 @@ pub enum Code {
     PT015,
     PT016,
     PT017,
+    PT020,
     JX001,
     JX002,
     JX003,
@@ -83,12 +84,13 @@ pub enum Code {
     JX007,
     JX008,
     JX009,
+    JX010,
     BL001,
 }
 
 impl Code {
     /// Every code, in documentation order.
-    pub const ALL: [Code; 27] = [
+    pub const ALL: [Code; 29] = [
         Code::PT001,
         Code::PT002,
         Code::PT003,
@@ -106,6 +108,7 @@ impl Code {
         Code::PT015,
         Code::PT016,
         Code::PT017,
+        Code::PT020,
         Code::JX001,
         Code::JX002,
         Code::JX003,
@@ -115,6 +118,7 @@ impl Code {
         Code::JX007,
         Code::JX008,
         Code::JX009,
+        Code::JX010,
         Code::BL001,
     ];
 
@@ -138,6 +142,7 @@ impl Code {
             Code::PT015 => "PT015",
             Code::PT016 => "PT016",
             Code::PT017 => "PT017",
+            Code::PT020 => "PT020",
             Code::JX001 => "JX001",
             Code::JX002 => "JX002",
             Code::JX003 => "JX003",
@@ -147,6 +152,7 @@ impl Code {
             Code::JX007 => "JX007",
             Code::JX008 => "JX008",
             Code::JX009 => "JX009",
+            Code::JX010 => "JX010",
             Code::BL001 => "BL001",
         }
     }
@@ -176,6 +182,7 @@ impl Code {
             Code::PT015 => "capture cannot attribute memory",
             Code::PT016 => "autocast weight cache",
             Code::PT017 => "OOM on the configured capacity",
+            Code::PT020 => "model states dominate the peak",
             Code::JX001 => "plan exceeds capacity",
             Code::JX002 => "forward activations kept for backward",
             Code::JX003 => "backward dominates",
@@ -185,6 +192,7 @@ impl Code {
             Code::JX007 => "allocator retry / OOM",
             Code::JX008 => "XLA already rematerialized",
             Code::JX009 => "top buffer at peak",
+            Code::JX010 => "oversized eval outputs",
             Code::BL001 => "grew past the baseline",
         }
     }
@@ -209,11 +217,13 @@ impl Code {
             | Code::PT016
             | Code::JX004
             | Code::JX005
-            | Code::JX006 => Severity::Warning,
+            | Code::JX006
+            | Code::JX010 => Severity::Warning,
             Code::PT004
             | Code::PT005
             | Code::PT010
             | Code::PT015
+            | Code::PT020
             | Code::JX002
             | Code::JX003
             | Code::JX008 => Severity::Information,
@@ -246,7 +256,8 @@ impl Code {
             | Code::PT014
             | Code::PT015
             | Code::PT016
-            | Code::PT017 => Family::Torch,
+            | Code::PT017
+            | Code::PT020 => Family::Torch,
             Code::JX001
             | Code::JX002
             | Code::JX003
@@ -255,7 +266,8 @@ impl Code {
             | Code::JX006
             | Code::JX007
             | Code::JX008
-            | Code::JX009 => Family::Jax,
+            | Code::JX009
+            | Code::JX010 => Family::Jax,
             Code::BL001 => Family::Both,
         }
     }

@@ -20,6 +20,7 @@ const PAGES: &[(Code, &str)] = &[
     (Code::JX007, include_str!("../../docs/findings/JX007.md")),
     (Code::JX008, include_str!("../../docs/findings/JX008.md")),
     (Code::JX009, include_str!("../../docs/findings/JX009.md")),
+    (Code::JX010, include_str!("../../docs/findings/JX010.md")),
     (Code::PT001, include_str!("../../docs/findings/PT001.md")),
     (Code::PT002, include_str!("../../docs/findings/PT002.md")),
     (Code::PT003, include_str!("../../docs/findings/PT003.md")),
@@ -37,6 +38,7 @@ const PAGES: &[(Code, &str)] = &[
     (Code::PT015, include_str!("../../docs/findings/PT015.md")),
     (Code::PT016, include_str!("../../docs/findings/PT016.md")),
     (Code::PT017, include_str!("../../docs/findings/PT017.md")),
+    (Code::PT020, include_str!("../../docs/findings/PT020.md")),
 ];
 
 fn uri(code: Code) -> String {

@@ -18,6 +18,7 @@ mod intern;
 pub mod layers;
 pub mod load;
 pub mod model;
+pub mod model_states;
 pub mod near_oom;
 pub mod no_backward;
 pub mod optim_state;

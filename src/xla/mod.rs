@@ -7,6 +7,7 @@
 pub mod capture;
 pub mod diagnose;
 pub mod donation;
+pub mod eval_outputs;
 pub mod growth;
 pub mod hlo;
 pub mod plan;

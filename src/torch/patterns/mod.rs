@@ -46,6 +46,7 @@ pub fn detect(snap: &Snapshot, a: &Analysis) -> Vec<Finding> {
     crate::torch::device_skew::detect(snap, a, &mut out);
     crate::torch::autocast_cache::detect(snap, a, &mut out);
     crate::torch::capture_limits::detect(snap, a, &mut out);
+    crate::torch::model_states::detect(snap, a, &mut out);
     out
 }
 

@@ -90,7 +90,7 @@ fn f32_copies(ctx: &Context) -> Option<Finding> {
     }
     let twin = |b: &PeakBuffer| {
         let (ty, dims) = dims_of(&b.shape)?;
-        if ty != "f32" || dims.len() < 2 || b.role == Role::Backward {
+        if ty != "f32" || dims.len() < 2 || matches!(b.role, Role::Backward | Role::Forward) {
             return None;
         }
         low.iter().find(|(_, d)| *d == dims).map(|(x, _)| *x)

@@ -148,6 +148,7 @@ pub fn diagnose(ctx: &Context) -> Vec<Finding> {
         jx002_forward_kept(ctx),
         jx003_backward_dominates(ctx),
         jx008_xla_remat(ctx),
+        super::eval_outputs::jx010_eval_outputs(ctx.plan, ctx.pick),
     ]
     .into_iter()
     .flatten()
