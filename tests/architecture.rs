@@ -270,9 +270,17 @@ fn non_test(code: &str) -> &str {
         let at = from + off;
         let rest = code[at + "\n#[cfg(test)]".len()..].trim_start();
         let item = rest.split(['{', ';']).next().unwrap_or("");
-        let declared_elsewhere =
-            item.trim_start().starts_with("mod ") && rest[item.len()..].starts_with(';');
-        if !declared_elsewhere {
+        // Only an inline test module (`mod tests {`) ends the code; a test module declared in
+        // its own file, or a single test-only item (`#[cfg(test)] fn …`), hides nothing after it.
+        let unvisible = item.trim_start().strip_prefix("pub").map_or(item, |v| {
+            let v = v.trim_start();
+            v.strip_prefix('(')
+                .and_then(|v| v.split_once(')'))
+                .map_or(v, |(_, v)| v)
+        });
+        let inline_module =
+            unvisible.trim_start().starts_with("mod ") && rest[item.len()..].starts_with('{');
+        if inline_module {
             return &code[..at];
         }
         from = at + 1;
@@ -745,6 +753,15 @@ fn the_checker_catches_each_kind_of_violation() {
     assert!(
         v.iter().any(|m| m.contains("presenters")),
         "a test module in its own file hides nothing after it: {v:?}"
+    );
+    let v = violations(
+        Path::new("cli/mod.rs"),
+        "#[cfg(test)]\nfn helper() {}\nfn f() { crate::lsp::run_stdio(); }\n#[cfg(test)]\npub(crate) mod tests { fn g() { crate::lsp::run_stdio(); } }\n",
+    );
+    assert_eq!(
+        v.len(),
+        1,
+        "a test-only function hides nothing after it, an inline test module does: {v:?}"
     );
     // A front end that words a finding itself; the same words in `src/present` are its job.
     let plant = "fn f(f: &Finding) -> String {\n    format!(\n        \"{}: {}\",\n        f.code,\n        md(&f.message)\n    )\n}\n";
