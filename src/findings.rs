@@ -74,6 +74,7 @@ pub enum Code {
     PT015,
     PT016,
     PT017,
+    PT018,
     JX001,
     JX002,
     JX003,
@@ -88,7 +89,7 @@ pub enum Code {
 
 impl Code {
     /// Every code, in documentation order.
-    pub const ALL: [Code; 27] = [
+    pub const ALL: [Code; 28] = [
         Code::PT001,
         Code::PT002,
         Code::PT003,
@@ -106,6 +107,7 @@ impl Code {
         Code::PT015,
         Code::PT016,
         Code::PT017,
+        Code::PT018,
         Code::JX001,
         Code::JX002,
         Code::JX003,
@@ -138,6 +140,7 @@ impl Code {
             Code::PT015 => "PT015",
             Code::PT016 => "PT016",
             Code::PT017 => "PT017",
+            Code::PT018 => "PT018",
             Code::JX001 => "JX001",
             Code::JX002 => "JX002",
             Code::JX003 => "JX003",
@@ -176,6 +179,7 @@ impl Code {
             Code::PT015 => "capture cannot attribute memory",
             Code::PT016 => "autocast weight cache",
             Code::PT017 => "OOM on the configured capacity",
+            Code::PT018 => "materialised attention scores",
             Code::JX001 => "plan exceeds capacity",
             Code::JX002 => "forward activations kept for backward",
             Code::JX003 => "backward dominates",
@@ -207,6 +211,7 @@ impl Code {
             | Code::PT013
             | Code::PT014
             | Code::PT016
+            | Code::PT018
             | Code::JX004
             | Code::JX005
             | Code::JX006 => Severity::Warning,
@@ -246,7 +251,8 @@ impl Code {
             | Code::PT014
             | Code::PT015
             | Code::PT016
-            | Code::PT017 => Family::Torch,
+            | Code::PT017
+            | Code::PT018 => Family::Torch,
             Code::JX001
             | Code::JX002
             | Code::JX003
@@ -479,6 +485,12 @@ pub enum FixKind {
     /// PT005 (forward with no backward): the loop that runs the forward (or the statement) put
     /// under `with torch.inference_mode():`.
     InferenceMode,
+    /// PT005 (two graphs at the peak): drop the previous output before the forward that rebinds
+    /// it (`out = None` inserted before `out = model(x)` in the loop).
+    DropOutput,
+    /// PT018: call `torch.nn.functional.scaled_dot_product_attention` instead of the hand-written
+    /// attention `callee` on the line — a suggestion (arguments and mask convention to check).
+    ScaledDotProductAttention { callee: String },
     /// Advice with no local edit (the presenter shows it; code actions offer an explanation).
     Advice,
 }

@@ -37,6 +37,7 @@ const PAGES: &[(Code, &str)] = &[
     (Code::PT015, include_str!("../../docs/findings/PT015.md")),
     (Code::PT016, include_str!("../../docs/findings/PT016.md")),
     (Code::PT017, include_str!("../../docs/findings/PT017.md")),
+    (Code::PT018, include_str!("../../docs/findings/PT018.md")),
 ];
 
 fn uri(code: Code) -> String {

@@ -46,6 +46,7 @@ pub fn detect(snap: &Snapshot, a: &Analysis) -> Vec<Finding> {
     crate::torch::device_skew::detect(snap, a, &mut out);
     crate::torch::autocast_cache::detect(snap, a, &mut out);
     crate::torch::capture_limits::detect(snap, a, &mut out);
+    crate::torch::attention::detect(snap, a, &mut out);
     out
 }
 
@@ -55,11 +56,11 @@ fn any_oom(a: &Analysis) -> bool {
 
 mod activations;
 mod ddp;
+#[cfg(test)]
+mod detector_tests;
 mod frees;
 mod oom;
 mod retained;
-#[cfg(test)]
-mod detector_tests;
 mod top_site;
 
 use activations::activation_pressure;
