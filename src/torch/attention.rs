@@ -5,7 +5,8 @@
 //! file, the cast before `probs·v`), so no single line tops the site list and a projection line is
 //! blamed instead. The sites are grouped here by the function that runs the softmax: every block
 //! live at the trace peak whose stack passes through a `softmax` frame names its enclosing user
-//! function (the attention, e.g. `scaled_dot_product_attention`); the group is every live block
+//! function (the attention, e.g. `scaled_dot_product_attention`; its name or file must say
+//! `attention`/`attn`, so a softmax over a model's output is not taken for one); the group is every live block
 //! whose stack passes through that function and whose size lies between half the largest softmax
 //! block and that block (scores kept in fp32 and their bf16 casts are both B·H·L·L). Fused attention
 //! (`F.scaled_dot_product_attention`) never writes these to memory: the fix is replayed with the
@@ -77,6 +78,16 @@ struct Group {
 /// (a graph network's edge softmax is tiny next to its node features).
 fn score_sized(size: u64, largest: u64) -> bool {
     size <= largest && size.saturating_mul(2) >= largest
+}
+
+/// The function (or its file) is named as an attention: a softmax elsewhere (of a model's output,
+/// of a classifier's logits) is not one.
+fn names_attention(scope: &Scope) -> bool {
+    let file = scope.0.rsplit(['/', '\\']).next().unwrap_or("");
+    [scope.1.as_str(), file].iter().any(|n| {
+        let n = n.to_ascii_lowercase();
+        n.contains("attention") || n.contains("attn")
+    })
 }
 
 fn is_softmax(name: &str) -> bool {
@@ -157,7 +168,7 @@ fn group_at_peak(
     }
     let mut best: Option<Group> = None;
     for (scope, s) in largest {
-        if s == 0 {
+        if s == 0 || !names_attention(&scope) {
             continue;
         }
         let mut g = Group {
