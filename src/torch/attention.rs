@@ -13,6 +13,7 @@
 //! group's allocations never made, else bounded ("at most", inferred).
 
 use rustc_hash::FxHashMap;
+use serde::Serialize;
 
 use crate::findings::{
     Code, Evidence, Finding, Fix, FixKind, Label, Severity, Simulated, fmt_bytes,
@@ -33,8 +34,16 @@ type Scope = (String, String);
 
 /// PT018 on the device whose peak the grouped attention scores hold the most of.
 pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
+    if let Some(g) = scores(snap, a) {
+        out.push(finding(snap, a, g));
+    }
+}
+
+/// PT018's numbers (`torch.attention` in the JSON): the attention whose score-sized blocks hold
+/// the most of a device's peak, when they hold at least [`MIN_SHARE`] percent of it.
+pub fn scores(snap: &Snapshot, a: &Analysis) -> Option<Attention> {
     let filter = FrameFilter::default();
-    let mut best: Option<Group> = None;
+    let mut best: Option<Attention> = None;
     for t in &a.timeline.devices {
         let Some(set) = &t.peak_set else {
             continue;
@@ -45,32 +54,44 @@ pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
             best = Some(g);
         }
     }
-    let Some(g) = best else {
-        return;
-    };
-    if g.bytes.saturating_mul(100) < g.peak.saturating_mul(MIN_SHARE) {
-        return;
-    }
-    out.push(finding(snap, a, g));
+    best.filter(|g| g.bytes.saturating_mul(100) >= g.peak_bytes.saturating_mul(MIN_SHARE))
 }
 
-/// One attention's score-sized blocks live at a device's peak.
-struct Group {
-    device: i64,
-    index: u64,
-    peak: u64,
-    scope: Scope,
+/// One attention's score-sized blocks live at a device's peak (all measured from the trace).
+#[derive(Clone, Debug, Serialize)]
+pub struct Attention {
+    pub device: i64,
+    /// The trace index of the peak (live after entries `0..index`).
+    pub peak_index: u64,
+    pub peak_bytes: u64,
+    /// The attention function (the enclosing user function of the softmax) and its file.
+    pub function: String,
+    pub file: String,
     /// The largest softmax block (B·H·L·L at the softmax's dtype).
-    largest: u64,
-    bytes: u64,
-    blocks: u64,
-    /// (line in the scope, innermost user frame "file:line") → (bytes, blocks), bytes descending.
-    lines: Vec<((u64, String), u64, u64)>,
-    /// The caller of the attention with the most bytes: its frame and a stack.
+    pub largest_softmax_bytes: u64,
+    /// The score-sized blocks live at the peak.
+    pub bytes: u64,
+    pub blocks: u64,
+    /// Per line of the function and innermost user line, bytes descending.
+    pub lines: Vec<AttentionLine>,
+    /// Score-sized allocations of the function over the whole trace.
+    pub trace_allocs: u64,
+    pub trace_alloc_bytes: u64,
+    #[serde(skip)]
     caller: Option<(FrameId, Option<StackId>)>,
-    /// Every allocation of the trace (alloc entry index) made through the scope at score size.
+    #[serde(skip)]
     allocs: Vec<usize>,
-    alloc_bytes: u64,
+}
+
+/// One line of an attention's score-sized blocks at the peak.
+#[derive(Clone, Debug, Serialize)]
+pub struct AttentionLine {
+    /// The line in the attention function.
+    pub line: u64,
+    /// The innermost user frame (`nn_utils.py:6`), shortened to its last two path parts.
+    pub via: String,
+    pub bytes: u64,
+    pub blocks: u64,
 }
 
 /// Between half the largest softmax block (a bf16 copy of fp32 scores) and that block: the
@@ -137,7 +158,7 @@ fn group_at_peak(
     device: i64,
     k: usize,
     peak: u64,
-) -> Option<Group> {
+) -> Option<Attention> {
     let trace = snap.trace(device);
     let k = k.min(trace.len());
     // Blocks allocated in the window and live just before entry k.
@@ -166,23 +187,25 @@ fn group_at_peak(
             *m = (*m).max(e.size);
         }
     }
-    let mut best: Option<Group> = None;
+    let mut best: Option<Attention> = None;
     for (scope, s) in largest {
         if s == 0 || !names_attention(&scope) {
             continue;
         }
-        let mut g = Group {
+        let mut g = Attention {
             device,
-            index: k as u64,
-            peak,
-            scope,
-            largest: s,
+            peak_index: k as u64,
+            peak_bytes: peak,
+            function: scope.1.clone(),
+            file: scope.0.clone(),
+            largest_softmax_bytes: s,
             bytes: 0,
             blocks: 0,
             lines: Vec::new(),
+            trace_allocs: 0,
+            trace_alloc_bytes: 0,
             caller: None,
             allocs: Vec::new(),
-            alloc_bytes: 0,
         };
         let mut lines: FxHashMap<(u64, String), (u64, u64)> = FxHashMap::default();
         let mut callers: FxHashMap<FrameId, (u64, Option<StackId>)> = FxHashMap::default();
@@ -191,7 +214,7 @@ fn group_at_peak(
             if !score_sized(e.size, s) {
                 continue;
             }
-            let Some((at, ids)) = e.stack().and_then(|st| through(snap, st, &g.scope)) else {
+            let Some((at, ids)) = e.stack().and_then(|st| through(snap, st, &scope)) else {
                 continue;
             };
             g.bytes = g.bytes.saturating_add(e.size);
@@ -212,8 +235,21 @@ fn group_at_peak(
                 v.0 = v.0.saturating_add(e.size);
             }
         }
-        g.lines = lines.into_iter().map(|(k, (b, n))| (k, b, n)).collect();
-        g.lines.sort_by(|x, y| y.1.cmp(&x.1).then(x.0.cmp(&y.0)));
+        g.lines = lines
+            .into_iter()
+            .map(|((line, via), (bytes, blocks))| AttentionLine {
+                line,
+                via,
+                bytes,
+                blocks,
+            })
+            .collect();
+        g.lines.sort_by(|x, y| {
+            y.bytes
+                .cmp(&x.bytes)
+                .then(x.line.cmp(&y.line))
+                .then(x.via.cmp(&y.via))
+        });
         g.caller = callers
             .into_iter()
             .max_by_key(|(f, (b, _))| (*b, std::cmp::Reverse(*f)))
@@ -223,18 +259,18 @@ fn group_at_peak(
         }
     }
     let mut g = best?;
+    let scope = (g.file.clone(), g.function.clone());
     // Every score-sized allocation the attention makes in the trace (forward of every step).
     for (i, e) in trace.iter().enumerate() {
         if e.action == Action::Alloc
-            && score_sized(e.size, g.largest)
-            && e.stack()
-                .and_then(|st| through(snap, st, &g.scope))
-                .is_some()
+            && score_sized(e.size, g.largest_softmax_bytes)
+            && e.stack().and_then(|st| through(snap, st, &scope)).is_some()
         {
             g.allocs.push(i);
-            g.alloc_bytes = g.alloc_bytes.saturating_add(e.size);
+            g.trace_alloc_bytes = g.trace_alloc_bytes.saturating_add(e.size);
         }
     }
+    g.trace_allocs = g.allocs.len() as u64;
     Some(g)
 }
 
@@ -244,16 +280,22 @@ fn short(path: &str) -> String {
     parts.into_iter().rev().collect::<Vec<_>>().join("/")
 }
 
-fn finding(snap: &Snapshot, a: &Analysis, g: Group) -> Finding {
-    let share = percent(g.bytes, g.peak);
+fn finding(snap: &Snapshot, a: &Analysis, g: Attention) -> Finding {
+    let share = percent(g.bytes, g.peak_bytes);
     let (key, stack) = g.caller.map_or((None, None), |(f, st)| (Some(f), st));
     let (loc, st) = culprit(snap, key, stack);
     let lines = g
         .lines
         .iter()
         .take(6)
-        .map(|((line, inner), b, n)| {
-            format!("line {line} via {inner}: {} in {n} block(s)", fmt_bytes(*b))
+        .map(|l| {
+            format!(
+                "line {} via {}: {} in {} block(s)",
+                l.line,
+                l.via,
+                fmt_bytes(l.bytes),
+                l.blocks
+            )
         })
         .collect::<Vec<_>>()
         .join("; ");
@@ -263,9 +305,9 @@ fn finding(snap: &Snapshot, a: &Analysis, g: Group) -> Finding {
         format!(
             "Attention scores are materialised: `{}` holds {} of the {} live at the peak ({}) in \
              B×H×L×L score and probability tensors, spread over {} line(s) of one attention.",
-            g.scope.1,
+            g.function,
             fmt_bytes(g.bytes),
-            fmt_bytes(g.peak),
+            fmt_bytes(g.peak_bytes),
             pct(share),
             g.lines.len(),
         ),
@@ -274,18 +316,18 @@ fn finding(snap: &Snapshot, a: &Analysis, g: Group) -> Finding {
     .bytes(g.bytes, share, Label::Measured)
     .evidence(Evidence::measured(format!(
         "at the trace peak (before entry #{} of device {}): {} live",
-        g.index,
+        g.peak_index,
         g.device,
-        fmt_bytes(g.peak)
+        fmt_bytes(g.peak_bytes)
     )))
     .evidence(Evidence::measured(format!(
         "{} blocks ({}) live at the peak were made inside `{}` ({}) at score size (between half of \
          its largest softmax block, {}, and that block): {lines}",
         g.blocks,
         fmt_bytes(g.bytes),
-        g.scope.1,
-        short(&g.scope.0),
-        fmt_bytes(g.largest),
+        g.function,
+        short(&g.file),
+        fmt_bytes(g.largest_softmax_bytes),
     )))
     .evidence(Evidence::inferred(
         "the softmax's output is the largest block the attention makes: B·H·L·L scores and \
@@ -297,10 +339,10 @@ fn finding(snap: &Snapshot, a: &Analysis, g: Group) -> Finding {
             "Replace the hand-written attention (`{}`) with \
              `torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=…, \
              is_causal=…)`: the fused kernel never writes the L×L scores to memory",
-            g.scope.1
+            g.function
         ),
         FixKind::ScaledDotProductAttention {
-            callee: g.scope.1.clone(),
+            callee: g.function.clone(),
         },
     )
     .cost("check the mask convention (a boolean mask is True where attention is allowed) and the scale");
@@ -316,7 +358,7 @@ fn finding(snap: &Snapshot, a: &Analysis, g: Group) -> Finding {
                  the backward's score gradients are replayed as recorded, so the real peak \
                  after the fix is at most this",
                     g.allocs.len(),
-                    fmt_bytes(g.alloc_bytes),
+                    fmt_bytes(g.trace_alloc_bytes),
                     sim.summary()
                 ),
             ));
@@ -338,7 +380,7 @@ fn finding(snap: &Snapshot, a: &Analysis, g: Group) -> Finding {
 }
 
 /// The fused attention replayed: the group's allocations never made.
-fn replay_fused(snap: &Snapshot, a: &Analysis, g: &Group) -> Option<Simulated> {
+fn replay_fused(snap: &Snapshot, a: &Analysis, g: &Attention) -> Option<Simulated> {
     if g.allocs.is_empty() {
         return None;
     }
