@@ -75,6 +75,7 @@ pub enum Code {
     PT016,
     PT017,
     PT018,
+    PT019,
     JX001,
     JX002,
     JX003,
@@ -89,7 +90,7 @@ pub enum Code {
 
 impl Code {
     /// Every code, in documentation order.
-    pub const ALL: [Code; 28] = [
+    pub const ALL: [Code; 29] = [
         Code::PT001,
         Code::PT002,
         Code::PT003,
@@ -108,6 +109,7 @@ impl Code {
         Code::PT016,
         Code::PT017,
         Code::PT018,
+        Code::PT019,
         Code::JX001,
         Code::JX002,
         Code::JX003,
@@ -141,6 +143,7 @@ impl Code {
             Code::PT016 => "PT016",
             Code::PT017 => "PT017",
             Code::PT018 => "PT018",
+            Code::PT019 => "PT019",
             Code::JX001 => "JX001",
             Code::JX002 => "JX002",
             Code::JX003 => "JX003",
@@ -180,6 +183,7 @@ impl Code {
             Code::PT016 => "autocast weight cache",
             Code::PT017 => "OOM on the configured capacity",
             Code::PT018 => "materialised attention scores",
+            Code::PT019 => "logits and loss over a large vocabulary",
             Code::JX001 => "plan exceeds capacity",
             Code::JX002 => "forward activations kept for backward",
             Code::JX003 => "backward dominates",
@@ -212,6 +216,7 @@ impl Code {
             | Code::PT014
             | Code::PT016
             | Code::PT018
+            | Code::PT019
             | Code::JX004
             | Code::JX005
             | Code::JX006 => Severity::Warning,
@@ -252,7 +257,8 @@ impl Code {
             | Code::PT015
             | Code::PT016
             | Code::PT017
-            | Code::PT018 => Family::Torch,
+            | Code::PT018
+            | Code::PT019 => Family::Torch,
             Code::JX001
             | Code::JX002
             | Code::JX003

@@ -20,7 +20,7 @@ use crate::findings::{
 };
 use crate::frames::{FrameFilter, FrameKind};
 use crate::torch::Analysis;
-use crate::torch::model::{Action, FrameId, Snapshot, StackId};
+use crate::torch::model::{Action, FrameId, Snapshot, StackId, TraceEntry};
 use crate::torch::replay::Change;
 use crate::torch::sites::percent;
 use crate::torch::stacks::culprit;
@@ -152,18 +152,11 @@ fn through<'s>(
     Some((i, ids.as_slice()))
 }
 
-fn group_at_peak(
-    snap: &Snapshot,
-    filter: &FrameFilter,
-    device: i64,
-    k: usize,
-    peak: u64,
-) -> Option<Attention> {
-    let trace = snap.trace(device);
-    let k = k.min(trace.len());
-    // Blocks allocated in the window and live just before entry k.
+/// Blocks allocated in the window and live just before entry `k`: address → `alloc` index (the
+/// activations a forward makes are all in the window; blocks from before it are not needed here).
+pub(crate) fn live_in_window(trace: &[TraceEntry], k: usize) -> FxHashMap<u64, usize> {
     let mut live: FxHashMap<u64, usize> = FxHashMap::default();
-    for (i, e) in trace[..k].iter().enumerate() {
+    for (i, e) in trace[..k.min(trace.len())].iter().enumerate() {
         match e.action {
             Action::Alloc => {
                 live.insert(e.addr, i);
@@ -174,6 +167,19 @@ fn group_at_peak(
             _ => {}
         }
     }
+    live
+}
+
+fn group_at_peak(
+    snap: &Snapshot,
+    filter: &FrameFilter,
+    device: i64,
+    k: usize,
+    peak: u64,
+) -> Option<Attention> {
+    let trace = snap.trace(device);
+    let k = k.min(trace.len());
+    let live = live_in_window(trace, k);
     let mut scopes: FxHashMap<StackId, Option<Scope>> = FxHashMap::default();
     let mut largest: FxHashMap<Scope, u64> = FxHashMap::default();
     for &i in live.values() {

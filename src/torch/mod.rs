@@ -18,6 +18,7 @@ pub mod fragmentation;
 mod intern;
 pub mod layers;
 pub mod load;
+pub mod logits;
 pub mod model;
 pub mod near_oom;
 pub mod no_backward;

@@ -47,6 +47,7 @@ pub fn detect(snap: &Snapshot, a: &Analysis) -> Vec<Finding> {
     crate::torch::autocast_cache::detect(snap, a, &mut out);
     crate::torch::capture_limits::detect(snap, a, &mut out);
     crate::torch::attention::detect(snap, a, &mut out);
+    crate::torch::logits::detect(snap, a, &mut out);
     out
 }
 
