@@ -354,21 +354,11 @@ fn finding(snap: &Snapshot, a: &Analysis, g: Attention) -> Finding {
     .cost("check the mask convention (a boolean mask is True where attention is allowed) and the scale");
     match sim {
         Some(sim) => {
-            let saved = sim
-                .peak_allocated_before
-                .saturating_sub(sim.peak_allocated_after);
-            f = f.evidence(Evidence::new(
-                Label::Simulated,
-                format!(
-                    "replayed with the attention's {} score-sized allocations ({}) never made: {}; \
-                 the backward's score gradients are replayed as recorded, so the real peak \
-                 after the fix is at most this",
-                    g.allocs.len(),
-                    fmt_bytes(g.trace_alloc_bytes),
-                    sim.summary()
-                ),
-            ));
-            fix = fix.saving(saved);
+            // The replay's numbers go on the fix (`[simulated]` where the fix is shown).
+            fix = fix.saving(
+                sim.peak_allocated_before
+                    .saturating_sub(sim.peak_allocated_after),
+            );
             fix.simulated = Some(sim);
         }
         None => {
@@ -406,7 +396,12 @@ fn replay_fused(snap: &Snapshot, a: &Analysis, g: &Attention) -> Option<Simulate
         peak_reserved_after: w.peak_reserved_after,
         oom_avoided: (!w.ooms.is_empty())
             .then(|| w.ooms.iter().all(|o| o.fits_after) && w.new_ooms == 0),
-        change: "the attention's score-sized allocations never made (fused attention)".into(),
+        change: format!(
+            "the attention's {} score-sized allocations ({}) never made (fused attention); the \
+             backward's score gradients replayed as recorded, so the peak after is at most this",
+            g.allocs.len(),
+            fmt_bytes(g.trace_alloc_bytes)
+        ),
     })
 }
 
