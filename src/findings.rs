@@ -74,6 +74,8 @@ pub enum Code {
     PT015,
     PT016,
     PT017,
+    PT018,
+    PT019,
     PT020,
     JX001,
     JX002,
@@ -90,7 +92,7 @@ pub enum Code {
 
 impl Code {
     /// Every code, in documentation order.
-    pub const ALL: [Code; 29] = [
+    pub const ALL: [Code; 31] = [
         Code::PT001,
         Code::PT002,
         Code::PT003,
@@ -108,6 +110,8 @@ impl Code {
         Code::PT015,
         Code::PT016,
         Code::PT017,
+        Code::PT018,
+        Code::PT019,
         Code::PT020,
         Code::JX001,
         Code::JX002,
@@ -142,6 +146,8 @@ impl Code {
             Code::PT015 => "PT015",
             Code::PT016 => "PT016",
             Code::PT017 => "PT017",
+            Code::PT018 => "PT018",
+            Code::PT019 => "PT019",
             Code::PT020 => "PT020",
             Code::JX001 => "JX001",
             Code::JX002 => "JX002",
@@ -182,6 +188,8 @@ impl Code {
             Code::PT015 => "capture cannot attribute memory",
             Code::PT016 => "autocast weight cache",
             Code::PT017 => "OOM on the configured capacity",
+            Code::PT018 => "materialised attention scores",
+            Code::PT019 => "logits and loss over a large vocabulary",
             Code::PT020 => "model states dominate the peak",
             Code::JX001 => "plan exceeds capacity",
             Code::JX002 => "forward activations kept for backward",
@@ -215,6 +223,8 @@ impl Code {
             | Code::PT013
             | Code::PT014
             | Code::PT016
+            | Code::PT018
+            | Code::PT019
             | Code::JX004
             | Code::JX005
             | Code::JX006
@@ -257,6 +267,8 @@ impl Code {
             | Code::PT015
             | Code::PT016
             | Code::PT017
+            | Code::PT018
+            | Code::PT019
             | Code::PT020 => Family::Torch,
             Code::JX001
             | Code::JX002
@@ -491,6 +503,12 @@ pub enum FixKind {
     /// PT005 (forward with no backward): the loop that runs the forward (or the statement) put
     /// under `with torch.inference_mode():`.
     InferenceMode,
+    /// PT005 (two graphs at the peak): drop the previous output before the forward that rebinds
+    /// it (`out = None` inserted before `out = model(x)` in the loop).
+    DropOutput,
+    /// PT018: call `torch.nn.functional.scaled_dot_product_attention` instead of the hand-written
+    /// attention `callee` on the line — a suggestion (arguments and mask convention to check).
+    ScaledDotProductAttention { callee: String },
     /// Advice with no local edit (the presenter shows it; code actions offer an explanation).
     Advice,
 }

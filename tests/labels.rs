@@ -89,6 +89,7 @@ fn measured_set(report: &Value) -> HashSet<String> {
             "diff",
             "releases",
             "device_skew",
+            "attention",
         ] {
             collect(&t[k], &mut s);
         }

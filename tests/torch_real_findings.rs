@@ -70,6 +70,23 @@ fn real_snapshots_raise_warnings_only_where_memory_went_wrong() {
         ) {
             // The autocast weight cache holds about a third of the peak.
             assert_eq!(loud, vec![("PT016", Severity::Warning)], "{name}");
+        } else if matches!(
+            name.as_str(),
+            "MAGMA27__memory_snapshot.pickle"
+                | "Wedsonlin__results_medium_1024_training_memory_snapshot.pickle"
+                | "bolongcheng__0df6e0e9_memory_snapshot_xl_fwd_cl512_dtypetorch.float32.pickle"
+                | "silmont2000__mem_snapshot.pickle"
+        ) {
+            // A hand-written attention's L×L scores are 16–39 % of the peak (PT018); the
+            // MAGMA27 loss over its 10,000-token vocabulary is 9.4 %: no PT019.
+            assert_eq!(loud, vec![("PT018", Severity::Warning)], "{name}");
+            let f = r
+                .findings
+                .iter()
+                .find(|f| f.code.as_str() == "PT018")
+                .unwrap();
+            let share = f.percent.unwrap_or(0.0);
+            assert!((15.0..40.0).contains(&share), "{name}: {share}");
         } else if !loud.is_empty() {
             problems.push(format!("{name}: {loud:?}"));
         }

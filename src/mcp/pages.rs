@@ -38,6 +38,8 @@ const PAGES: &[(Code, &str)] = &[
     (Code::PT015, include_str!("../../docs/findings/PT015.md")),
     (Code::PT016, include_str!("../../docs/findings/PT016.md")),
     (Code::PT017, include_str!("../../docs/findings/PT017.md")),
+    (Code::PT018, include_str!("../../docs/findings/PT018.md")),
+    (Code::PT019, include_str!("../../docs/findings/PT019.md")),
     (Code::PT020, include_str!("../../docs/findings/PT020.md")),
 ];
 

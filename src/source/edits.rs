@@ -43,6 +43,10 @@ pub(crate) fn edits_in(
         FixKind::DonateArgnums { argnums, .. } => donate_argnums(src, at(line)?, argnums)?,
         FixKind::JaxCheckpoint => jax_checkpoint(src, at(line)?)?,
         FixKind::InferenceMode => super::inference_mode::inference_mode(src, at(line)?)?,
+        FixKind::DropOutput => super::forward_edits::drop_output(src, at(line)?)?,
+        FixKind::ScaledDotProductAttention { callee } => {
+            super::forward_edits::sdpa(src, at(line)?, callee)?
+        }
     };
     Ok(edits.into_iter().map(|e| src.text_edit(file, e)).collect())
 }

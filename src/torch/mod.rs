@@ -4,6 +4,7 @@
 //! into the engine's typed [`Output`] (summary, sites, findings). Loading files and combining
 //! ranks or two snapshots of one run is the pipeline's job (`crate::analyze`).
 
+pub mod attention;
 pub mod autocast_cache;
 pub mod budget;
 pub mod capture_limits;
@@ -17,6 +18,7 @@ pub mod fragmentation;
 mod intern;
 pub mod layers;
 pub mod load;
+pub mod logits;
 pub mod model;
 pub mod model_states;
 pub mod near_oom;

@@ -117,9 +117,10 @@ pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
         );
     if let Some(older) = older {
         f = f.fix(
-            Fix::advice(
+            Fix::new(
                 "If the graph is needed: `del out` (drop the previous output) before the next \
                  forward, so one graph is alive at a time",
+                FixKind::DropOutput,
             )
             .saving(older),
         );

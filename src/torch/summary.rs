@@ -72,6 +72,9 @@ pub struct Summary {
     /// One process's devices allocating very different sizes at one line (PT014's numbers).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_skew: Option<crate::torch::device_skew::Skew>,
+    /// One hand-written attention's score-sized blocks at the peak (PT018's numbers).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attention: Option<crate::torch::attention::Attention>,
     /// Memory over the trace per device, for pictures (computed on request).
     #[serde(skip)]
     pub series: Vec<crate::torch::series::Series>,
@@ -679,6 +682,7 @@ pub fn summarize_with(snap: &Snapshot, a: &Analysis, top: usize, replay: Capture
         fit: None,
         releases: crate::torch::release_summary::summarize(snap, a),
         device_skew: crate::torch::device_skew::skew(snap, a),
+        attention: crate::torch::attention::scores(snap, a),
         series: Vec::new(),
         segment_bars: Vec::new(),
         state_bars: Vec::new(),

@@ -46,6 +46,8 @@ pub fn detect(snap: &Snapshot, a: &Analysis) -> Vec<Finding> {
     crate::torch::device_skew::detect(snap, a, &mut out);
     crate::torch::autocast_cache::detect(snap, a, &mut out);
     crate::torch::capture_limits::detect(snap, a, &mut out);
+    crate::torch::attention::detect(snap, a, &mut out);
+    crate::torch::logits::detect(snap, a, &mut out);
     crate::torch::model_states::detect(snap, a, &mut out);
     out
 }

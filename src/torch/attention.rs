@@ -1,0 +1,410 @@
+//! PT018: materialised attention — the B×H×L×L scores and probabilities of a hand-written
+//! attention are a large share of the peak.
+//!
+//! One attention is split over several lines (the `q·kᵀ` matmul, the mask, a softmax in a helper
+//! file, the cast before `probs·v`), so no single line tops the site list and a projection line is
+//! blamed instead. The sites are grouped here by the function that runs the softmax: every block
+//! live at the trace peak whose stack passes through a `softmax` frame names its enclosing user
+//! function (the attention, e.g. `scaled_dot_product_attention`; its name or file must say
+//! `attention`/`attn`, so a softmax over a model's output is not taken for one); the group is every live block
+//! whose stack passes through that function and whose size lies between half the largest softmax
+//! block and that block (scores kept in fp32 and their bf16 casts are both B·H·L·L). Fused attention
+//! (`F.scaled_dot_product_attention`) never writes these to memory: the fix is replayed with the
+//! group's allocations never made, else bounded ("at most", inferred).
+
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+
+use crate::findings::{
+    Code, Evidence, Finding, Fix, FixKind, Label, Severity, Simulated, fmt_bytes,
+};
+use crate::frames::{FrameFilter, FrameKind};
+use crate::torch::Analysis;
+use crate::torch::model::{Action, FrameId, Snapshot, StackId, TraceEntry};
+use crate::torch::replay::Change;
+use crate::torch::sites::percent;
+use crate::torch::stacks::culprit;
+
+/// The grouped scores must hold at least this share of the peak (percent).
+const MIN_SHARE: u64 = 10;
+
+/// The attention function of a stack: (file, function) of the first user frame outside the
+/// softmax, and the frame index (in the stack) of that frame.
+type Scope = (String, String);
+
+/// PT018 on the device whose peak the grouped attention scores hold the most of.
+pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
+    if let Some(g) = scores(snap, a) {
+        out.push(finding(snap, a, g));
+    }
+}
+
+/// PT018's numbers (`torch.attention` in the JSON): the attention whose score-sized blocks hold
+/// the most of a device's peak, when they hold at least [`MIN_SHARE`] percent of it.
+pub fn scores(snap: &Snapshot, a: &Analysis) -> Option<Attention> {
+    let filter = FrameFilter::default();
+    let mut best: Option<Attention> = None;
+    for t in &a.timeline.devices {
+        let Some(set) = &t.peak_set else {
+            continue;
+        };
+        if let Some(g) = group_at_peak(snap, &filter, t.device, set.index as usize, set.bytes)
+            && best.as_ref().is_none_or(|b| g.bytes > b.bytes)
+        {
+            best = Some(g);
+        }
+    }
+    best.filter(|g| g.bytes.saturating_mul(100) >= g.peak_bytes.saturating_mul(MIN_SHARE))
+}
+
+/// One attention's score-sized blocks live at a device's peak (all measured from the trace).
+#[derive(Clone, Debug, Serialize)]
+pub struct Attention {
+    pub device: i64,
+    /// The trace index of the peak (live after entries `0..index`).
+    pub peak_index: u64,
+    pub peak_bytes: u64,
+    /// The attention function (the enclosing user function of the softmax) and its file.
+    pub function: String,
+    pub file: String,
+    /// The largest softmax block (B·H·L·L at the softmax's dtype).
+    pub largest_softmax_bytes: u64,
+    /// The score-sized blocks live at the peak.
+    pub bytes: u64,
+    pub blocks: u64,
+    /// Per line of the function and innermost user line, bytes descending.
+    pub lines: Vec<AttentionLine>,
+    /// Score-sized allocations of the function over the whole trace.
+    pub trace_allocs: u64,
+    pub trace_alloc_bytes: u64,
+    #[serde(skip)]
+    caller: Option<(FrameId, Option<StackId>)>,
+    #[serde(skip)]
+    allocs: Vec<usize>,
+}
+
+/// One line of an attention's score-sized blocks at the peak.
+#[derive(Clone, Debug, Serialize)]
+pub struct AttentionLine {
+    /// The line in the attention function.
+    pub line: u64,
+    /// The innermost user frame (`nn_utils.py:6`), shortened to its last two path parts.
+    pub via: String,
+    pub bytes: u64,
+    pub blocks: u64,
+}
+
+/// Between half the largest softmax block (a bf16 copy of fp32 scores) and that block: the
+/// softmax output is the largest block an attention makes, so anything larger is something else
+/// (a graph network's edge softmax is tiny next to its node features).
+fn score_sized(size: u64, largest: u64) -> bool {
+    size <= largest && size.saturating_mul(2) >= largest
+}
+
+/// The function (or its file) is named as an attention: a softmax elsewhere (of a model's output,
+/// of a classifier's logits) is not one.
+fn names_attention(scope: &Scope) -> bool {
+    let file = scope.0.rsplit(['/', '\\']).next().unwrap_or("");
+    [scope.1.as_str(), file].iter().any(|n| {
+        let n = n.to_ascii_lowercase();
+        n.contains("attention") || n.contains("attn")
+    })
+}
+
+fn is_softmax(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    n.contains("softmax") && !n.contains("log_softmax") && !n.contains("logsoftmax")
+}
+
+fn user(filter: &FrameFilter, snap: &Snapshot, fid: FrameId) -> bool {
+    snap.frames
+        .get(fid as usize)
+        .is_some_and(|f| filter.classify(&f.filename) == FrameKind::User)
+}
+
+/// The attention function that runs the softmax on this stack, if any.
+fn softmax_scope(snap: &Snapshot, filter: &FrameFilter, stack: StackId) -> Option<Scope> {
+    let ids = snap.stacks.get(stack as usize)?;
+    let at = ids.iter().position(|&f| {
+        snap.frames
+            .get(f as usize)
+            .is_some_and(|fr| is_softmax(&fr.name))
+    })?;
+    ids[at + 1..].iter().find_map(|&f| {
+        let fr = snap.frames.get(f as usize)?;
+        (user(filter, snap, f) && !is_softmax(&fr.name))
+            .then(|| (fr.filename.clone(), fr.name.clone()))
+    })
+}
+
+/// Where the stack passes through `scope`: the index of that frame in the stack.
+fn through<'s>(
+    snap: &'s Snapshot,
+    stack: StackId,
+    scope: &Scope,
+) -> Option<(usize, &'s [FrameId])> {
+    let ids = snap.stacks.get(stack as usize)?;
+    let i = ids.iter().position(|&f| {
+        snap.frames
+            .get(f as usize)
+            .is_some_and(|fr| fr.name == scope.1 && fr.filename == scope.0)
+    })?;
+    Some((i, ids.as_slice()))
+}
+
+/// Blocks allocated in the window and live just before entry `k`: address → `alloc` index (the
+/// activations a forward makes are all in the window; blocks from before it are not needed here).
+pub(crate) fn live_in_window(trace: &[TraceEntry], k: usize) -> FxHashMap<u64, usize> {
+    let mut live: FxHashMap<u64, usize> = FxHashMap::default();
+    for (i, e) in trace[..k.min(trace.len())].iter().enumerate() {
+        match e.action {
+            Action::Alloc => {
+                live.insert(e.addr, i);
+            }
+            Action::FreeCompleted => {
+                live.remove(&e.addr);
+            }
+            _ => {}
+        }
+    }
+    live
+}
+
+fn group_at_peak(
+    snap: &Snapshot,
+    filter: &FrameFilter,
+    device: i64,
+    k: usize,
+    peak: u64,
+) -> Option<Attention> {
+    let trace = snap.trace(device);
+    let k = k.min(trace.len());
+    let live = live_in_window(trace, k);
+    let mut scopes: FxHashMap<StackId, Option<Scope>> = FxHashMap::default();
+    let mut largest: FxHashMap<Scope, u64> = FxHashMap::default();
+    for &i in live.values() {
+        let e = &trace[i];
+        let Some(st) = e.stack() else { continue };
+        let sc = scopes
+            .entry(st)
+            .or_insert_with(|| softmax_scope(snap, filter, st));
+        if let Some(sc) = sc {
+            let m = largest.entry(sc.clone()).or_default();
+            *m = (*m).max(e.size);
+        }
+    }
+    let mut best: Option<Attention> = None;
+    for (scope, s) in largest {
+        if s == 0 || !names_attention(&scope) {
+            continue;
+        }
+        let mut g = Attention {
+            device,
+            peak_index: k as u64,
+            peak_bytes: peak,
+            function: scope.1.clone(),
+            file: scope.0.clone(),
+            largest_softmax_bytes: s,
+            bytes: 0,
+            blocks: 0,
+            lines: Vec::new(),
+            trace_allocs: 0,
+            trace_alloc_bytes: 0,
+            caller: None,
+            allocs: Vec::new(),
+        };
+        let mut lines: FxHashMap<(u64, String), (u64, u64)> = FxHashMap::default();
+        let mut callers: FxHashMap<FrameId, (u64, Option<StackId>)> = FxHashMap::default();
+        for &i in live.values() {
+            let e = &trace[i];
+            if !score_sized(e.size, s) {
+                continue;
+            }
+            let Some((at, ids)) = e.stack().and_then(|st| through(snap, st, &scope)) else {
+                continue;
+            };
+            g.bytes = g.bytes.saturating_add(e.size);
+            g.blocks += 1;
+            let line = snap.frames.get(ids[at] as usize).map_or(0, |f| f.line);
+            let inner = ids
+                .iter()
+                .copied()
+                .find(|&f| user(filter, snap, f))
+                .and_then(|f| snap.frames.get(f as usize))
+                .map(|f| format!("{}:{}", short(&f.filename), f.line))
+                .unwrap_or_default();
+            let l = lines.entry((line, inner)).or_default();
+            l.0 = l.0.saturating_add(e.size);
+            l.1 += 1;
+            if let Some(&c) = ids[at + 1..].iter().find(|&&f| user(filter, snap, f)) {
+                let v = callers.entry(c).or_insert((0, e.stack()));
+                v.0 = v.0.saturating_add(e.size);
+            }
+        }
+        g.lines = lines
+            .into_iter()
+            .map(|((line, via), (bytes, blocks))| AttentionLine {
+                line,
+                via,
+                bytes,
+                blocks,
+            })
+            .collect();
+        g.lines.sort_by(|x, y| {
+            y.bytes
+                .cmp(&x.bytes)
+                .then(x.line.cmp(&y.line))
+                .then(x.via.cmp(&y.via))
+        });
+        g.caller = callers
+            .into_iter()
+            .max_by_key(|(f, (b, _))| (*b, std::cmp::Reverse(*f)))
+            .map(|(f, (_, st))| (f, st));
+        if best.as_ref().is_none_or(|b| g.bytes > b.bytes) {
+            best = Some(g);
+        }
+    }
+    let mut g = best?;
+    let scope = (g.file.clone(), g.function.clone());
+    // Every score-sized allocation the attention makes in the trace (forward of every step).
+    for (i, e) in trace.iter().enumerate() {
+        if e.action == Action::Alloc
+            && score_sized(e.size, g.largest_softmax_bytes)
+            && e.stack().and_then(|st| through(snap, st, &scope)).is_some()
+        {
+            g.allocs.push(i);
+            g.trace_alloc_bytes = g.trace_alloc_bytes.saturating_add(e.size);
+        }
+    }
+    g.trace_allocs = g.allocs.len() as u64;
+    Some(g)
+}
+
+/// The last two path components (`cs336_basics/model.py`), for evidence lines.
+fn short(path: &str) -> String {
+    let parts: Vec<&str> = path.rsplit(['/', '\\']).take(2).collect();
+    parts.into_iter().rev().collect::<Vec<_>>().join("/")
+}
+
+fn finding(snap: &Snapshot, a: &Analysis, g: Attention) -> Finding {
+    let share = percent(g.bytes, g.peak_bytes);
+    let (key, stack) = g.caller.map_or((None, None), |(f, st)| (Some(f), st));
+    let (loc, st) = culprit(snap, key, stack);
+    let lines = g
+        .lines
+        .iter()
+        .take(6)
+        .map(|l| {
+            format!(
+                "line {} via {}: {} in {} block(s)",
+                l.line,
+                l.via,
+                fmt_bytes(l.bytes),
+                l.blocks
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    let mut f = Finding::new(
+        Code::PT018,
+        Severity::Warning,
+        format!(
+            "Attention scores are materialised: `{}` holds {} of the {} live at the peak ({}) in \
+             B×H×L×L score and probability tensors, spread over {} line(s) of one attention.",
+            g.function,
+            fmt_bytes(g.bytes),
+            fmt_bytes(g.peak_bytes),
+            pct(share),
+            g.lines.len(),
+        ),
+    )
+    .at(loc, st)
+    .bytes(g.bytes, share, Label::Measured)
+    .evidence(Evidence::measured(format!(
+        "at the trace peak (before entry #{} of device {}): {} live",
+        g.peak_index,
+        g.device,
+        fmt_bytes(g.peak_bytes)
+    )))
+    .evidence(Evidence::measured(format!(
+        "{} blocks ({}) live at the peak were made inside `{}` ({}) at score size (between half of \
+         its largest softmax block, {}, and that block): {lines}",
+        g.blocks,
+        fmt_bytes(g.bytes),
+        g.function,
+        short(&g.file),
+        fmt_bytes(g.largest_softmax_bytes),
+    )))
+    .evidence(Evidence::inferred(
+        "the softmax's output is the largest block the attention makes: B·H·L·L scores and \
+         probabilities, quadratic in the context length, kept for the backward of each layer",
+    ));
+    let sim = replay_fused(snap, a, &g);
+    let mut fix = Fix::new(
+        format!(
+            "Replace the hand-written attention (`{}`) with \
+             `torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=…, \
+             is_causal=…)`: the fused kernel never writes the L×L scores to memory",
+            g.function
+        ),
+        FixKind::ScaledDotProductAttention {
+            callee: g.function.clone(),
+        },
+    )
+    .cost("check the mask convention (a boolean mask is True where attention is allowed) and the scale");
+    match sim {
+        Some(sim) => {
+            // The replay's numbers go on the fix (`[simulated]` where the fix is shown).
+            fix = fix.saving(
+                sim.peak_allocated_before
+                    .saturating_sub(sim.peak_allocated_after),
+            );
+            fix.simulated = Some(sim);
+        }
+        None => {
+            f = f.evidence(Evidence::inferred(format!(
+                "without the allocator replay: at most the {} of scores live at the peak are \
+                 saved (the peak may move elsewhere)",
+                fmt_bytes(g.bytes)
+            )));
+            fix = fix.saving(g.bytes);
+        }
+    }
+    f = f.fix(fix);
+    f.scope = Some(format!("device {}", g.device));
+    f
+}
+
+/// The fused attention replayed: the group's allocations never made.
+fn replay_fused(snap: &Snapshot, a: &Analysis, g: &Attention) -> Option<Simulated> {
+    if g.allocs.is_empty() {
+        return None;
+    }
+    let w = a.replays.what_if(
+        snap,
+        g.device,
+        &[Change::FreeEarly {
+            allocs: g.allocs.clone(),
+            at: 0,
+        }],
+    );
+    w.simulated.then(|| Simulated {
+        device: w.device,
+        peak_allocated_before: w.peak_allocated_before,
+        peak_allocated_after: w.peak_allocated_after,
+        peak_reserved_before: w.peak_reserved_before,
+        peak_reserved_after: w.peak_reserved_after,
+        oom_avoided: (!w.ooms.is_empty())
+            .then(|| w.ooms.iter().all(|o| o.fits_after) && w.new_ooms == 0),
+        change: format!(
+            "the attention's {} score-sized allocations ({}) never made (fused attention); the \
+             backward's score gradients replayed as recorded, so the peak after is at most this",
+            g.allocs.len(),
+            fmt_bytes(g.trace_alloc_bytes)
+        ),
+    })
+}
+
+fn pct(p: Option<f64>) -> String {
+    p.map(|p| format!("{p:.1}%")).unwrap_or_else(|| "–".into())
+}
