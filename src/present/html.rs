@@ -149,6 +149,7 @@ fn torch(r: &CaptureReport, t: &crate::torch::summary::Summary) -> Value {
         })),
         "rank": t.rank,
         "categories": t.categories,
+        "compile_contexts": t.compile_contexts,
         "totals": {
             "reserved": t.totals.memory.reserved_bytes,
             "allocated": t.totals.memory.allocated_bytes,

@@ -7,6 +7,7 @@
 pub mod capacity;
 pub mod categories;
 pub mod compare;
+pub mod compile_regions;
 pub mod escape;
 pub mod fit;
 pub mod hint;

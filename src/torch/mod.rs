@@ -8,6 +8,7 @@ pub mod autocast_cache;
 pub mod budget;
 pub mod capture_limits;
 pub mod categories;
+pub mod compile_regions;
 #[cfg(test)]
 mod device_scale_tests;
 pub mod device_skew;
@@ -174,6 +175,9 @@ pub fn output(snap: &Snapshot, a: &Analysis, opts: &AnalysisOptions) -> Output {
     summary.rank_summary = time("rank summary", || ranks::RankSummary::of(snap, a));
     summary.categories = time("categories", || {
         categories::compute(snap, &a.stacks, &a.timeline, &opts.categories)
+    });
+    summary.compile_contexts = time("compile contexts", || {
+        compile_regions::compute(snap, &a.timeline)
     });
     if opts.pictures {
         time("pictures", || pictures(snap, a, &mut summary));

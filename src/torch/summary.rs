@@ -38,6 +38,8 @@ pub struct Summary {
     pub annotations_recorded: bool,
     /// Live memory at each device's peak by role and by `--category` (docs/CATEGORIES.md).
     pub categories: Vec<crate::torch::categories::DeviceCategories>,
+    /// Bytes at each device's peak per `compile_context` (torch 2.8+; docs/RECORDING.md).
+    pub compile_contexts: crate::torch::compile_regions::CompileRegions,
     /// Per traced device: whether its trace starts mid-run (read from the ring buffer's
     /// `trace_alloc_overflowed` where recorded, else inferred).
     pub trace_start: Vec<crate::torch::recording::TraceStart>,
@@ -667,6 +669,7 @@ pub fn summarize_with(snap: &Snapshot, a: &Analysis, top: usize, replay: Capture
         stage_at_peak: crate::torch::stages::summary::at_peak(&a.stages),
         annotations_recorded: a.stages.recorded,
         categories: Vec::new(),
+        compile_contexts: Default::default(),
         trace_start: crate::torch::recording::trace_start(snap, &a.timeline),
         range: Vec::new(),
         trend: None,
