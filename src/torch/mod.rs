@@ -36,6 +36,7 @@ pub mod stages;
 pub mod summary;
 pub mod timeline;
 pub mod totals;
+pub mod trace_index;
 pub mod trend;
 pub mod whatif;
 
@@ -248,6 +249,7 @@ fn pictures(snap: &Snapshot, a: &Analysis, summary: &mut summary::Summary) {
             .collect();
         summary.state_bars =
             series::state_panels(snap, &a.replays, &summary.series, &validated, 400);
+        summary.trace_index = trace_index::compute(snap, a);
     }
 }
 

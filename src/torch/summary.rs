@@ -84,6 +84,9 @@ pub struct Summary {
     /// where the replay validates, for pictures (computed on request).
     #[serde(skip)]
     pub state_bars: Vec<crate::torch::series::StatePanel>,
+    /// The largest allocations of each device's trace, for the page's search (on request).
+    #[serde(skip)]
+    pub trace_index: Vec<crate::torch::trace_index::TraceIndex>,
 }
 
 /// Allocator state at dump time (ORACLE.md §3), per device or overall.
@@ -685,6 +688,7 @@ pub fn summarize_with(snap: &Snapshot, a: &Analysis, top: usize, replay: Capture
         series: Vec::new(),
         segment_bars: Vec::new(),
         state_bars: Vec::new(),
+        trace_index: Vec::new(),
     }
 }
 

@@ -1,0 +1,93 @@
+//! What the page searches (`report --format html`): per traced device the largest allocations
+//! of the trace (at most [`PER_DEVICE`], in trace order), each with its index, requested bytes
+//! (measured: the entry's size), the site its stack names and the stage it fell in. Only built
+//! for the page; a huge trace gives the page its largest allocations, never every entry.
+
+use serde::Serialize;
+
+use crate::torch::Analysis;
+use crate::torch::model::{Action, Snapshot};
+use crate::torch::stacks::site_string;
+
+/// Allocations kept per device.
+pub const PER_DEVICE: usize = 2000;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TraceIndex {
+    pub device: i64,
+    /// `alloc` entries of the device's trace.
+    pub allocations: u64,
+    /// The kept ones: `[index, bytes, site, stage]` (site and stage index `sites`/`stages`;
+    /// stage −1: none).
+    pub entries: Vec<(u64, u64, u32, i32)>,
+    pub sites: Vec<String>,
+    pub stages: Vec<String>,
+}
+
+pub fn compute(snap: &Snapshot, a: &Analysis) -> Vec<TraceIndex> {
+    let mut out = Vec::new();
+    let Some(traces) = snap.device_traces.as_ref() else {
+        return out;
+    };
+    for (d, list) in traces.iter().enumerate() {
+        let device = d as i64;
+        let mut allocs: Vec<(u64, usize)> = list
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.action == Action::Alloc)
+            .map(|(i, e)| (e.size, i))
+            .collect();
+        if allocs.is_empty() {
+            continue;
+        }
+        let allocations = allocs.len() as u64;
+        if allocs.len() > PER_DEVICE {
+            allocs.select_nth_unstable_by(PER_DEVICE - 1, |x, y| y.cmp(x));
+            allocs.truncate(PER_DEVICE);
+        }
+        allocs.sort_unstable_by_key(|&(_, i)| i);
+        // Innermost stage holding each entry (stages of a device are in trace order).
+        let stages: Vec<&crate::torch::stages::Stage> = a
+            .stages
+            .stages
+            .iter()
+            .filter(|s| s.device == device)
+            .collect();
+        let mut site_ids: rustc_hash::FxHashMap<String, u32> = Default::default();
+        let mut stage_ids: rustc_hash::FxHashMap<String, i32> = Default::default();
+        let mut idx = TraceIndex {
+            device,
+            allocations,
+            entries: Vec::with_capacity(allocs.len()),
+            sites: Vec::new(),
+            stages: Vec::new(),
+        };
+        for (bytes, i) in allocs {
+            let (key, _) = a.stacks.site(list[i].stack());
+            let site = site_string(snap, key);
+            let n = site_ids.len() as u32;
+            let s = *site_ids.entry(site.clone()).or_insert_with(|| {
+                idx.sites.push(site);
+                n
+            });
+            let stage = stages
+                .iter()
+                .filter(|st| (st.start..st.end).contains(&(i as u64)))
+                .max_by_key(|st| st.depth)
+                .map(|st| format!("{} (step {})", st.name, st.step));
+            let g = match stage {
+                Some(name) => {
+                    let n = stage_ids.len() as i32;
+                    *stage_ids.entry(name.clone()).or_insert_with(|| {
+                        idx.stages.push(name);
+                        n
+                    })
+                }
+                None => -1,
+            };
+            idx.entries.push((i as u64, bytes, s, g));
+        }
+        out.push(idx);
+    }
+    out
+}
