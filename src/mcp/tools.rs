@@ -31,6 +31,7 @@ pub(super) const NAMES: &[&str] = &[
     "compare_ranks",
     "check_baseline",
     "fit",
+    "trend",
 ];
 
 /// What a call may use besides its arguments.
@@ -96,6 +97,13 @@ struct AnalyzeArgs {
     /// Directory source paths are resolved against and relative paths are taken from (default:
     /// the server's current directory)
     workspace: Option<PathBuf>,
+    /// PyTorch: categories of live memory at the peak, `NAME=REGEX` over frames'
+    /// `filename:function` (as `report --category`; `torch.categories[].custom`)
+    #[serde(default)]
+    categories: Vec<String>,
+    /// PyTorch: analyse only entries `A..B` of each device's trace (indices, or seconds with an
+    /// `s`: "2s..4.5s"), as `report --range`
+    range: Option<String>,
 }
 
 #[derive(Deserialize, JsonSchema)]
@@ -220,6 +228,7 @@ pub(super) fn list() -> Vec<Tool> {
              expandable_segments:True and the best max_split_size_mb, and on `on`: fits with its \
              spare, or the first failing request with its Python line and what was live.",
         ),
+        tool::<super::views::TrendArgs>("trend", super::views::TREND),
     ]
 }
 
@@ -244,6 +253,7 @@ pub(super) fn call(name: &str, args: JsonObject, ctx: &Ctx) -> Result<Output, St
         "compare_ranks" => compare_ranks(parse(name, args)?, ctx),
         "check_baseline" => check_baseline(parse(name, args)?, ctx),
         "fit" => fit(parse(name, args)?, ctx),
+        "trend" => super::views::trend(parse(name, args)?, ctx),
         _ => Err(format!("unknown tool `{name}`")),
     };
     if ctx.meter.expired() {
@@ -267,7 +277,7 @@ fn parse<T: DeserializeOwned>(tool: &str, args: JsonObject) -> Result<T, String>
 impl Ctx {
     /// The workspace a call names (relative to the server's directory), else the server's;
     /// resolved, inside the roots.
-    fn workspace(&self, given: Option<&Path>) -> Result<PathBuf, String> {
+    pub(super) fn workspace(&self, given: Option<&Path>) -> Result<PathBuf, String> {
         // Checked resolved; used as spelt, so the answers show the paths the agent gave.
         let ws = match given {
             Some(w) => std::path::absolute(self.cwd.join(w)).unwrap_or_else(|_| self.cwd.join(w)),
@@ -285,7 +295,7 @@ impl Ctx {
     }
 
     /// The options of one run over workspace `ws`, with this call's cancel flag.
-    fn options(&self, ws: &Path) -> Options {
+    pub(super) fn options(&self, ws: &Path) -> Options {
         let mut opts = Options::default();
         opts.locate.workspace = vec![ws.to_path_buf()];
         opts.decode.cancel = self.cancel.clone();
@@ -304,7 +314,7 @@ fn input(ws: &Path, p: &Path) -> PathBuf {
 
 impl Ctx {
     /// Argument `p` (relative to the workspace), when it resolves inside the roots.
-    fn path(&self, ws: &Path, p: &Path) -> Result<PathBuf, String> {
+    pub(super) fn path(&self, ws: &Path, p: &Path) -> Result<PathBuf, String> {
         let p = input(ws, p);
         self.roots.check(&p)?;
         Ok(p)
@@ -374,6 +384,7 @@ fn analyze(a: AnalyzeArgs, ctx: &Ctx) -> Result<Output, String> {
         opts.analysis.top = top;
     }
     opts.analysis.module = a.module;
+    super::views::apply(&mut opts, &a.categories, a.range.as_deref())?;
     let path = ctx.path(&ws, &a.path)?;
     ctx.admit(&path)?;
     let reports = analyze::run(&path, &opts).map_err(|e| e.to_string())?;
@@ -736,7 +747,7 @@ fn check_baseline(a: CheckBaselineArgs, ctx: &Ctx) -> Result<Output, String> {
 }
 
 /// Each capture's headline, then its findings (at most five), one line each.
-fn summary(reports: &[CaptureReport]) -> String {
+pub(super) fn summary(reports: &[CaptureReport]) -> String {
     let mut out = Vec::new();
     for r in reports {
         out.push(format!("{}: {}", r.display_path(), r.headline()));
