@@ -253,7 +253,7 @@ pub(super) fn call(name: &str, args: JsonObject, ctx: &Ctx) -> Result<Output, St
         "compare_ranks" => compare_ranks(parse(name, args)?, ctx),
         "check_baseline" => check_baseline(parse(name, args)?, ctx),
         "fit" => fit(parse(name, args)?, ctx),
-        "trend" => super::views::trend(parse(name, args)?, ctx),
+        "trend" => trend(parse(name, args)?, ctx),
         _ => Err(format!("unknown tool `{name}`")),
     };
     if ctx.meter.expired() {
@@ -277,7 +277,7 @@ fn parse<T: DeserializeOwned>(tool: &str, args: JsonObject) -> Result<T, String>
 impl Ctx {
     /// The workspace a call names (relative to the server's directory), else the server's;
     /// resolved, inside the roots.
-    pub(super) fn workspace(&self, given: Option<&Path>) -> Result<PathBuf, String> {
+    fn workspace(&self, given: Option<&Path>) -> Result<PathBuf, String> {
         // Checked resolved; used as spelt, so the answers show the paths the agent gave.
         let ws = match given {
             Some(w) => std::path::absolute(self.cwd.join(w)).unwrap_or_else(|_| self.cwd.join(w)),
@@ -295,7 +295,7 @@ impl Ctx {
     }
 
     /// The options of one run over workspace `ws`, with this call's cancel flag.
-    pub(super) fn options(&self, ws: &Path) -> Options {
+    fn options(&self, ws: &Path) -> Options {
         let mut opts = Options::default();
         opts.locate.workspace = vec![ws.to_path_buf()];
         opts.decode.cancel = self.cancel.clone();
@@ -314,7 +314,7 @@ fn input(ws: &Path, p: &Path) -> PathBuf {
 
 impl Ctx {
     /// Argument `p` (relative to the workspace), when it resolves inside the roots.
-    pub(super) fn path(&self, ws: &Path, p: &Path) -> Result<PathBuf, String> {
+    fn path(&self, ws: &Path, p: &Path) -> Result<PathBuf, String> {
         let p = input(ws, p);
         self.roots.check(&p)?;
         Ok(p)
@@ -447,6 +447,29 @@ fn diff(a: DiffArgs, ctx: &Ctx) -> Result<Output, String> {
     Ok(Output {
         structured: doc::document(&reports, &[]),
         summary: summary(&reports),
+    })
+}
+
+fn trend(a: super::views::TrendArgs, ctx: &Ctx) -> Result<Output, String> {
+    if let Some(e) = super::views::too_few(a.paths.len()) {
+        return Err(e);
+    }
+    let ws = ctx.workspace(a.workspace.as_deref())?;
+    let opts = ctx.options(&ws);
+    let paths = a
+        .paths
+        .iter()
+        .map(|p| ctx.path(&ws, p))
+        .collect::<Result<Vec<_>, _>>()?;
+    ctx.meter.admit_all(&paths)?;
+    let reports = [analyze::run_trend(&paths, &opts).map_err(|e| e.to_string())?];
+    let mut text = summary(&reports);
+    if let Some(line) = super::views::trend_line(&reports) {
+        text = format!("{text}\n{line}");
+    }
+    Ok(Output {
+        structured: doc::document(&reports, &[]),
+        summary: text,
     })
 }
 
@@ -747,7 +770,7 @@ fn check_baseline(a: CheckBaselineArgs, ctx: &Ctx) -> Result<Output, String> {
 }
 
 /// Each capture's headline, then its findings (at most five), one line each.
-pub(super) fn summary(reports: &[CaptureReport]) -> String {
+fn summary(reports: &[CaptureReport]) -> String {
     let mut out = Vec::new();
     for r in reports {
         out.push(format!("{}: {}", r.display_path(), r.headline()));

@@ -1,17 +1,15 @@
 //! The PyTorch views over MCP beside `analyze`: its `categories` and `range` arguments (as
-//! `report --category`, `--range`) and the `trend` tool (`report --trend A B C…`). Their answers
-//! are the JSON document the other front ends write; stages, categories, `compile_contexts` and
-//! the trend are keys of each capture's `torch` object there.
+//! `report --category`, `--range`) and the `trend` tool's arguments and text (`report --trend`).
+//! Answers are the JSON document the other front ends write; stages, categories,
+//! `compile_contexts` and the trend are keys of each capture's `torch` object there.
 
 use std::path::PathBuf;
 
 use rmcp::schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::tools::{Ctx, Output};
-use crate::analyze;
 use crate::options::{Category, Options, Range};
-use crate::present::json as doc;
+use crate::report::{CaptureReport, Engine};
 
 /// `analyze`'s view arguments on `opts`: one clear message for a bad one.
 pub(super) fn apply(
@@ -35,10 +33,10 @@ pub(super) fn apply(
 #[serde(deny_unknown_fields)]
 pub(super) struct TrendArgs {
     /// Three or more PyTorch snapshots of one run, oldest first
-    paths: Vec<PathBuf>,
+    pub paths: Vec<PathBuf>,
     /// Directory source paths are resolved against and relative paths are taken from (default:
     /// the server's current directory)
-    workspace: Option<PathBuf>,
+    pub workspace: Option<PathBuf>,
 }
 
 pub(super) const TREND: &str = "Trend over three or more PyTorch snapshots of one run, oldest first \
@@ -46,37 +44,26 @@ pub(super) const TREND: &str = "Trend over three or more PyTorch snapshots of on
      and blocks at each snapshot, measured; slope per step and the leak verdict, inferred) and \
      PT011 for a site that grew at every snapshot.";
 
-pub(super) fn trend(a: TrendArgs, ctx: &Ctx) -> Result<Output, String> {
-    if a.paths.len() < 3 {
-        return Err(format!(
-            "trend: needs three or more snapshots of one run, oldest first ({} given; two: the \
-             diff tool)",
-            a.paths.len()
-        ));
-    }
-    let ws = ctx.workspace(a.workspace.as_deref())?;
-    let opts = ctx.options(&ws);
-    let paths = a
-        .paths
-        .iter()
-        .map(|p| ctx.path(&ws, p))
-        .collect::<Result<Vec<_>, _>>()?;
-    ctx.meter.admit_all(&paths)?;
-    let report = analyze::run_trend(&paths, &opts).map_err(|e| e.to_string())?;
-    let reports = [report];
-    let mut summary = super::tools::summary(&reports);
-    if let Some(crate::report::Engine::Torch(t)) = reports.first().map(|r| &r.engine)
-        && let Some(tr) = &t.trend
-    {
-        let growing = tr.sites.iter().filter(|s| s.grows_every_step).count();
-        summary.push_str(&format!(
-            "\n  trend over {} snapshots: {} site(s) grew at every one [measured bytes, inferred verdict]",
-            tr.steps.len(),
-            growing
-        ));
-    }
-    Ok(Output {
-        structured: doc::document(&reports, &[]),
-        summary,
+/// The line a trend adds to the tool's text: how many sites grew at every snapshot.
+pub(super) fn trend_line(reports: &[CaptureReport]) -> Option<String> {
+    let Some(Engine::Torch(t)) = reports.first().map(|r| &r.engine) else {
+        return None;
+    };
+    let tr = t.trend.as_ref()?;
+    let growing = tr.sites.iter().filter(|s| s.grows_every_step).count();
+    Some(format!(
+        "  trend over {} snapshots: {} site(s) grew at every one [measured bytes, inferred verdict]",
+        tr.steps.len(),
+        growing
+    ))
+}
+
+/// Too few snapshots for a trend: the tool's error.
+pub(super) fn too_few(n: usize) -> Option<String> {
+    (n < 3).then(|| {
+        format!(
+            "trend: needs three or more snapshots of one run, oldest first ({n} given; two: the \
+             diff tool)"
+        )
     })
 }
