@@ -3,6 +3,9 @@
 //! (measured: the entry's size), the site its stack names and the stage it fell in. Only built
 //! for the page; a huge trace gives the page its largest allocations, never every entry.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
 use serde::Serialize;
 
 use crate::torch::Analysis;
@@ -31,20 +34,25 @@ pub fn compute(snap: &Snapshot, a: &Analysis) -> Vec<TraceIndex> {
     };
     for (d, list) in traces.iter().enumerate() {
         let device = d as i64;
-        let mut allocs: Vec<(u64, usize)> = list
-            .iter()
-            .enumerate()
-            .filter(|(_, e)| e.action == Action::Alloc)
-            .map(|(i, e)| (e.size, i))
-            .collect();
-        if allocs.is_empty() {
+        // The largest PER_DEVICE, kept in a bounded min-heap (no copy of the whole trace).
+        let mut heap: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::with_capacity(PER_DEVICE + 1);
+        let mut allocations = 0u64;
+        for (i, e) in list.iter().enumerate() {
+            if e.action != Action::Alloc {
+                continue;
+            }
+            allocations += 1;
+            if heap.len() < PER_DEVICE {
+                heap.push(Reverse((e.size, i)));
+            } else if heap.peek().is_some_and(|Reverse(m)| (e.size, i) > *m) {
+                heap.pop();
+                heap.push(Reverse((e.size, i)));
+            }
+        }
+        if allocations == 0 {
             continue;
         }
-        let allocations = allocs.len() as u64;
-        if allocs.len() > PER_DEVICE {
-            allocs.select_nth_unstable_by(PER_DEVICE - 1, |x, y| y.cmp(x));
-            allocs.truncate(PER_DEVICE);
-        }
+        let mut allocs: Vec<(u64, usize)> = heap.into_iter().map(|Reverse(x)| x).collect();
         allocs.sort_unstable_by_key(|&(_, i)| i);
         // Innermost stage holding each entry (stages of a device are in trace order).
         let stages: Vec<&crate::torch::stages::Stage> = a
