@@ -1,5 +1,5 @@
 //! `report --range A..B` on a real snapshot: only that part of the trace is analysed, its
-//! entries counted in `totals.trace_entries`, the allocator state at B rebuilt by the replay.
+//! entries counted in `totals.trace_entries`, the allocator state at B rebuilt backwards from the dump.
 
 mod common;
 
@@ -33,7 +33,7 @@ fn the_second_step_alone() {
         t["range"],
         serde_json::json!([{"device": 0, "start_index": 3904, "end_index": 7691, "of_entries": 11477}])
     );
-    // The state at entry 7691 (after the step) is not the dump's: the replay rebuilt it.
+    // The state at entry 7691 (after the step) is not the dump's: it was rebuilt.
     let w = &whole["captures"][0]["torch"];
     assert_ne!(
         t["totals"]["allocated_bytes"],
