@@ -69,6 +69,24 @@ pub fn run_diff(
     Ok(report)
 }
 
+/// `report --trend A B C…`: snapshots of one run named on the command line, oldest first, read
+/// as a series (as a folder of `…step<K>…` files is). The steps are the `step<K>` numbers when
+/// every name has one and they ascend in the order given, else 1, 2, 3… in that order.
+pub fn run_trend(
+    paths: &[std::path::PathBuf],
+    opts: &Options,
+) -> Result<CaptureReport, CaptureError> {
+    let numbered: Option<Vec<u64>> = paths.iter().map(|p| number_in_name(p, "step")).collect();
+    let steps: Vec<u64> = match numbered {
+        Some(n) if n.windows(2).all(|w| w[0] < w[1]) => n,
+        _ => (1..=paths.len() as u64).collect(),
+    };
+    let series: Vec<(u64, &std::path::PathBuf)> = steps.into_iter().zip(paths).collect();
+    let mut report = analyze_series(&series, opts)?;
+    locate(std::slice::from_mut(&mut report), opts);
+    Ok(report)
+}
+
 /// The locate step over `opts.locate`'s workspace.
 pub fn locate(reports: &mut [CaptureReport], opts: &Options) {
     let locator = Locator::new(&opts.locate, opts.analysis.frames.clone());

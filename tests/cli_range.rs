@@ -1,5 +1,5 @@
 //! `report --range A..B` on a real snapshot: only that part of the trace is analysed, its
-//! entries counted in `totals.trace_entries`, the allocator state at B rebuilt by the replay.
+//! entries counted in `totals.trace_entries`, the allocator state at B rebuilt backwards from the dump.
 
 mod common;
 
@@ -33,7 +33,7 @@ fn the_second_step_alone() {
         t["range"],
         serde_json::json!([{"device": 0, "start_index": 3904, "end_index": 7691, "of_entries": 11477}])
     );
-    // The state at entry 7691 (after the step) is not the dump's: the replay rebuilt it.
+    // The state at entry 7691 (after the step) is not the dump's: it was rebuilt.
     let w = &whole["captures"][0]["torch"];
     assert_ne!(
         t["totals"]["allocated_bytes"],
@@ -101,4 +101,56 @@ fn bad_ranges_are_one_line() {
     let Some(p) = common::shared(NIU) else { return };
     common::memlsp(&["report", common::arg(&p), "--range", "20000.."], dir)
         .assert_one_line_error("the range holds no entry");
+}
+
+/// The state at B is rebuilt backwards from the dump (one pass over the entries after B, no
+/// replay). On NiuHuangxiaozi's run, whose replay validates, it is the replay's own state at
+/// B: the same segments, the same live blocks (address, state, requested bytes), at ten points.
+#[test]
+fn the_state_at_b_rebuilt_backwards_is_the_replays() {
+    use memlsp::options::DecodeOptions;
+    use memlsp::torch::model::BlockState;
+    let Some(p) = common::shared(NIU) else { return };
+    let snap = memlsp::torch::load::load_snapshot(&p, &DecodeOptions::default()).unwrap();
+    let n = snap.trace(0).len();
+    for b in (1..10).map(|k| k * n / 10).chain([7691]) {
+        let ours = memlsp::torch::range::segments_at(&snap, 0, b);
+        let replayed = memlsp::torch::replay::state_after(&snap, 0, b - 1).expect("validates");
+        let segs = |v: &[memlsp::torch::model::Segment]| -> Vec<(u64, u64)> {
+            v.iter().map(|s| (s.address, s.total_size)).collect()
+        };
+        assert_eq!(segs(&ours), segs(&replayed), "segments at {b}");
+        let live = |v: &[memlsp::torch::model::Segment]| -> Vec<(u64, u64, BlockState)> {
+            let mut l: Vec<_> = v
+                .iter()
+                .flat_map(|s| &s.blocks)
+                .filter(|b| b.state != BlockState::Inactive)
+                .map(|b| (b.address, b.requested_size, b.state.clone()))
+                .collect();
+            l.sort_by_key(|x| x.0);
+            l
+        };
+        let (o, r) = (live(&ours), live(&replayed));
+        assert!(o.len() > 100, "{} live blocks at {b}", o.len());
+        assert_eq!(o, r, "live blocks at {b}");
+    }
+}
+
+/// 10 % of the trace: `totals.trace_entries` is the range, and the state at its end is rebuilt
+/// (not the dump's).
+#[test]
+fn a_tenth_of_the_trace_counts_a_tenth() {
+    let Some(p) = common::shared(NIU) else { return };
+    let part = json(&[
+        "report",
+        common::arg(&p),
+        "--range",
+        "5000..6148",
+        "--format",
+        "json",
+    ]);
+    let t = &part["captures"][0]["torch"];
+    assert_eq!(t["totals"]["trace_entries"], 1148);
+    assert_eq!(t["range"][0]["start_index"], 5000);
+    assert_eq!(t["range"][0]["end_index"], 6148);
 }

@@ -170,7 +170,8 @@ fn an_agent_analyses_a_capture_asks_about_a_line_and_reads_a_finding_page() {
             "diff",
             "compare_ranks",
             "check_baseline",
-            "fit"
+            "fit",
+            "trend"
         ]
     );
     let analyze_schema = &list["result"]["tools"][0]["inputSchema"];
@@ -698,4 +699,92 @@ fn fit_names_the_first_failing_request_on_a_capacity() {
     assert!(text.contains("OOM — this run needs 818.00 MiB"), "{text}");
     let r = mcp.call("fit", json!({"path": src, "on": "A100"}));
     assert_eq!(r["isError"], true, "{r}");
+}
+
+/// The PyTorch views over MCP: `analyze` with `categories` and `range` answers what `report
+/// --category … --range …` does (stages and categories are in its `torch` object), and `trend`
+/// reads three snapshots of one run as `report --trend` does (the growing fixture's PT011 from
+/// the whole series).
+#[test]
+fn analyze_takes_categories_and_a_range_and_trend_reads_a_series() {
+    let Some(src) = common::shared(
+        "torch_snapshots/real/NiuHuangxiaozi__16edf316_forward_and_backward_memory_snapshot_150.pickle",
+    ) else {
+        return;
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let fixtures = root.join("fixtures/torch/trend_growing");
+    let tmp = tempfile::tempdir().unwrap();
+    let mut mcp = Mcp::start(tmp.path(), &[tmp.path(), src.parent().unwrap(), &fixtures]);
+    mcp.request(
+        "initialize",
+        json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}),
+    );
+    mcp.notify("notifications/initialized", json!({}));
+    let r = mcp.call(
+        "analyze",
+        json!({"path": src, "range": "3904..7691", "categories": ["optimizer=torch/optim/"]}),
+    );
+    assert_eq!(r["isError"], false, "{r}");
+    let t = &r["structuredContent"]["captures"][0]["torch"];
+    assert_eq!(t["totals"]["trace_entries"], 7691 - 3904);
+    assert_eq!(t["range"][0]["start_index"], 3904);
+    assert!(
+        t["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["name"] == "Optimizer.step#NIUAdam.step"),
+        "the part's recorded stages: {}",
+        t["stages"]
+    );
+    let custom = &t["categories"][0]["custom"];
+    assert_eq!(custom[0]["name"], "optimizer", "{custom}");
+    assert_eq!(custom[1]["name"], "uncategorized", "{custom}");
+    assert_eq!(t["compile_contexts"]["recorded"], false);
+    // What the command line says for the same arguments.
+    let cli = common::memlsp(
+        &[
+            "report",
+            common::arg(&src),
+            "--range",
+            "3904..7691",
+            "--category",
+            "optimizer=torch/optim/",
+            "--format",
+            "json",
+        ],
+        tmp.path(),
+    )
+    .json();
+    assert_eq!(
+        t["categories"], cli["captures"][0]["torch"]["categories"],
+        "the same breakdown as report --category"
+    );
+    let r = mcp.call("analyze", json!({"path": src, "range": "abc"}));
+    assert_eq!(r["isError"], true, "{r}");
+    assert!(tool_error(&r).contains("is not A..B"), "{r}");
+
+    let steps: Vec<_> = [5, 10, 15]
+        .iter()
+        .map(|k| fixtures.join(format!("snapshot_step{k}.pickle")))
+        .collect();
+    let r = mcp.call("trend", json!({"paths": steps}));
+    assert_eq!(r["isError"], false, "{r}");
+    let c = &r["structuredContent"]["captures"][0];
+    assert_eq!(c["torch"]["trend"]["steps"], json!([5, 10, 15]));
+    assert!(
+        findings(&r["structuredContent"])
+            .iter()
+            .any(|f| f["code"] == "PT011"),
+        "{c}"
+    );
+    let text = r["content"][0]["text"].as_str().unwrap();
+    assert!(
+        text.contains("trend over 3 snapshots: 1 site(s) grew at every one"),
+        "{text}"
+    );
+    let r = mcp.call("trend", json!({"paths": &steps[..2]}));
+    assert_eq!(r["isError"], true, "{r}");
+    assert!(tool_error(&r).contains("three or more"), "{r}");
 }

@@ -153,9 +153,14 @@ struct BaselineArgs {
 
 #[derive(Args, Debug)]
 struct ReportArgs {
-    /// Capture file (.pickle, .pkl, *snapshot*.json, .xplane.pb) or capture directory
-    #[arg(value_name = "FILE")]
-    file: PathBuf,
+    /// Capture file (.pickle, .pkl, *snapshot*.json, .xplane.pb) or capture directory; with
+    /// `--trend`, three or more snapshots of one run, oldest first
+    #[arg(value_name = "FILE", required = true, num_args = 1..)]
+    files: Vec<PathBuf>,
+    /// PyTorch: the FILEs are snapshots of one run at successive steps, oldest first: the last
+    /// one's report with the trend over all of them (docs/TREND.md)
+    #[arg(long, conflicts_with = "diff")]
+    trend: bool,
     /// A later snapshot of the same run: report what grew between FILE and LATER
     #[arg(long, value_name = "LATER")]
     diff: Option<PathBuf>,

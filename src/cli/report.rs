@@ -1,6 +1,6 @@
 //! `memlsp report FILE`: the full report of one capture, as text or JSON.
 
-use crate::analyze::{Partial, run_diff, run_partial};
+use crate::analyze::{Partial, run_diff, run_partial, run_trend};
 
 use std::io::Write;
 
@@ -22,6 +22,17 @@ pub(super) fn run_report(args: ReportArgs) -> i32 {
 }
 
 fn report_inner(args: ReportArgs) -> i32 {
+    if args.trend && args.files.len() < 3 {
+        return super::usage(
+            "--trend needs three or more snapshots of one run, oldest first (two: --diff LATER)",
+        );
+    }
+    if !args.trend && args.files.len() > 1 {
+        return super::usage(
+            "report reads one FILE or folder (snapshots of one run at successive steps: --trend A B C)",
+        );
+    }
+    let file = &args.files[0];
     // The workspace of `report` is the current directory.
     let mut opts = args.common.options(super::absolute(".".as_ref()));
     if let Some(top) = args.top {
@@ -42,19 +53,24 @@ fn report_inner(args: ReportArgs) -> i32 {
     opts.jobs = args.jobs.unwrap_or(0) as usize;
     // One snapshot file: how far its reading got, on stderr (a folder of ranks says which rank).
     let reading = match &args.diff {
-        None => crate::analyze::reading_progress(&args.file),
+        None if !args.trend => crate::analyze::reading_progress(file),
+        None => None,
         Some(_) => None,
     };
     let watch = reading.map(|(progress, total)| {
         opts.decode.progress = progress.clone();
-        super::progress::Watch::start(&args.file, total, &progress)
+        super::progress::Watch::start(file, total, &progress)
     });
     let result = match &args.diff {
-        Some(later) => run_diff(&args.file, later, &opts).map(|r| Partial {
+        Some(later) => run_diff(file, later, &opts).map(|r| Partial {
             reports: vec![r],
             errors: Vec::new(),
         }),
-        None => run_partial(&args.file, &opts),
+        None if args.trend => run_trend(&args.files, &opts).map(|r| Partial {
+            reports: vec![r],
+            errors: Vec::new(),
+        }),
+        None => run_partial(file, &opts),
     };
     drop(watch);
     let Partial { reports, errors } = match result {

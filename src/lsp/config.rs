@@ -18,6 +18,16 @@ pub const DEFAULT_GLOBS: [&str; 4] = [
     "**/*.xplane.pb",
 ];
 
+/// What [`Settings::options_key`] compares.
+pub type OptionsKey<'a> = (
+    usize,
+    u64,
+    Option<u64>,
+    &'a [String],
+    Option<u64>,
+    &'a [crate::options::Category],
+);
+
 /// Everything the user can set.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Settings {
@@ -51,6 +61,9 @@ pub struct Settings {
     /// `capacity`: the device to replay each capture on (bytes, `24GiB` or a GPU name less
     /// `capacityReserve`); the first request that fails there is a PT017 diagnostic.
     pub capacity: Option<u64>,
+    /// `categories`: `["NAME=REGEX", …]`, as `report --category` (the page's and the hovers'
+    /// breakdown at the peak).
+    pub categories: Vec<crate::options::Category>,
 }
 
 impl Default for Settings {
@@ -73,6 +86,7 @@ impl Default for Settings {
             baseline_max_growth: 5.0,
             baseline_timing: false,
             capacity: None,
+            categories: Vec::new(),
         }
     }
 }
@@ -246,6 +260,23 @@ impl Settings {
             },
             Some(_) => problems.push("capacity must be a size, bytes or a GPU name".into()),
         }
+        if let Some(c) = obj.get("categories") {
+            match c
+                .as_array()
+                .map(|l| l.iter().map(Value::as_str).collect::<Option<Vec<_>>>())
+            {
+                Some(Some(list)) => {
+                    s.categories.clear();
+                    for item in list {
+                        match crate::options::Category::parse(item) {
+                            Ok(cat) => s.categories.push(cat),
+                            Err(e) => problems.push(format!("categories: {e}")),
+                        }
+                    }
+                }
+                _ => problems.push("categories must be a list of \"NAME=REGEX\" strings".into()),
+            }
+        }
         if let Some(n) = obj.get("topSites") {
             match n.as_u64() {
                 Some(n) if n > 0 => s.top_sites = n as usize,
@@ -263,18 +294,20 @@ impl Settings {
         opts.decode.max_model_bytes = self.max_model_bytes;
         opts.analysis.frames = FrameFilter::new(self.user_frame_excludes.clone());
         opts.analysis.capacity = self.capacity;
+        opts.analysis.categories = self.categories.clone();
         opts
     }
 
     /// The settings that change engine results (a change invalidates the cache). Path mappings
     /// only change the locate step, which runs again on every publish.
-    pub fn options_key(&self) -> (usize, u64, Option<u64>, &[String], Option<u64>) {
+    pub fn options_key(&self) -> OptionsKey<'_> {
         (
             self.top_sites,
             self.max_file_bytes,
             self.max_model_bytes,
             &self.user_frame_excludes,
             self.capacity,
+            &self.categories,
         )
     }
 

@@ -24,6 +24,7 @@ mod confine;
 mod pages;
 mod tools;
 mod transport;
+mod views;
 
 pub use confine::{Budget, Config};
 

@@ -32,6 +32,7 @@ pub(super) const NAMES: &[&str] = &[
     "compare_ranks",
     "check_baseline",
     "fit",
+    "trend",
 ];
 
 /// What a call may use besides its arguments.
@@ -97,6 +98,13 @@ struct AnalyzeArgs {
     /// Directory source paths are resolved against and relative paths are taken from (default:
     /// the server's current directory)
     workspace: Option<PathBuf>,
+    /// PyTorch: categories of live memory at the peak, `NAME=REGEX` over frames'
+    /// `filename:function` (as `report --category`; `torch.categories[].custom`)
+    #[serde(default)]
+    categories: Vec<String>,
+    /// PyTorch: analyse only entries `A..B` of each device's trace (indices, or seconds with an
+    /// `s`: "2s..4.5s"), as `report --range`
+    range: Option<String>,
 }
 
 #[derive(Deserialize, JsonSchema)]
@@ -221,6 +229,7 @@ pub(super) fn list() -> Vec<Tool> {
              expandable_segments:True and the best max_split_size_mb, and on `on`: fits with its \
              spare, or the first failing request with its Python line and what was live.",
         ),
+        tool::<super::views::TrendArgs>("trend", super::views::TREND),
     ]
 }
 
@@ -245,6 +254,7 @@ pub(super) fn call(name: &str, args: JsonObject, ctx: &Ctx) -> Result<Output, St
         "compare_ranks" => compare_ranks(parse(name, args)?, ctx),
         "check_baseline" => check_baseline(parse(name, args)?, ctx),
         "fit" => fit(parse(name, args)?, ctx),
+        "trend" => trend(parse(name, args)?, ctx),
         _ => Err(format!("unknown tool `{name}`")),
     };
     if ctx.meter.expired() {
@@ -375,6 +385,7 @@ fn analyze(a: AnalyzeArgs, ctx: &Ctx) -> Result<Output, String> {
         opts.analysis.top = top;
     }
     opts.analysis.module = a.module;
+    super::views::apply(&mut opts, &a.categories, a.range.as_deref())?;
     let path = ctx.path(&ws, &a.path)?;
     ctx.admit(&path)?;
     let reports = analyze::run(&path, &opts).map_err(|e| e.to_string())?;
@@ -437,6 +448,29 @@ fn diff(a: DiffArgs, ctx: &Ctx) -> Result<Output, String> {
     Ok(Output {
         structured: doc::document(&reports, &[]),
         summary: mcp_text::summary(&reports),
+    })
+}
+
+fn trend(a: super::views::TrendArgs, ctx: &Ctx) -> Result<Output, String> {
+    if let Some(e) = super::views::too_few(a.paths.len()) {
+        return Err(e);
+    }
+    let ws = ctx.workspace(a.workspace.as_deref())?;
+    let opts = ctx.options(&ws);
+    let paths = a
+        .paths
+        .iter()
+        .map(|p| ctx.path(&ws, p))
+        .collect::<Result<Vec<_>, _>>()?;
+    ctx.meter.admit_all(&paths)?;
+    let reports = [analyze::run_trend(&paths, &opts).map_err(|e| e.to_string())?];
+    let mut text = mcp_text::summary(&reports);
+    if let Some(line) = mcp_text::trend_line(&reports) {
+        text = format!("{text}\n{line}");
+    }
+    Ok(Output {
+        structured: doc::document(&reports, &[]),
+        summary: text,
     })
 }
 

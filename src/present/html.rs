@@ -149,6 +149,9 @@ fn torch(r: &CaptureReport, t: &crate::torch::summary::Summary) -> Value {
         })),
         "rank": t.rank,
         "categories": t.categories,
+        "compile_contexts": t.compile_contexts,
+        // The page's search: each device's largest allocations (`torch::trace_index`).
+        "trace_index": t.trace_index,
         "totals": {
             "reserved": t.totals.memory.reserved_bytes,
             "allocated": t.totals.memory.allocated_bytes,

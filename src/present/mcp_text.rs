@@ -145,3 +145,17 @@ pub fn ranks(imbalance: Option<f64>, ranks: &[(&CaptureReport, usize)]) -> Strin
     }
     text
 }
+
+/// The line a trend adds to the tool's text: how many sites grew at every snapshot.
+pub fn trend_line(reports: &[CaptureReport]) -> Option<String> {
+    let Some(crate::report::Engine::Torch(t)) = reports.first().map(|r| &r.engine) else {
+        return None;
+    };
+    let tr = t.trend.as_ref()?;
+    let growing = tr.sites.iter().filter(|s| s.grows_every_step).count();
+    Some(format!(
+        "  trend over {} snapshots: {} site(s) grew at every one [measured bytes, inferred verdict]",
+        tr.steps.len(),
+        growing
+    ))
+}

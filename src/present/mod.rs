@@ -13,6 +13,7 @@
 pub mod capacity;
 pub mod categories;
 pub mod compare;
+pub mod compile_regions;
 pub mod editor;
 pub mod escape;
 pub mod fit;

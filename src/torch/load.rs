@@ -152,6 +152,7 @@ fn trace_sink<'m>(
         actions: Vec::new(),
         map,
         released: 0,
+        contexts: Default::default(),
         cancel: opts.cancel.clone(),
         progress: opts.progress.clone(),
     }
@@ -237,9 +238,11 @@ fn finish_streamed(
             ));
         }
     };
+    let contexts = std::mem::take(&mut sink.contexts);
     let mut snap = crate::timings::time("model: build", || {
         build(path, file_len, &tree, opts, sink.interner, streamed)
     })?;
+    contexts.attach(&tree, &mut snap);
     snap.pickle_protocol = tree.protocol;
     crate::timings::count(
         "trace entries",
@@ -373,6 +376,8 @@ struct TraceSink<'m> {
     progress: crate::options::Progress,
     /// Input bytes before this offset were given back to the kernel.
     released: usize,
+    /// `compile_context` of the entries (`load/compile_context.rs`).
+    contexts: compile_context::Contexts,
 }
 
 impl TraceSink<'_> {
@@ -465,6 +470,7 @@ impl pickle::Sink for TraceSink<'_> {
             None => None,
         };
         let entry = trace_entry(t, action, fields, stack);
+        self.contexts.note(t, list, pairs);
         self.pipeline
             .as_mut()
             .ok_or("decoding already finished")?
@@ -1036,6 +1042,7 @@ impl<'t, 'a> Builder<'t, 'a> {
     }
 }
 
+mod compile_context;
 mod extras;
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ pub mod autocast_cache;
 pub mod budget;
 pub mod capture_limits;
 pub mod categories;
+pub mod compile_regions;
 #[cfg(test)]
 mod device_scale_tests;
 pub mod device_skew;
@@ -38,6 +39,7 @@ pub mod stages;
 pub mod summary;
 pub mod timeline;
 pub mod totals;
+pub mod trace_index;
 pub mod trend;
 pub mod whatif;
 
@@ -178,6 +180,9 @@ pub fn output(snap: &Snapshot, a: &Analysis, opts: &AnalysisOptions) -> Output {
     summary.categories = time("categories", || {
         categories::compute(snap, &a.stacks, &a.timeline, &opts.categories)
     });
+    summary.compile_contexts = time("compile contexts", || {
+        compile_regions::compute(snap, &a.timeline)
+    });
     if opts.pictures {
         time("pictures", || pictures(snap, a, &mut summary));
     }
@@ -247,6 +252,7 @@ fn pictures(snap: &Snapshot, a: &Analysis, summary: &mut summary::Summary) {
             .collect();
         summary.state_bars =
             series::state_panels(snap, &a.replays, &summary.series, &validated, 400);
+        summary.trace_index = trace_index::compute(snap, a);
     }
 }
 

@@ -332,6 +332,19 @@ pub struct Snapshot {
     pub ring_buffers: Vec<RingBuffer>,
     /// The pinned host allocator, when `host_segments` or `host_traces` is present.
     pub host: Option<HostMemory>,
+    /// `compile_context` of trace entries (torch 2.8+), where one is recorded.
+    pub compile_contexts: CompileContexts,
+}
+
+/// The `torch.compile` region each trace entry was recorded in (`compile_context`, torch 2.8+;
+/// `"N/A"` outside one). Only entries with a context are kept.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CompileContexts {
+    /// Whether any trace entry has the key at all (older files: none does).
+    pub recorded: bool,
+    pub names: Vec<String>,
+    /// Per device trace: (entry index, index into `names`), indices ascending.
+    pub entries: Vec<Vec<(u32, u32)>>,
 }
 
 /// Positions in [`Snapshot::segments`] of each device's segments, built once on first use so

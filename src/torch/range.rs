@@ -1,9 +1,12 @@
 //! `--range A..B`: analyse only part of each device's trace. `A` and `B` are entry indices
 //! (`1000..5000`) or seconds from the device's first traced event (`2.5s..4s`); either may be
 //! left out (`..5000`, `1000..`). The analyses read the allocator state at the end of their
-//! trace, so the state after the last chosen entry is rebuilt by the allocator replay (only
-//! where the replay reproduces every recorded segment event); the state at `A` then follows
-//! from it and the chosen entries, as it does for a whole trace.
+//! trace, so the state after the last chosen entry is rebuilt from the dump's own state by
+//! undoing the entries after the range (`state`: one pass over them, no replay); the state at
+//! `A` then follows from it and the chosen entries, as it does for a whole trace. What the
+//! analyses cost is in proportion to the range.
+
+mod state;
 
 use crate::options::Range;
 use crate::torch::model::Snapshot;
@@ -16,6 +19,12 @@ pub struct Cut {
     pub end_index: u64,
     /// Entries of the whole trace.
     pub of_entries: u64,
+}
+
+/// The segments of `device` just after entries `0..b` (`b` below the trace's length), rebuilt
+/// from the dump by undoing entries `b..` (see `state`): in address order.
+pub fn segments_at(snap: &Snapshot, device: i64, b: usize) -> Vec<crate::torch::model::Segment> {
+    state::segments_at(snap, device, snap.trace(device), b)
 }
 
 /// `snap` with each device's trace cut to the range and its segments rebuilt at the cut's end.
@@ -45,20 +54,16 @@ pub fn cut(mut snap: Snapshot, range: &Range) -> Result<(Snapshot, Vec<Cut>), St
             of_entries: list.len() as u64,
         });
     }
-    // States after each cut's last entry, while the whole trace is still there.
+    // States after each cut's last entry, while the whole trace is still there: the dump's
+    // state with the entries after the range undone (one pass over them, `state`).
     let mut states = Vec::new();
     for c in &cuts {
         if c.end_index == c.of_entries {
             continue;
         }
-        let segs = crate::torch::replay::state_after(&snap, c.device, c.end_index as usize - 1)
-            .ok_or_else(|| {
-                format!(
-                    "device {}: the allocator replay does not reproduce this trace, so its state at entry {} \
-                     cannot be rebuilt; cut only the start (--range {}..)",
-                    c.device, c.end_index, c.start_index
-                )
-            })?;
+        let segs = crate::timings::time("range: state at B", || {
+            segments_at(&snap, c.device, c.end_index as usize)
+        });
         states.push((c.device, segs));
     }
     for (device, segs) in states {
@@ -80,6 +85,14 @@ pub fn cut(mut snap: Snapshot, range: &Range) -> Result<(Snapshot, Vec<Cut>), St
                 lo = lo.min(x);
                 hi = hi.max(y);
             }
+        }
+    }
+    // `compile_context`s of the kept entries, renumbered from the range's start.
+    for c in &cuts {
+        if let Some(v) = snap.compile_contexts.entries.get_mut(c.device as usize) {
+            let (a, b) = (c.start_index as u32, c.end_index as u32);
+            v.retain(|&(i, _)| i >= a && i < b);
+            v.iter_mut().for_each(|e| e.0 -= a);
         }
     }
     // Annotations outside the kept time are not in the part analysed.

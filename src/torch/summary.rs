@@ -38,6 +38,8 @@ pub struct Summary {
     pub annotations_recorded: bool,
     /// Live memory at each device's peak by role and by `--category` (docs/CATEGORIES.md).
     pub categories: Vec<crate::torch::categories::DeviceCategories>,
+    /// Bytes at each device's peak per `compile_context` (torch 2.8+; docs/RECORDING.md).
+    pub compile_contexts: crate::torch::compile_regions::CompileRegions,
     /// Per traced device: whether its trace starts mid-run (read from the ring buffer's
     /// `trace_alloc_overflowed` where recorded, else inferred).
     pub trace_start: Vec<crate::torch::recording::TraceStart>,
@@ -85,6 +87,9 @@ pub struct Summary {
     /// where the replay validates, for pictures (computed on request).
     #[serde(skip)]
     pub state_bars: Vec<crate::torch::series::StatePanel>,
+    /// The largest allocations of each device's trace, for the page's search (on request).
+    #[serde(skip)]
+    pub trace_index: Vec<crate::torch::trace_index::TraceIndex>,
 }
 
 /// Allocator state at dump time (ORACLE.md §3), per device or overall.
@@ -670,6 +675,7 @@ pub fn summarize_with(snap: &Snapshot, a: &Analysis, top: usize, replay: Capture
         stage_at_peak: crate::torch::stages::summary::at_peak(&a.stages),
         annotations_recorded: a.stages.recorded,
         categories: Vec::new(),
+        compile_contexts: Default::default(),
         trace_start: crate::torch::recording::trace_start(snap, &a.timeline),
         range: Vec::new(),
         trend: None,
@@ -686,6 +692,7 @@ pub fn summarize_with(snap: &Snapshot, a: &Analysis, top: usize, replay: Capture
         series: Vec::new(),
         segment_bars: Vec::new(),
         state_bars: Vec::new(),
+        trace_index: Vec::new(),
     }
 }
 

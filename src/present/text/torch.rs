@@ -58,6 +58,7 @@ pub(super) fn sections(
     timeline(s, t);
     s.push_str(&crate::present::stages::text(t));
     s.push_str(&crate::present::categories::text(t));
+    s.push_str(&crate::present::compile_regions::text(t));
     s.push_str(&crate::present::trend::text(t));
     diff(s, t);
     fit(s, t);

@@ -137,6 +137,45 @@ async function checkStates(page, name, t) {
 
 const PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"];
 
+// The search box: the largest allocation found by a word of its site and its size, counted as
+// the data says; a query nothing has finds nothing. Results are text (the hostile page too).
+async function checkSearch(page, name, t) {
+  const entries = (t.trace_index || []).flatMap((d) => d.entries.map((e) => ({ d, e })));
+  const box = await page.$("#trace-search");
+  // A trace without an allocation (segment events, an OOM alone) has nothing to search.
+  if (!entries.length) return void check(`${name}: no search box without an allocation`, box === null);
+  if (!check(`${name}: a search box over ${entries.length} allocations`, box !== null && entries.length > 0, entries.length)) return;
+  let top = entries[0];
+  for (const x of entries) if (x.e[1] > top.e[1]) top = x;
+  const site = top.d.sites[top.e[2]];
+  let word = site.split("/").pop().split(":").slice(0, 2).join(":");
+  if (/[\s<>]/.test(word) || !word) word = "#" + top.e[0];
+  const hay = ({ d, e }) => ("#" + e[0] + " " + d.sites[e[2]] + " " + (e[3] >= 0 ? d.stages[e[3]] : "") + " device " + d.device).toLowerCase();
+  const want = entries.filter((x) => x.e[1] >= top.e[1] && hay(x).includes(word.toLowerCase())).length;
+  const q = word + " >= " + top.e[1] + " B";
+  await page.fill("#trace-search", q);
+  const got = await page.evaluate(() => ({
+    count: document.getElementById("trace-search-count").textContent,
+    rows: [...document.querySelectorAll("#trace-search-results .hit")].map((r) => r.textContent),
+    imgs: document.querySelectorAll("img").length,
+  }));
+  check(`${name}: searching "${q}" lists its ${want} allocation(s)`,
+    want >= 1 && got.count.startsWith(want + " allocation") && got.rows.length === Math.min(want, 200) &&
+    got.rows.some((r) => r.includes("#" + top.e[0])) && got.imgs === 0, { want, got: { count: got.count, rows: got.rows.slice(0, 3) } });
+  const stage = top.e[3] >= 0 ? top.d.stages[top.e[3]] : null;
+  if (stage) {
+    const w = stage.split(/[\s<>]/)[0].toLowerCase();
+    const n = entries.filter((x) => hay(x).includes(w)).length;
+    await page.fill("#trace-search", w);
+    const c = await page.evaluate(() => document.getElementById("trace-search-count").textContent);
+    check(`${name}: searching the stage "${w}" lists ${n} allocation(s)`, c.startsWith(n + " allocation"), c);
+  }
+  await page.fill("#trace-search", "no-such-site-xyzzy");
+  const none = await page.evaluate(() => document.getElementById("trace-search-count").textContent);
+  check(`${name}: a query nothing has finds nothing`, none.startsWith("0 allocations"), none);
+  await page.fill("#trace-search", "");
+}
+
 async function checkTorch(page, name, cap) {
   const t = cap.torch;
   if (!t.devices.length) {
@@ -148,6 +187,7 @@ async function checkTorch(page, name, cap) {
     return;
   }
   await checkStates(page, name, t);
+  await checkSearch(page, name, t);
   for (const dev of t.devices) {
     const sel = `.panel.timeline[data-device="${dev.device}"] canvas`;
     if (!dev.peak) continue; // nothing allocated or freed in this trace

@@ -1,0 +1,98 @@
+//! The PyTorch views in the editor: "Show memory timeline" (`memlsp.timeline`) draws the same
+//! page as `report --format html` — recorded stage bands, live memory at the peak by role and by
+//! the `memlsp.categories` setting (as `report --category`), compile regions, the trace search —
+//! on a real snapshot with `external_annotations`; a bad category is a settings message.
+
+mod lsp_support;
+
+use std::time::Duration;
+
+use lsp_support::{Lsp, copy, tempdir};
+use serde_json::json;
+
+const NIU: &str =
+    "torch_snapshots/real/NiuHuangxiaozi__16edf316_forward_and_backward_memory_snapshot_150.pickle";
+
+fn page_data(html: &str) -> serde_json::Value {
+    let open = r#"<script id="memlsp-data" type="application/json">"#;
+    let start = html.find(open).expect("data script") + open.len();
+    let end = start + html[start..].find("</script>").expect("end of data");
+    serde_json::from_str(&html[start..end].replace("<\\/", "</")).expect("page data is JSON")
+}
+
+#[test]
+fn the_timeline_page_has_stages_categories_and_the_trace_search() {
+    let Some(src) = lsp_support::shared(NIU) else {
+        return;
+    };
+    let (_tmp, ws) = tempdir();
+    let cap = ws.join("runs/niu_snapshot.pickle");
+    copy(&src, &cap);
+    let mut lsp = Lsp::start(
+        &ws,
+        json!({"categories": ["optimizer=torch/optim/", "mine=NIU"]}),
+    );
+    // The server asks for its settings after `initialized`: answered while idling.
+    lsp.idle(Duration::from_millis(1500));
+    let page = lsp.request(
+        "workspace/executeCommand",
+        json!({"command": "memlsp.timeline", "arguments": [{"capture": cap.to_string_lossy()}]}),
+    );
+    let html = page["html"].as_str().unwrap_or_else(|| panic!("{page}"));
+    assert!(html.contains("id: \"trace-search\""), "the search box");
+    let data = page_data(html);
+    let t = &data["captures"][0]["torch"];
+    let bands = t["devices"][0]["stages"].as_array().expect("stage bands");
+    assert!(
+        bands
+            .iter()
+            .any(|b| b.to_string().contains("Optimizer.step#NIUAdam.step")),
+        "the recorded optimizer step is a band: {bands:?}"
+    );
+    let custom = &t["categories"][0]["custom"];
+    let names: Vec<&str> = custom
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["optimizer", "mine", "uncategorized"], "{custom}");
+    // The same breakdown as the command line gives with the same categories.
+    let cli = std::process::Command::new(env!("CARGO_BIN_EXE_memlsp"))
+        .args(["report"])
+        .arg(&cap)
+        .args([
+            "--category",
+            "optimizer=torch/optim/",
+            "--category",
+            "mine=NIU",
+            "--format",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    let cli: serde_json::Value = serde_json::from_slice(&cli.stdout).unwrap();
+    assert_eq!(t["categories"], cli["captures"][0]["torch"]["categories"]);
+    assert_eq!(t["compile_contexts"]["recorded"], false);
+    let idx = &t["trace_index"][0];
+    assert!(
+        idx["entries"].as_array().unwrap().len() > 100,
+        "the search's allocations"
+    );
+
+    // A category that is not NAME=REGEX: one settings message, the others keep working.
+    lsp.settings = json!({"categories": ["broken"]});
+    lsp.notify(
+        "workspace/didChangeConfiguration",
+        json!({"settings": null}),
+    );
+    lsp.idle(Duration::from_millis(500));
+    assert!(
+        lsp.messages()
+            .iter()
+            .any(|m| m.contains("categories") && m.contains("NAME=REGEX")),
+        "{:?}",
+        lsp.messages()
+    );
+    lsp.shutdown();
+}
