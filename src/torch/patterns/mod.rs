@@ -55,11 +55,11 @@ fn any_oom(a: &Analysis) -> bool {
 
 mod activations;
 mod ddp;
+#[cfg(test)]
+mod detector_tests;
 mod frees;
 mod oom;
 mod retained;
-#[cfg(test)]
-mod detector_tests;
 mod top_site;
 
 use activations::activation_pressure;
