@@ -229,3 +229,30 @@ fn the_headline_is_the_finding_whose_fix_saves_most_then_the_more_severe() {
     ];
     assert_eq!(lead(&findings).map(|x| x.code), Some(Code::PT005));
 }
+
+#[test]
+fn jax_unrolled_remat_layers_are_counted_from_the_repeated_parameters() {
+    // f_attention_remat.py: LAYERS = 4, `for p in params: x = x + attention_remat(p, x)` — an
+    // unrolled Python loop. The buffers line 31 keeps at the peak do not repeat once per layer
+    // (the remat'd values are scheduled apart: 4 reduce_max, 3 backward div, 5 + 1 rematted
+    // div), which read as "1 layers"; the parameters do: params[0..3]['wqkv'] f32[256,768] and
+    // params[0..3]['wo'] f32[256,256].
+    let Some(path) =
+        common::shared("jax_cpu_captures/f_attention_remat/f_attention_remat.xplane.pb")
+    else {
+        return;
+    };
+    let r = memlsp::analyze::run_file(&path, &Options::default()).unwrap();
+    let f = r
+        .findings
+        .iter()
+        .find(|f| f.code == Code::JX002)
+        .expect("JX002");
+    assert!(
+        f.evidence
+            .iter()
+            .any(|e| e.label == Label::Inferred && e.text.starts_with("4 layers, 160.03 MiB")),
+        "{:?}",
+        f.evidence
+    );
+}

@@ -9,6 +9,7 @@ pub mod diagnose;
 pub mod donation;
 pub mod growth;
 pub mod hlo;
+pub mod layer_params;
 pub mod plan;
 pub mod runtime;
 pub mod select;
