@@ -821,11 +821,33 @@ pub fn sort(findings: &mut [Finding]) {
     });
 }
 
-/// The finding a headline leads with: the first (most severe) diagnosis at information or above.
+/// What a fix saves: the replayed saving where it was simulated (peak before − after), else
+/// its stated estimate; `None` when it states none.
+pub fn fix_saving(x: &Fix) -> Option<u64> {
+    match &x.simulated {
+        Some(s) => Some(
+            s.peak_allocated_before
+                .saturating_sub(s.peak_allocated_after),
+        ),
+        None => x.saving_bytes,
+    }
+}
+
+/// What acting on a finding saves: the most any of its fixes saves (0 when none says).
+pub fn finding_saving(f: &Finding) -> u64 {
+    f.fixes.iter().filter_map(fix_saving).max().unwrap_or(0)
+}
+
+/// The finding a headline leads with: among the diagnoses at information or above, the one
+/// whose fix saves the most; ties (findings that state no saving among them) go to the more
+/// severe, then to the first in `findings`' order.
 pub fn lead(findings: &[Finding]) -> Option<&Finding> {
     findings
         .iter()
-        .find(|f| f.code.kind() == Kind::Diagnosis && f.severity >= Severity::Information)
+        .enumerate()
+        .filter(|(_, f)| f.code.kind() == Kind::Diagnosis && f.severity >= Severity::Information)
+        .max_by_key(|(i, f)| (finding_saving(f), f.severity, std::cmp::Reverse(*i)))
+        .map(|(_, f)| f)
 }
 
 /// Human-readable byte count: `1.50 GiB`, `512 B`.

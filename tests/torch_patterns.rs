@@ -184,7 +184,11 @@ fn pt005_activation_pressure_quantifies_checkpointing() {
     assert_at(f, "h = F.gelu(self.fc1(x))");
     let fix = &f.fixes[0];
     assert!(fix.title.contains("torch.utils.checkpoint"));
-    assert!(fix.saving_bytes.unwrap_or(0) > 1 << 30, "{fix:?}");
+    // Replayed: the simulated saving (peak before − after) replaces the estimate.
+    assert!(
+        memlsp::findings::fix_saving(fix).unwrap_or(0) > 1 << 30,
+        "{fix:?}"
+    );
     assert!(fix.cost.as_deref().unwrap_or("").contains("forward"));
     assert!(f.percent.unwrap_or(0.0) > 90.0);
     no_warnings(&r);
@@ -303,7 +307,12 @@ fn pt010_pending_free_points_at_the_release() {
     let r = report("pt010_pending_free.pickle");
     consistent(&r);
     let f = find(&r, "PT010");
-    assert_eq!(f.severity, Severity::Warning);
+    // 8 MiB pending of a 100 MiB peak, and the replay of the fix (each pending free completed
+    // when requested) leaves the peak unchanged: acting saves < 10 % of the peak and no OOM,
+    // so information, not a warning (issue 25 item 5).
+    assert_eq!(f.severity, Severity::Information);
+    let sim = f.fixes[0].simulated.as_ref().expect("replayed");
+    assert_eq!(sim.peak_allocated_before, sim.peak_allocated_after);
     assert_at(f, "del buf");
     let j = engine(&r);
     assert_eq!(j["totals"]["pending_free_bytes"], 8 << 20);

@@ -17,6 +17,7 @@ pub mod diff;
 pub mod fit;
 pub mod fragmentation;
 mod intern;
+pub mod layer_calls;
 pub mod layers;
 pub mod load;
 pub mod logits;
@@ -33,6 +34,7 @@ pub mod release;
 pub mod release_summary;
 pub mod replay;
 pub mod series;
+pub mod sim_checkpoint;
 pub mod sites;
 pub mod stacks;
 pub mod stages;
@@ -42,6 +44,7 @@ pub mod totals;
 pub mod trace_index;
 pub mod trend;
 pub mod whatif;
+pub mod worth;
 
 use crate::findings::{self, Code, Finding, Label};
 use crate::options::AnalysisOptions;
@@ -147,8 +150,10 @@ pub fn analyse_staged(
         };
         let mut found = time("patterns", || patterns::detect(snap, &a));
         if let Some(recorded) = recorded {
-            a.findings = found.clone();
-            findings::sort(&mut a.findings);
+            let mut shown = found.clone();
+            worth::calibrate(&a, &mut shown);
+            findings::sort(&mut shown);
+            a.findings = shown;
             recorded(snap, &a);
             a.findings = Vec::new();
         }
@@ -158,6 +163,7 @@ pub fn analyse_staged(
             let more = time("fit", || fit::capacity_findings(snap, &a, c, &mut found));
             found.extend(more);
         }
+        worth::calibrate(&a, &mut found);
         findings::sort(&mut found);
         a.findings = found;
         a

@@ -108,8 +108,12 @@ pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
         ))
         .fix(
             Fix::new(
-                "Run the forward under `with torch.inference_mode():` (or `torch.no_grad()`) — no \
-                 backward uses the graph it builds",
+                format!(
+                    "Run the forward under `with torch.inference_mode():` (or `torch.no_grad()`) — \
+                     no backward uses the graph it builds — {} {}",
+                    crate::torch::sim_checkpoint::SAVES_AT_MOST,
+                    fmt_bytes(graph.bytes)
+                ),
                 FixKind::InferenceMode,
             )
             .saving(graph.bytes)

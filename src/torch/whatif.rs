@@ -7,10 +7,10 @@
 //!   of the kept loss is freed as long after its allocation as the same site's freed
 //!   allocations lived (the other steps' lifetime).
 //! - PT003 (container): each appended tensor is freed when the next step appends again.
-//! - PT005 (activation pressure): every activation kept for the backward is dropped right after
-//!   it is made and made again just before its use in the backward (its `free_requested`) —
-//!   activation checkpointing with a recompute of one tensor at a time, so the "after" peak is a
-//!   lower bound when a checkpointed block recomputes many tensors at once.
+//! - PT005 (activation pressure): per-layer checkpointing as the user writes it, or
+//!   `inference_mode` for a forward with no backward (`torch::sim_checkpoint`, over the layer
+//!   calls of `torch::layer_calls`); the simulated saving replaces the finding's estimate, so
+//!   the finding shows one after-number.
 //! - PT008 (fragmentation OOM): `expandable_segments:True` and `max_split_size_mb:N` for a few N;
 //!   the fix names the smallest N that avoids the OOM.
 //! - PT010 (pending frees): each pending free completes when it is requested.
@@ -20,7 +20,6 @@ use rustc_hash::FxHashMap;
 use crate::findings::{Code, Finding, FixKind, Simulated};
 use crate::torch::Analysis;
 use crate::torch::model::{Action, Snapshot, TraceEntry};
-use crate::torch::release::Cause;
 use crate::torch::replay::{self, Change, WhatIf};
 use crate::torch::stacks::{Role, SiteKey};
 
@@ -142,7 +141,7 @@ fn changes_for(
     trace: &[TraceEntry],
     lives: &FxHashMap<SiteKey, Vec<Life>>,
     device: i64,
-) -> Option<(Vec<Change>, &'static str)> {
+) -> Option<(Vec<Change>, String)> {
     let end = trace.len();
     let key_of = |f: &Finding| -> SiteKey {
         let l = f.location.as_ref()?;
@@ -172,7 +171,7 @@ fn changes_for(
             let c = free_like_the_others(lives, &sites, step, end);
             (!c.is_empty()).then_some((
                 c,
-                "the kept activations and loss freed as long after they are made as in the other steps",
+                "the kept activations and loss freed as long after they are made as in the other steps".to_string(),
             ))
         }
         Code::PT003 => {
@@ -185,41 +184,43 @@ fn changes_for(
                     at: w[1].alloc,
                 })
                 .collect();
-            (!c.is_empty()).then_some((c, "each appended tensor freed when the next step appends"))
+            (!c.is_empty()).then_some((
+                c,
+                "each appended tensor freed when the next step appends".to_string(),
+            ))
         }
         Code::PT005 => {
-            let sites: Vec<SiteKey> = t
-                .sites
-                .iter()
-                .filter(|s| s.key.is_some() && s.role == Role::Activation)
-                .map(|s| s.key)
-                .collect();
-            let mut allocs = Vec::new();
-            for key in &sites {
-                for l in lives.get(key).into_iter().flatten() {
-                    // Kept for the backward: freed later than the next entry.
-                    let Some(use_at) = l.free_requested else {
-                        continue;
-                    };
-                    // Where the free stacks show it, only what the backward's graph released
-                    // was kept for the backward: that is what checkpointing recomputes.
-                    if a.releases.native_frames
-                        && !matches!(
-                            a.releases.cause(trace.get(use_at).and_then(|e| e.stack())),
-                            Cause::GraphInBackward | Cause::Backward
-                        )
-                    {
-                        continue;
-                    }
-                    if l.alloc + 2 < use_at {
-                        allocs.push((l.alloc, l.alloc + 1, use_at));
-                    }
+            // The fix as written: per-layer checkpointing, or inference_mode for a forward
+            // with no backward (`torch::sim_checkpoint`), over the layer calls of the forward
+            // holding the peak (or the OOM). Without repeated calls there is no layer to
+            // checkpoint: no simulation, the finding states a bound.
+            let index = t
+                .oom_sets
+                .first()
+                .or(t.peak_set.as_ref())
+                .map(|s| s.index as usize)?;
+            let layers = crate::torch::layer_calls::at(snap, a, device, index as u64)?;
+            let fix = if f.fixes.iter().any(|x| x.kind == FixKind::InferenceMode) {
+                crate::torch::sim_checkpoint::Fix::InferenceMode
+            } else {
+                crate::torch::sim_checkpoint::Fix::Checkpoint
+            };
+            let c = crate::torch::sim_checkpoint::changes(snap, a, trace, index, &layers, fix);
+            let words = match fix {
+                crate::torch::sim_checkpoint::Fix::Checkpoint => {
+                    "each layer call checkpointed: its saved tensors dropped when it returns (its output kept) and made again together just before the backward's first use (one layer at a time)"
                 }
-            }
-            (!allocs.is_empty()).then_some((
-                vec![Change::Rematerialize { allocs }],
-                "every activation kept for the backward dropped after it is made and made again just before its use in the backward (one at a time)",
-            ))
+                crate::torch::sim_checkpoint::Fix::InferenceMode => {
+                    "the tensors the graph held freed when their layer call returns (inference_mode frees them at their last use, no later)"
+                }
+            };
+            // A trace that ends at the OOM holds no backward: the figure is the forward's.
+            let tail = if t.oom_sets.is_empty() {
+                ""
+            } else {
+                "; the trace ends at the OOM, so the backward (one layer recomputed at a time) is not in this figure"
+            };
+            (!c.is_empty()).then(|| (c, format!("{words}{tail}")))
         }
         Code::PT010 => {
             // The allocation each free request is about (one trace entry frees one block).
@@ -237,7 +238,10 @@ fn changes_for(
                     });
                 }
             }
-            (!c.is_empty()).then_some((c, "each pending free completed when it is requested"))
+            (!c.is_empty()).then_some((
+                c,
+                "each pending free completed when it is requested".to_string(),
+            ))
         }
         _ => None,
     }
@@ -261,7 +265,7 @@ pub fn simulate(snap: &Snapshot, a: &Analysis, findings: &mut [Finding]) {
     };
     let mut cache: FxHashMap<i64, FxHashMap<SiteKey, Vec<Life>>> = FxHashMap::default();
     // The replays to run: (finding, device, changes, words).
-    let mut jobs: Vec<(usize, i64, Vec<Change>, &'static str)> = Vec::new();
+    let mut jobs: Vec<(usize, i64, Vec<Change>, String)> = Vec::new();
     for (i, f) in findings.iter_mut().enumerate() {
         if !wanted.contains(&f.code) {
             continue;
@@ -331,6 +335,9 @@ pub fn simulate(snap: &Snapshot, a: &Analysis, findings: &mut [Finding]) {
             if fix.kind != FixKind::Advice || (!edits && i == 0) {
                 fix.simulated = Some(sim.clone());
             }
+        }
+        if f.code == Code::PT005 {
+            crate::torch::sim_checkpoint::one_after_number(f);
         }
     }
 }

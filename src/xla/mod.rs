@@ -10,6 +10,7 @@ pub mod donation;
 pub mod eval_outputs;
 pub mod growth;
 pub mod hlo;
+pub mod layer_params;
 pub mod plan;
 pub mod runtime;
 pub mod select;

@@ -2,6 +2,8 @@
 
 use super::*;
 
+use crate::torch::sim_checkpoint::SAVES_AT_MOST;
+
 /// PT005: forward activations dominate the peak (or the OOM) and are freed after it.
 pub(super) fn activation_pressure(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
     // At an OOM, the live set just before it; otherwise the trace peak with most activations.
@@ -61,14 +63,19 @@ pub(super) fn activation_pressure(snap: &Snapshot, a: &Analysis, out: &mut Vec<F
         return;
     };
     let (loc, st) = culprit(snap, *key, *stack);
-    // Layers repeat their lines: the median count of live activation blocks per innermost Python
-    // line (`torch::layers`) is the number of layers; without allocations in the trace, the
-    // median block count per site. Checkpointing keeps about one layer's activations at a time.
-    let layers = crate::torch::layers::at(snap, a, t.device, set.index).unwrap_or_else(|| {
-        let mut counts: Vec<u64> = act_sites.iter().map(|(_, _, n, _)| *n).collect();
-        counts.sort_unstable();
-        counts.get(counts.len() / 2).copied().unwrap_or(1).max(1)
-    });
+    // The layers: the calls of the function the forward repeats (`torch::layer_calls`); without
+    // a repeated call, the median count of live activation blocks per innermost Python line
+    // (`torch::layers`), else per site. Checkpointing keeps about one layer's activations at a
+    // time, and never less, so act − act/layers is at most what it saves.
+    let calls = crate::torch::layer_calls::at(snap, a, t.device, set.index);
+    let layers = match &calls {
+        Some(c) => c.calls.len() as u64,
+        None => crate::torch::layers::at(snap, a, t.device, set.index).unwrap_or_else(|| {
+            let mut counts: Vec<u64> = act_sites.iter().map(|(_, _, n, _)| *n).collect();
+            counts.sort_unstable();
+            counts.get(counts.len() / 2).copied().unwrap_or(1).max(1)
+        }),
+    };
     let saving = act.saturating_sub(act / layers);
     let severity = if oom || any_oom(a) {
         Severity::Warning
@@ -96,22 +103,7 @@ pub(super) fn activation_pressure(snap: &Snapshot, a: &Analysis, out: &mut Vec<F
     } else {
         "at the trace peak"
     };
-    let message = if oom {
-        format!(
-            "Forward activations filled the device: {} of {} live when it ran out of memory ({}).",
-            fmt_bytes(act),
-            fmt_bytes(set.bytes),
-            pct_text(percent(act, set.bytes)),
-        )
-    } else {
-        format!(
-            "Forward activations dominate peak memory: {} of {} live at the peak ({}), freed again \
-             after it.",
-            fmt_bytes(act),
-            fmt_bytes(set.bytes),
-            pct_text(percent(act, set.bytes)),
-        )
-    };
+    let message = headline_message(oom, act, set.bytes);
     let mut f = Finding::new(Code::PT005, severity, message)
         .at(loc, st)
         .bytes(act, percent(act, set.bytes), Label::Inferred)
@@ -165,19 +157,73 @@ pub(super) fn activation_pressure(snap: &Snapshot, a: &Analysis, out: &mut Vec<F
             ))
         }
     }
+    let (count, title) = checkpoint_words(calls.as_ref(), layers);
     f = f
         .evidence(Evidence::inferred(format!(
-            "activation lines repeat about {layers}× (layers); checkpointing each layer keeps about one \
-             layer's activations at a time: about {} saved",
+            "{count}; checkpointing each layer keeps at least one layer's activations at a time: \
+             {SAVES_AT_MOST} {}",
             fmt_bytes(saving)
         )))
         .fix(
-            Fix::advice(
-                "Wrap repeated blocks in `torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)`",
-            )
-            .saving(saving)
-            .cost(cost),
+            Fix::advice(format!("{title} — {SAVES_AT_MOST} {}", fmt_bytes(saving)))
+                .saving(saving)
+                .cost(cost),
         );
     f.scope = Some(format!("device {}", t.device));
     out.push(f);
+}
+
+/// The finding's message: the activations' share of what was live at the OOM or the peak.
+fn headline_message(oom: bool, act: u64, live: u64) -> String {
+    if oom {
+        format!(
+            "Forward activations filled the device: {} of {} live when it ran out of memory ({}).",
+            fmt_bytes(act),
+            fmt_bytes(live),
+            pct_text(percent(act, live)),
+        )
+    } else {
+        format!(
+            "Forward activations dominate peak memory: {} of {} live at the peak ({}), freed again \
+         after it.",
+            fmt_bytes(act),
+            fmt_bytes(live),
+            pct_text(percent(act, live)),
+        )
+    }
+}
+
+/// The layer count's evidence words and the checkpoint fix's title: the repeated calls where the
+/// forward repeats a function, else the repeated lines.
+fn checkpoint_words(
+    calls: Option<&crate::torch::layer_calls::Layers>,
+    layers: u64,
+) -> (String, String) {
+    match calls {
+    Some(c) => (
+        format!(
+            "the forward calls {} {}× ({}; layers, from the repeated call structure)",
+            c.function,
+            layers,
+            c.caller
+                .as_deref()
+                .map(|l| format!("from {l}"))
+                .unwrap_or_else(|| "one call site".into())
+        ),
+        format!(
+            "Checkpoint each layer: wrap the {layers} calls of `{}`{} in \
+             `torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False)`",
+            c.function.rsplit(':').next().unwrap_or(&c.function),
+            c.caller
+                .as_deref()
+                .map(|l| format!(" at {l}"))
+                .unwrap_or_default()
+        ),
+    ),
+    None => (
+        format!("activation lines repeat about {layers}× (layers)"),
+        "Wrap repeated blocks in `torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)`"
+            .to_string(),
+    ),
+}
 }

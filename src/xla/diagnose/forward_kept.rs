@@ -61,7 +61,11 @@ pub(super) fn jx002_forward_kept(ctx: &Context) -> Option<Finding> {
                     p.user_remat_instructions
                 )));
             }
-            let layers = layers_of(rows);
+            let mut layers = layers_of(rows);
+            // Unrolled layers whose kept buffers do not repeat: count them from the parameters.
+            if !layers.stacked && layers.count <= 1 {
+                layers.count = crate::xla::layer_params::count(p).unwrap_or(1);
+            }
             let (lo, hi) = remat_range(*bytes, &layers);
             let unrolled_on_cpu = ctx.cpu && !layers.stacked && layers.count > 1;
             let scan = format!(
