@@ -330,9 +330,22 @@ pub fn simulate(snap: &Snapshot, a: &Analysis, findings: &mut [Finding]) {
         };
         // The fixes that make the change: the edits (`loss.detach()`, `.item()`), else the
         // finding's main advice (checkpointing, synchronising the stream).
+        // PT005 replays one fix: `inference_mode` where the finding offers it, else its
+        // checkpoint advice; its other fixes (`del out`: one graph fewer) are not that change.
         let edits = f.fixes.iter().any(|x| x.kind != FixKind::Advice);
+        let inference = f.fixes.iter().any(|x| x.kind == FixKind::InferenceMode);
+        let pt005 = f.code == Code::PT005;
         for (i, fix) in f.fixes.iter_mut().enumerate() {
-            if fix.kind != FixKind::Advice || (!edits && i == 0) {
+            let replayed = if pt005 {
+                if inference {
+                    fix.kind == FixKind::InferenceMode
+                } else {
+                    i == 0
+                }
+            } else {
+                fix.kind != FixKind::Advice || (!edits && i == 0)
+            };
+            if replayed {
                 fix.simulated = Some(sim.clone());
             }
         }
