@@ -12,7 +12,6 @@ pub mod categories;
 mod device_scale_tests;
 pub mod device_skew;
 pub mod diff;
-pub mod fit;
 pub mod fragmentation;
 mod intern;
 pub mod layers;
@@ -36,7 +35,9 @@ pub mod summary;
 pub mod timeline;
 pub mod totals;
 pub mod trend;
-pub mod whatif;
+
+// The simulations' room is `replay`; these paths stay for the front ends that use them.
+pub use replay::{fit_sites as fit, whatif};
 
 use crate::findings::{self, Code, Finding, Label};
 use crate::options::AnalysisOptions;

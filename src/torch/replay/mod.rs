@@ -16,6 +16,7 @@ mod check;
 #[cfg(test)]
 mod cost_tests;
 pub mod fit;
+pub mod fit_sites;
 mod free;
 mod initial;
 mod model;
@@ -25,6 +26,7 @@ mod settings;
 mod state;
 #[cfg(test)]
 mod tests;
+pub mod whatif;
 
 use serde::Serialize;
 
