@@ -357,24 +357,24 @@ impl Model {
         self.peak_allocated = self.peak_allocated.max(self.allocated);
     }
 
+    fn key_of(&self, addr: u64) -> Option<FreeKey> {
+        let b = self.blocks.get(addr)?;
+        let s = self.segs.get(b.seg as usize)?;
+        Some((s.small, s.stream, b.size, addr))
+    }
+
     fn insert_free(&mut self, addr: u64) {
-        if let Some((k, r)) = self.free_entry(addr) {
+        if let Some(k) = self.key_of(addr) {
+            let r = self.release_of(addr);
             self.free.insert(k, r);
         }
     }
 
     fn remove_free(&mut self, addr: u64) {
-        if let Some((k, r)) = self.free_entry(addr) {
+        if let Some(k) = self.key_of(addr) {
+            let r = self.release_of(addr);
             self.free.remove(&k, r);
         }
-    }
-
-    /// The free-list key of the block at `addr` and what a release would do with it, from one
-    /// lookup of the block (the free lists change on every request).
-    fn free_entry(&self, addr: u64) -> Option<(FreeKey, Release)> {
-        let b = self.blocks.get(addr)?;
-        let s = self.segs.get(b.seg as usize)?;
-        Some(((s.small, s.stream, b.size, addr), release_of(s, addr, b)))
     }
 
     /// What a release would do with the free block at `addr` (see [`Release`]).
@@ -385,7 +385,20 @@ impl Model {
         let Some(s) = self.segs.get(b.seg as usize) else {
             return Release::Keep;
         };
-        release_of(s, addr, b)
+        if !s.expandable {
+            return if s.addr == addr && s.size == b.size {
+                Release::Segment
+            } else {
+                Release::Keep
+            };
+        }
+        let page = s.page();
+        let off = addr.saturating_sub(s.addr);
+        if off.div_ceil(page) < off.saturating_add(b.size) / page {
+            Release::Pages
+        } else {
+            Release::Keep
+        }
     }
 
     /// Count `n` block visits.
@@ -848,23 +861,5 @@ impl Model {
         self.blocks.get(addr).is_some()
             || self.seg_at.contains_key(&addr)
             || self.overlaps(addr, size)
-    }
-}
-
-/// What a release would do with the free block `b` at `addr` of segment `s` (see [`Release`]).
-fn release_of(s: &Seg, addr: u64, b: &Blk) -> Release {
-    if !s.expandable {
-        return if s.addr == addr && s.size == b.size {
-            Release::Segment
-        } else {
-            Release::Keep
-        };
-    }
-    let page = s.page();
-    let off = addr.saturating_sub(s.addr);
-    if off.div_ceil(page) < off.saturating_add(b.size) / page {
-        Release::Pages
-    } else {
-        Release::Keep
     }
 }

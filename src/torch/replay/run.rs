@@ -689,15 +689,10 @@ pub(crate) fn replay(
                 refused,
                 releases,
             } => {
-                // Hash lookups only where there is something to find (most replays run no
-                // probe's malloc early, and the validation changes no free).
-                if !ran_early.is_empty() && ran_early.contains_key(&entry) {
+                if ran_early.contains_key(&entry) {
                     continue;
                 }
-                if !oom
-                    && !edits.free_at.is_empty()
-                    && edits.free_at.get(&op.aref).is_some_and(|&p| p <= entry)
-                {
+                if !oom && edits.free_at.get(&op.aref).is_some_and(|&p| p <= entry) {
                     continue; // never allocated
                 }
                 let e = &trace[entry];
@@ -739,7 +734,7 @@ pub(crate) fn replay(
                 }
             }
             OpKind::FreeRequested | OpKind::FreeCompleted => {
-                if !edits.free_at.is_empty() && edits.free_at.contains_key(&op.aref) {
+                if edits.free_at.contains_key(&op.aref) {
                     continue;
                 }
                 let Some(addr) = addr_of.get(op.aref) else {
