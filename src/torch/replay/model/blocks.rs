@@ -26,16 +26,19 @@ pub(crate) struct Blocks {
 }
 
 impl Blocks {
+    #[inline]
     pub fn get(&self, addr: u64) -> Option<&Blk> {
         self.at.get(&addr)
     }
 
+    #[inline]
     pub(super) fn set_state(&mut self, addr: u64, state: St) {
         if let Some(b) = self.at.get_mut(&addr) {
             b.state = state;
         }
     }
 
+    #[inline]
     pub(super) fn insert(&mut self, addr: u64, b: Blk) {
         let end = addr.saturating_add(b.size);
         if let Some(old) = self.at.insert(addr, b) {
@@ -47,6 +50,7 @@ impl Blocks {
         }
     }
 
+    #[inline]
     pub(super) fn remove(&mut self, addr: u64) -> Option<Blk> {
         let b = self.at.remove(&addr)?;
         self.forget_end(addr, &b);
@@ -56,6 +60,7 @@ impl Blocks {
         Some(b)
     }
 
+    #[inline]
     pub(super) fn forget_end(&mut self, addr: u64, b: &Blk) {
         let end = addr.saturating_add(b.size);
         if self.ends.get(&end) == Some(&addr) {
@@ -65,6 +70,7 @@ impl Blocks {
 
     /// The block just below `addr`: the one ending at `addr` (with `ordered`: the one with the
     /// highest start below `addr`, wherever it ends).
+    #[inline]
     pub(super) fn below(&self, addr: u64) -> Option<(u64, Blk)> {
         let p = match &self.ordered {
             Some(o) => *o.range(..addr).next_back()?,
