@@ -111,7 +111,7 @@ pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
                 format!(
                     "Run the forward under `with torch.inference_mode():` (or `torch.no_grad()`) — \
                      no backward uses the graph it builds — {} {}",
-                    crate::torch::sim_checkpoint::SAVES_AT_MOST,
+                    crate::torch::replay::sim_checkpoint::SAVES_AT_MOST,
                     fmt_bytes(graph.bytes)
                 ),
                 FixKind::InferenceMode,

@@ -18,8 +18,6 @@ const ALLOWED: &[&str] = &[
     "src/pickle/vm.rs",
     "src/pickle/vm.rs::run",
     // To be removed: the replay (torch/replay/) is being split.
-    "src/torch/replay/model.rs",
-    "src/torch/replay/initial.rs::rebuild_with",
     "src/torch/replay/run.rs::replay",
 ];
 

@@ -2,7 +2,7 @@
 
 use super::*;
 
-use crate::torch::sim_checkpoint::SAVES_AT_MOST;
+use crate::torch::replay::sim_checkpoint::SAVES_AT_MOST;
 
 /// PT005: forward activations dominate the peak (or the OOM) and are freed after it.
 pub(super) fn activation_pressure(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {

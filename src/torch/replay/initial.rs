@@ -222,6 +222,11 @@ pub(crate) fn rebuild(
     rebuild_with(segments, trace, settings, true)
 }
 
+/// Non-expandable segments by address: (size, stream, small).
+type Segs = BTreeMap<u64, (u64, u64, bool)>;
+/// The regions blocks live in, by start: (end, small, expandable).
+type Regions = BTreeMap<u64, (u64, bool, bool)>;
+
 /// [`rebuild`]; `stop`: stop at the first contradiction (else walk on, counting them: the
 /// state the model is then given is whatever the trace leaves, as tests of its cost want).
 pub(crate) fn rebuild_with(
@@ -231,34 +236,54 @@ pub(crate) fn rebuild_with(
     stop: bool,
 ) -> InitialState {
     let mut st = InitialState::default();
-    let mut segs: BTreeMap<u64, (u64, u64, bool)> = BTreeMap::new();
+    let mut segs = Segs::new();
     let mut es: Vec<EsInfo> = Vec::new();
     let mut live = LiveSet::default();
+    end_state(segments, &mut st, &mut segs, &mut es, &mut live);
+    map_extents(trace, settings, &mut es);
+    if walk_back(trace, stop, &mut st, &mut segs, &mut es, &mut live) {
+        return st;
+    }
+    let live = live.into_ordered();
+    let regions = layout(&segs, &es, &mut st);
+    let ends = block_ends(trace, &live, &regions);
+    size_blocks(&live, &regions, &ends, settings, &mut st);
+    st
+}
 
-    let find_es = |es: &mut Vec<EsInfo>, stream: u64, small: bool| -> usize {
-        match es
-            .iter()
-            .position(|e| e.stream == stream && e.small == small)
-        {
-            Some(i) => i,
-            None => {
-                es.push(EsInfo {
-                    stream,
-                    small,
-                    lo: u64::MAX,
-                    hi: 0,
-                    ranges: Ranges::default(),
-                });
-                es.len() - 1
-            }
+/// The expandable segment of `stream` and pool, added when there is none yet.
+fn find_es(es: &mut Vec<EsInfo>, stream: u64, small: bool) -> usize {
+    match es
+        .iter()
+        .position(|e| e.stream == stream && e.small == small)
+    {
+        Some(i) => i,
+        None => {
+            es.push(EsInfo {
+                stream,
+                small,
+                lo: u64::MAX,
+                hi: 0,
+                ranges: Ranges::default(),
+            });
+            es.len() - 1
         }
-    };
+    }
+}
 
+/// The state the snapshot ends in: its segments, expandable ranges and live blocks.
+fn end_state(
+    segments: &[&Segment],
+    st: &mut InitialState,
+    segs: &mut Segs,
+    es: &mut Vec<EsInfo>,
+    live: &mut LiveSet,
+) {
     for s in segments {
         let small = s.segment_type.as_deref() == Some("small");
         let end = s.address.saturating_add(s.total_size);
         if s.is_expandable {
-            let i = find_es(&mut es, s.stream, small);
+            let i = find_es(es, s.stream, small);
             es[i].ranges.add(s.address, end);
             es[i].lo = es[i].lo.min(s.address);
             es[i].hi = es[i].hi.max(end);
@@ -287,7 +312,10 @@ pub(crate) fn rebuild_with(
             );
         }
     }
+}
 
+/// Expandable ranges that the trace maps or unmaps widen (or add) their segment's extent.
+fn map_extents(trace: &[TraceEntry], settings: &Settings, es: &mut Vec<EsInfo>) {
     // Expandable ranges that the trace maps: the pool is the one of the request that follows
     // (on the same stream), found for every map in one backward pass (a forward search from
     // each map made a trace of maps without requests quadratic).
@@ -328,7 +356,7 @@ pub(crate) fn rebuild_with(
                     .get(&i)
                     .copied()
                     .unwrap_or(e.size % LARGE_BUFFER != 0);
-                find_es(&mut es, e.stream, small)
+                find_es(es, e.stream, small)
             }
             None => {
                 // Nearest known expandable segment of that stream below the address.
@@ -340,19 +368,30 @@ pub(crate) fn rebuild_with(
                     .map(|(k, _)| k);
                 match below {
                     Some(k) => k,
-                    None => find_es(&mut es, e.stream, e.size % LARGE_BUFFER != 0),
+                    None => find_es(es, e.stream, e.size % LARGE_BUFFER != 0),
                 }
             }
         };
         es[idx].lo = es[idx].lo.min(e.addr);
         es[idx].hi = es[idx].hi.max(end);
     }
+}
 
+/// Walk the trace backwards from the end state, undoing each entry. With `stop`, stops at the
+/// first entry that contradicts the state (`st.contradicted_at`) and returns `true`.
+fn walk_back(
+    trace: &[TraceEntry],
+    stop: bool,
+    st: &mut InitialState,
+    segs: &mut Segs,
+    es: &mut [EsInfo],
+    live: &mut LiveSet,
+) -> bool {
     // Walk backwards, up to the first entry that contradicts the state.
     for (k, e) in trace.iter().enumerate().rev() {
         if stop && st.problems > 0 {
             st.contradicted_at = Some(k + 1);
-            return st;
+            return true;
         }
         match e.action {
             Action::Alloc => {
@@ -435,13 +474,16 @@ pub(crate) fn rebuild_with(
 
     if stop && st.problems > 0 {
         st.contradicted_at = Some(0);
-        return st;
+        return true;
     }
-    let live = live.into_ordered();
+    false
+}
 
+/// The segments and expandable ranges at the start (into `st`), and the regions blocks live in.
+fn layout(segs: &Segs, es: &[EsInfo], st: &mut InitialState) -> Regions {
     // The regions blocks live in, in address order: (start, end, small, expandable).
     let mut regions: BTreeMap<u64, (u64, bool, bool)> = BTreeMap::new();
-    for (&a, &(size, stream, small)) in &segs {
+    for (&a, &(size, stream, small)) in segs {
         regions.insert(a, (a.saturating_add(size), small, false));
         st.segs.push(InitSeg {
             addr: a,
@@ -450,7 +492,7 @@ pub(crate) fn rebuild_with(
             small,
         });
     }
-    for x in &es {
+    for x in es {
         for (&s, &e) in &x.ranges.0 {
             regions.insert(s, (e, x.small, true));
         }
@@ -478,7 +520,15 @@ pub(crate) fn rebuild_with(
             mapped: x.ranges.0.iter().map(|(&s, &e)| (s, e)).collect(),
         });
     }
+    regions
+}
 
+/// The ends of the blocks of unknown size that the trace's later allocations reveal.
+fn block_ends(
+    trace: &[TraceEntry],
+    live: &BTreeMap<u64, Live>,
+    regions: &Regions,
+) -> BTreeMap<u64, u64> {
     // A block freed during the trace has no recorded size. An allocation always takes the start
     // of a free block, so the live block just below it ends where it begins: when that is one of
     // these blocks, its size is known.
@@ -523,7 +573,17 @@ pub(crate) fn rebuild_with(
             }
         }
     }
+    ends
+}
 
+/// Every block live at the start, with its size (recorded, revealed or inferred), into `st`.
+fn size_blocks(
+    live: &BTreeMap<u64, Live>,
+    regions: &Regions,
+    ends: &BTreeMap<u64, u64>,
+    settings: &Settings,
+    st: &mut InitialState,
+) {
     // Other blocks freed during the trace get the size their request rounds to, plus the
     // remainder the allocator would not have split off.
     let addrs: Vec<u64> = live.keys().copied().collect();
@@ -576,7 +636,6 @@ pub(crate) fn rebuild_with(
             inferred,
         });
     }
-    st
 }
 
 #[cfg(test)]

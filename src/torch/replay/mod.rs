@@ -16,15 +16,18 @@ mod check;
 #[cfg(test)]
 mod cost_tests;
 pub mod fit;
+pub mod fit_sites;
 mod free;
 mod initial;
 mod model;
 pub mod predict;
 mod run;
 mod settings;
+pub mod sim_checkpoint;
 mod state;
 #[cfg(test)]
 mod tests;
+pub mod whatif;
 
 use serde::Serialize;
 

@@ -8,7 +8,7 @@
 //!   allocations lived (the other steps' lifetime).
 //! - PT003 (container): each appended tensor is freed when the next step appends again.
 //! - PT005 (activation pressure): per-layer checkpointing as the user writes it, or
-//!   `inference_mode` for a forward with no backward (`torch::sim_checkpoint`, over the layer
+//!   `inference_mode` for a forward with no backward (`torch::replay::sim_checkpoint`, over the layer
 //!   calls of `torch::layer_calls`); the simulated saving replaces the finding's estimate, so
 //!   the finding shows one after-number.
 //! - PT008 (fragmentation OOM): `expandable_segments:True` and `max_split_size_mb:N` for a few N;
@@ -191,7 +191,7 @@ fn changes_for(
         }
         Code::PT005 => {
             // The fix as written: per-layer checkpointing, or inference_mode for a forward
-            // with no backward (`torch::sim_checkpoint`), over the layer calls of the forward
+            // with no backward (`torch::replay::sim_checkpoint`), over the layer calls of the forward
             // holding the peak (or the OOM). Without repeated calls there is no layer to
             // checkpoint: no simulation, the finding states a bound.
             let index = t
@@ -201,16 +201,17 @@ fn changes_for(
                 .map(|s| s.index as usize)?;
             let layers = crate::torch::layer_calls::at(snap, a, device, index as u64)?;
             let fix = if f.fixes.iter().any(|x| x.kind == FixKind::InferenceMode) {
-                crate::torch::sim_checkpoint::Fix::InferenceMode
+                crate::torch::replay::sim_checkpoint::Fix::InferenceMode
             } else {
-                crate::torch::sim_checkpoint::Fix::Checkpoint
+                crate::torch::replay::sim_checkpoint::Fix::Checkpoint
             };
-            let c = crate::torch::sim_checkpoint::changes(snap, a, trace, index, &layers, fix);
+            let c =
+                crate::torch::replay::sim_checkpoint::changes(snap, a, trace, index, &layers, fix);
             let words = match fix {
-                crate::torch::sim_checkpoint::Fix::Checkpoint => {
+                crate::torch::replay::sim_checkpoint::Fix::Checkpoint => {
                     "each layer call checkpointed: its saved tensors dropped when it returns (its output kept) and made again together just before the backward's first use (one layer at a time)"
                 }
-                crate::torch::sim_checkpoint::Fix::InferenceMode => {
+                crate::torch::replay::sim_checkpoint::Fix::InferenceMode => {
                     "the tensors the graph held freed when their layer call returns (inference_mode frees them at their last use, no later)"
                 }
             };
@@ -350,7 +351,7 @@ pub fn simulate(snap: &Snapshot, a: &Analysis, findings: &mut [Finding]) {
             }
         }
         if f.code == Code::PT005 {
-            crate::torch::sim_checkpoint::one_after_number(f);
+            crate::torch::replay::sim_checkpoint::one_after_number(f);
         }
     }
 }
