@@ -432,7 +432,7 @@ impl<'a> Vm<'a, '_> {
     }
 
     /// `PROTO`, `FRAME`, `MARK`, `POP`, `POP_MARK`, `DUP`: framing and stack control.
-    #[inline]
+    #[inline(always)]
     fn control_op(&mut self, op: u8) -> R<()> {
         use PickleErrorKind::*;
         match op {
@@ -488,7 +488,7 @@ impl<'a> Vm<'a, '_> {
     }
 
     /// `MEMOIZE`, `BINPUT`, `LONG_BINPUT`, `BINGET`, `LONG_BINGET`.
-    #[inline]
+    #[inline(always)]
     fn memo_op(&mut self, op: u8) -> R<()> {
         match op {
             op::MEMOIZE => {
@@ -563,50 +563,55 @@ impl<'a> Vm<'a, '_> {
                 return Err(self.ended());
             };
             self.p += 1;
+            // One arm per opcode, each a call of its family with the opcode as a constant: the
+            // family is inlined and folds to that opcode's code, so this stays one jump table.
             match op {
                 op::STOP => {
                     let root = self.pop()?;
                     self.tree.root = root;
                     return Ok(());
                 }
-                op::PROTO | op::FRAME | op::MARK | op::POP | op::POP_MARK | op::DUP => {
-                    self.control_op(op)?
-                }
-                op::NONE
-                | op::NEWTRUE
-                | op::NEWFALSE
-                | op::BININT1
-                | op::BININT2
-                | op::BININT
-                | op::LONG1
-                | op::LONG4
-                | op::BINFLOAT
-                | op::SHORT_BINUNICODE
-                | op::BINUNICODE
-                | op::BINUNICODE8
-                | op::BINSTRING
-                | op::SHORT_BINSTRING
-                | op::BINBYTES
-                | op::SHORT_BINBYTES
-                | op::BINBYTES8
-                | op::BYTEARRAY8 => self.scalar_op(op)?,
-                op::EMPTY_LIST
-                | op::LIST
-                | op::EMPTY_DICT
-                | op::DICT
-                | op::EMPTY_TUPLE
-                | op::TUPLE
-                | op::TUPLE1..=op::TUPLE3
-                | op::APPEND
-                | op::APPENDS
-                | op::SETITEM
-                | op::SETITEMS
-                | op::EMPTY_SET
-                | op::ADDITEMS
-                | op::FROZENSET => self.container_op(op)?,
-                op::MEMOIZE | op::BINPUT | op::LONG_BINPUT | op::BINGET | op::LONG_BINGET => {
-                    self.memo_op(op)?
-                }
+                op::PROTO => self.control_op(op::PROTO)?,
+                op::FRAME => self.control_op(op::FRAME)?,
+                op::MARK => self.control_op(op::MARK)?,
+                op::POP => self.control_op(op::POP)?,
+                op::POP_MARK => self.control_op(op::POP_MARK)?,
+                op::DUP => self.control_op(op::DUP)?,
+                op::NONE => self.scalar_op(op::NONE)?,
+                op::NEWTRUE => self.scalar_op(op::NEWTRUE)?,
+                op::NEWFALSE => self.scalar_op(op::NEWFALSE)?,
+                op::BININT1 => self.scalar_op(op::BININT1)?,
+                op::BININT2 => self.scalar_op(op::BININT2)?,
+                op::BININT => self.scalar_op(op::BININT)?,
+                op::LONG1 => self.scalar_op(op::LONG1)?,
+                op::LONG4 => self.scalar_op(op::LONG4)?,
+                op::BINFLOAT => self.scalar_op(op::BINFLOAT)?,
+                op::SHORT_BINUNICODE => self.scalar_op(op::SHORT_BINUNICODE)?,
+                op::BINUNICODE => self.scalar_op(op::BINUNICODE)?,
+                op::BINUNICODE8 => self.scalar_op(op::BINUNICODE8)?,
+                op::BINSTRING => self.scalar_op(op::BINSTRING)?,
+                op::SHORT_BINSTRING => self.scalar_op(op::SHORT_BINSTRING)?,
+                op::BINBYTES => self.scalar_op(op::BINBYTES)?,
+                op::SHORT_BINBYTES => self.scalar_op(op::SHORT_BINBYTES)?,
+                op::BINBYTES8 | op::BYTEARRAY8 => self.scalar_op(op)?,
+                op::EMPTY_LIST => self.container_op(op::EMPTY_LIST)?,
+                op::LIST => self.container_op(op::LIST)?,
+                op::EMPTY_DICT => self.container_op(op::EMPTY_DICT)?,
+                op::DICT => self.container_op(op::DICT)?,
+                op::EMPTY_TUPLE => self.container_op(op::EMPTY_TUPLE)?,
+                op::TUPLE => self.container_op(op::TUPLE)?,
+                op::TUPLE1..=op::TUPLE3 => self.container_op(op)?,
+                op::APPEND => self.container_op(op::APPEND)?,
+                op::APPENDS => self.container_op(op::APPENDS)?,
+                op::SETITEM => self.container_op(op::SETITEM)?,
+                op::SETITEMS => self.container_op(op::SETITEMS)?,
+                op::EMPTY_SET => self.container_op(op::EMPTY_SET)?,
+                op::ADDITEMS => self.container_op(op::ADDITEMS)?,
+                op::FROZENSET => self.container_op(op::FROZENSET)?,
+                op::MEMOIZE => self.memo_op(op::MEMOIZE)?,
+                op::BINPUT => self.memo_op(op::BINPUT)?,
+                op::LONG_BINPUT => self.memo_op(op::LONG_BINPUT)?,
+                op::BINGET | op::LONG_BINGET => self.memo_op(op)?,
                 // Protocol-0 text opcodes, objects and globals (recorded, never executed),
                 // refusals: rare in snapshots.
                 _ => self.rare_op(op)?,

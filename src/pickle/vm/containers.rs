@@ -9,7 +9,7 @@ use crate::pickle::value::{Node, Tree, Val};
 
 impl<'a> Vm<'a, '_> {
     /// `EMPTY_LIST` … `FROZENSET`: build and fill containers.
-    #[inline]
+    #[inline(always)]
     pub(super) fn container_op(&mut self, op: u8) -> R<()> {
         use PickleErrorKind::*;
         match op {

@@ -7,7 +7,7 @@ use crate::pickle::value::{Node, Val};
 
 impl<'a> Vm<'a, '_> {
     /// `NONE` … `BYTEARRAY8`: push one value.
-    #[inline]
+    #[inline(always)]
     pub(super) fn scalar_op(&mut self, op: u8) -> R<()> {
         use PickleErrorKind::*;
         match op {
