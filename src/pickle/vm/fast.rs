@@ -128,6 +128,21 @@ impl<'a> Vm<'a, '_> {
             return Ok(false);
         };
         let (d, start) = (self.d, self.op_at);
+        if let Some(sink) = self.sink.as_deref_mut() {
+            // A run the sink knows, recognised by its bytes without scanning it.
+            let known = sink
+                .sequence_run_at(seq, &d[start..], self.memo_generation)
+                .map_err(|m| sink_error(start, m))?;
+            if let Some(len) = known {
+                let q = start + len;
+                if d.get(q) != Some(&op::APPENDS) {
+                    return Err(sink_error(start, "a known run does not end here".into()));
+                }
+                self.marks.pop();
+                (self.op_at, self.p) = (q, q + 1);
+                return Ok(true);
+            }
+        }
         let (mut q, mut items) = (start, 0);
         while items < 1000 {
             match d.get(q) {

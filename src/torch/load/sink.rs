@@ -179,6 +179,16 @@ impl pickle::Sink for TraceSink<'_> {
         Ok(p.known_run(seq, raw, generation))
     }
 
+    fn sequence_run_at(
+        &mut self,
+        seq: u32,
+        rest: &[u8],
+        generation: u64,
+    ) -> Result<Option<usize>, String> {
+        let p = self.pipeline.as_mut().ok_or("decoding already finished")?;
+        Ok(p.known_run_at(seq, rest, generation))
+    }
+
     fn sequence_dict(
         &mut self,
         t: &Tree<'_>,
