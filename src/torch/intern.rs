@@ -489,6 +489,9 @@ pub(crate) struct Pipeline {
 const RUN_PREFIX: usize = 32;
 /// Runs kept per prefix (stacks that differ only past their first frames share one).
 const RUN_PREFIX_WAYS: usize = 8;
+/// Prefixes kept (real snapshots have a few thousand distinct stacks): bounds the index's own
+/// memory, beyond the bytes of [`RUN_CACHE_BYTES`], on a file made of millions of distinct runs.
+const RUN_PREFIXES: usize = 1 << 16;
 
 /// Memory for remembered runs (a frames list is ~200 bytes of opcodes; snapshots repeat a few
 /// thousand distinct stacks, so neither bound is reached by real files).
@@ -646,8 +649,12 @@ impl Pipeline {
             runs.insert(h, (generation, list));
             self.batch.msgs.push(Msg::Run { list, len });
             self.batch.raw.extend_from_slice(raw);
-            if raw.len() >= RUN_PREFIX && self.run_store.len() + raw.len() <= RUN_CACHE_BYTES {
-                let ways = self.prefix_runs.entry(prefix_hash(raw)).or_default();
+            let h = prefix_hash(raw);
+            if raw.len() >= RUN_PREFIX
+                && self.run_store.len() + raw.len() <= RUN_CACHE_BYTES
+                && (self.prefix_runs.len() < RUN_PREFIXES || self.prefix_runs.contains_key(&h))
+            {
+                let ways = self.prefix_runs.entry(h).or_default();
                 let way = (self.run_store.len() as u32, len, generation, list);
                 // Full: a run recorded under an older memo generation can never match again.
                 let stale = ways.iter().position(|w| w.2 != generation);
