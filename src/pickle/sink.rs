@@ -40,6 +40,19 @@ pub trait Sink {
     fn sequence_run(&mut self, _seq: u32, _raw: &[u8], _generation: u64) -> Result<bool, String> {
         Ok(false)
     }
+    /// Asked before [`Sink::sequence_run`], at the same place, with `rest`: the input from the
+    /// run's first opcode to the end. A sink that took a run through `sequence_run` under the
+    /// same `generation` and finds `rest` starting with exactly its bytes followed by an
+    /// `APPENDS` may fill `seq` from it and return the run's length in bytes (the VM skips the
+    /// run and that `APPENDS`); `None`, and the VM scans the run and asks `sequence_run`.
+    fn sequence_run_at(
+        &mut self,
+        _seq: u32,
+        _rest: &[u8],
+        _generation: u64,
+    ) -> Result<Option<usize>, String> {
+        Ok(None)
+    }
     /// A fresh dict that is an item of a sunk list (a frame of a frames list, when frame dicts
     /// are not shared), as its items `[key, value, …]`; `prev`: the number it got for its
     /// earlier items when they come in several batches. Returns the number that stands for it

@@ -9,7 +9,9 @@
 //! frame objects and the entries; the worker interns the stacks, keeps each device's entries and,
 //! at [`Pipeline::finish`], replaces list numbers by stack ids. A list filled by the same bytes as
 //! an earlier one becomes an alias of it ([`Pipeline::known_run`]), checked byte for byte on the
-//! worker. With one core, or a small file, the same work runs inline.
+//! worker; once a run is known, a list that starts with the same bytes is recognised without
+//! scanning its run first ([`Pipeline::known_run_at`], compared byte for byte on the decoding
+//! thread). With one core, or a small file, the same work runs inline.
 
 use std::collections::VecDeque;
 use std::sync::mpsc;
@@ -306,6 +308,9 @@ enum Msg {
     /// List number `list` is filled by the run whose `len` bytes follow in `Batch::raw`:
     /// recorded for checking later aliases.
     Run { list: u32, len: u32 },
+    /// List number `list` has the content list number `of` had when `of` was filled: their
+    /// runs were compared byte for byte already ([`Pipeline::known_run_at`]).
+    Same { list: u32, of: u32 },
 }
 
 #[derive(Default)]
@@ -397,6 +402,15 @@ impl Worker {
         (self.table, traces)
     }
 
+    /// List number `list` has the stack list number `of` has.
+    fn same(&mut self, list: u32, of: u32) {
+        let k = list as usize;
+        if self.by_list.len() <= k {
+            self.by_list.resize(k + 1, u32::MAX);
+        }
+        self.by_list[k] = self.by_list.get(of as usize).copied().unwrap_or(u32::MAX);
+    }
+
     fn run(&mut self, b: &mut Batch) {
         for (list, e) in b.entries.drain(..) {
             self.store(list, e);
@@ -428,12 +442,9 @@ impl Worker {
                     if self.runs.get(&of).is_none_or(|r| &r[..] != raw) {
                         self.collision = true;
                     }
-                    let k = list as usize;
-                    if self.by_list.len() <= k {
-                        self.by_list.resize(k + 1, u32::MAX);
-                    }
-                    self.by_list[k] = self.by_list.get(of as usize).copied().unwrap_or(u32::MAX);
+                    self.same(list, of);
                 }
+                Msg::Same { list, of } => self.same(list, of),
             }
         }
     }
@@ -464,7 +475,23 @@ pub(crate) struct Pipeline {
     /// under and the list they filled (the worker keeps the bytes and checks every reuse).
     runs: Option<FxHashMap<u64, (u64, u32)>>,
     run_bytes: usize,
+    /// The runs recorded, by the hash of their first [`RUN_PREFIX`] bytes: up to
+    /// [`RUN_PREFIX_WAYS`] each, as (offset in `run_store`, length, memo generation, list).
+    prefix_runs: FxHashMap<u64, Vec<(u32, u32, u64, u32)>>,
+    /// The bytes of the runs in `prefix_runs` (within [`RUN_CACHE_BYTES`] with `run_bytes`).
+    run_store: Vec<u8>,
+    /// Lists filled by [`Pipeline::known_run_at`] (a count for `MEMLSP_TIMINGS`).
+    runs_at: u64,
 }
+
+/// Runs at least this long are found by their first bytes ([`Pipeline::known_run_at`]); shorter
+/// ones (under 4 to 16 frames) are scanned, which costs little.
+const RUN_PREFIX: usize = 32;
+/// Runs kept per prefix (stacks that differ only past their first frames share one).
+const RUN_PREFIX_WAYS: usize = 8;
+/// Prefixes kept (real snapshots have a few thousand distinct stacks): bounds the index's own
+/// memory, beyond the bytes of [`RUN_CACHE_BYTES`], on a file made of millions of distinct runs.
+const RUN_PREFIXES: usize = 1 << 16;
 
 /// Memory for remembered runs (a frames list is ~200 bytes of opcodes; snapshots repeat a few
 /// thousand distinct stacks, so neither bound is reached by real files).
@@ -480,6 +507,14 @@ thread_local! {
 /// [`Pipeline::finish`] found two different runs of memo references with one hash: decode again
 /// with [`Pipeline::new`]`(…, runs: false)`.
 pub(crate) const RUN_COLLISION: &str = "run cache collision";
+
+/// The hash of a run's first [`RUN_PREFIX`] bytes.
+fn prefix_hash(raw: &[u8]) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hs = rustc_hash::FxBuildHasher.build_hasher();
+    hs.write(&raw[..RUN_PREFIX.min(raw.len())]);
+    hs.finish()
+}
 
 fn test_and_set(bits: &mut Vec<u64>, n: u32) -> bool {
     let (w, bit) = ((n / 64) as usize, 1u64 << (n % 64));
@@ -532,6 +567,9 @@ impl Pipeline {
             extended: FxHashSet::default(),
             runs: runs.then(FxHashMap::default),
             run_bytes: 0,
+            prefix_runs: FxHashMap::default(),
+            run_store: Vec::new(),
+            runs_at: 0,
         }
     }
 
@@ -611,8 +649,55 @@ impl Pipeline {
             runs.insert(h, (generation, list));
             self.batch.msgs.push(Msg::Run { list, len });
             self.batch.raw.extend_from_slice(raw);
+            let h = prefix_hash(raw);
+            if raw.len() >= RUN_PREFIX
+                && self.run_store.len() + raw.len() <= RUN_CACHE_BYTES
+                && (self.prefix_runs.len() < RUN_PREFIXES || self.prefix_runs.contains_key(&h))
+            {
+                let ways = self.prefix_runs.entry(h).or_default();
+                let way = (self.run_store.len() as u32, len, generation, list);
+                // Full: a run recorded under an older memo generation can never match again.
+                let stale = ways.iter().position(|w| w.2 != generation);
+                match stale {
+                    _ if ways.len() < RUN_PREFIX_WAYS => ways.push(way),
+                    Some(i) => ways[i] = way,
+                    None => return false,
+                }
+                self.run_store.extend_from_slice(raw);
+            }
         }
         false
+    }
+
+    /// Fill still-empty list `list` from a run recorded by [`Pipeline::known_run`] that `rest`
+    /// (the input from the list's first memo reference on) starts with, byte for byte, followed
+    /// by `APPENDS`, under the same memo generation: the run's length, or `None`. Equal bytes
+    /// parse as the same opcodes, so this is the run the VM would have scanned, without the
+    /// scan or a hash of the whole run.
+    pub(crate) fn known_run_at(
+        &mut self,
+        list: u32,
+        rest: &[u8],
+        generation: u64,
+    ) -> Option<usize> {
+        self.runs.as_ref()?;
+        let ways = self
+            .prefix_runs
+            .get(&prefix_hash(rest.get(..RUN_PREFIX)?))?;
+        for &(at, len, g, of) in ways {
+            let (at, len) = (at as usize, len as usize);
+            if g == generation
+                && rest.get(len) == Some(&crate::pickle::opcodes::APPENDS)
+                && rest[..len] == self.run_store[at..at + len]
+                && !self.extended.contains(&of)
+            {
+                self.batch.msgs.push(Msg::Same { list, of });
+                test_and_set(&mut self.filled, list);
+                self.runs_at += 1;
+                return Some(len);
+            }
+        }
+        None
     }
 
     /// Hand over the items of frames list `list` (a list may come in several batches).
@@ -687,6 +772,7 @@ impl Pipeline {
     /// Wait for the worker: the stack table and the device trace lists (with stack ids).
     pub(crate) fn finish(mut self) -> Result<(StackTable, TraceLists), String> {
         self.flush()?;
+        crate::timings::count("frames lists known by their first bytes", self.runs_at);
         let w = match self.mode {
             Mode::Inline(w) => *w,
             Mode::Thread { tx, handle, .. } => {
@@ -721,6 +807,40 @@ mod tests {
             })
             .collect();
         (t, frames)
+    }
+
+    #[test]
+    fn a_known_run_is_recognised_by_its_bytes_only_when_all_of_them_match() {
+        // 8 LONG_BINGETs: 40 bytes, past RUN_PREFIX.
+        let run: Vec<u8> = (0..8u32)
+            .flat_map(|i| {
+                let mut op = vec![crate::pickle::opcodes::LONG_BINGET];
+                op.extend_from_slice(&(1000 + i).to_le_bytes());
+                op
+            })
+            .collect();
+        let appends = crate::pickle::opcodes::APPENDS;
+        let with = |tail: &[u8]| [&run[..], tail].concat();
+        let mut p = Pipeline::new(false, None, 16, true);
+        let first = p.new_list().unwrap();
+        assert!(!p.known_run(first, &run, 0), "a new run is not known");
+        let next = p.new_list().unwrap();
+        assert_eq!(
+            p.known_run_at(next, &with(&[appends, b'u']), 0),
+            Some(run.len())
+        );
+        // Another memo generation, no APPENDS after it, a different last byte, a longer run.
+        assert_eq!(p.known_run_at(next, &with(&[appends]), 1), None);
+        assert_eq!(p.known_run_at(next, &with(b"u"), 0), None);
+        let mut other = with(&[appends]);
+        other[run.len() - 1] ^= 1;
+        assert_eq!(p.known_run_at(next, &other, 0), None);
+        assert_eq!(p.known_run_at(next, &with(&[b'h', 7, appends]), 0), None);
+        // Without the run cache (after a collision) nothing is known.
+        let mut p = Pipeline::new(false, None, 16, false);
+        let first = p.new_list().unwrap();
+        p.known_run(first, &run, 0);
+        assert_eq!(p.known_run_at(first + 1, &with(&[appends]), 0), None);
     }
 
     #[test]
