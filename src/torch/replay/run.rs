@@ -571,40 +571,10 @@ pub(crate) fn replay(
     let mut out = Outcome::default();
     let ops = plan.ops(trace, as_recorded);
     // Recorded growth events by step, for recorded addresses.
-    let mut growth_by_step: FxHashMap<usize, (usize, usize)> = FxHashMap::default();
-    let growth: Vec<SegEvent> = plan
-        .recorded
-        .iter()
-        .filter(|e| matches!(e.kind, SegKind::SegmentAlloc | SegKind::SegmentMap))
-        .copied()
-        .collect();
-    {
-        let mut sorted: Vec<(usize, usize)> = growth
-            .iter()
-            .enumerate()
-            .map(|(k, e)| (e.step, k))
-            .collect();
-        sorted.sort_unstable();
-        // growth is in trace order; steps of growth events are non-decreasing in practice, but
-        // index by range only when contiguous.
-        for (step, k) in sorted {
-            let r = growth_by_step.entry(step).or_insert((k, k));
-            r.0 = r.0.min(k);
-            r.1 = r.1.max(k);
-        }
-    }
+    let (growth, growth_by_step) = growth_by_step(plan);
     // Early frees (and rematerialisation drops) sorted by position, then the re-allocations.
-    let mut early: Vec<(usize, u32)> = edits.free_at.iter().map(|(&a, &p)| (p, a)).collect();
-    early.extend(edits.remat.iter().map(|&(a, drop, _, _)| (drop, a)));
-    early.sort_unstable();
-    let mut ei = 0usize;
-    let mut again: Vec<(usize, u32, usize)> = edits
-        .remat
-        .iter()
-        .map(|&(a, _, at, entry)| (at, a, entry))
-        .collect();
-    again.sort_unstable();
-    let mut ai = 0usize;
+    let (early, again) = schedule(edits);
+    let (mut ei, mut ai) = (0usize, 0usize);
     let mut capacity_dev = Capacity(capacity);
     // Mallocs a probe already ran.
     let mut ran_early: FxHashMap<usize, ()> = FxHashMap::default();
@@ -771,6 +741,11 @@ pub(crate) fn replay(
         obs.end(&m, &addr_of);
     }
     out.init_failures = init_failures;
+    finish(out, m)
+}
+
+/// What a finished replay leaves: the model's totals, the live blocks and its segment events.
+fn finish(mut out: Outcome, mut m: Model) -> Outcome {
     add_visits(m.visits.get());
     out.reserved_end = m.reserved;
     out.peak_allocated = m.peak_allocated;
@@ -784,6 +759,49 @@ pub(crate) fn replay(
     out.live_end.sort_unstable();
     out.events = std::mem::take(&mut m.events);
     out
+}
+
+/// The recorded growth events (`segment_alloc`/`segment_map`) in trace order, and the range of
+/// them each step holds.
+#[allow(clippy::type_complexity)]
+fn growth_by_step(plan: &Plan) -> (Vec<SegEvent>, FxHashMap<usize, (usize, usize)>) {
+    let mut growth_by_step: FxHashMap<usize, (usize, usize)> = FxHashMap::default();
+    let growth: Vec<SegEvent> = plan
+        .recorded
+        .iter()
+        .filter(|e| matches!(e.kind, SegKind::SegmentAlloc | SegKind::SegmentMap))
+        .copied()
+        .collect();
+    let mut sorted: Vec<(usize, usize)> = growth
+        .iter()
+        .enumerate()
+        .map(|(k, e)| (e.step, k))
+        .collect();
+    sorted.sort_unstable();
+    // growth is in trace order; steps of growth events are non-decreasing in practice, but
+    // index by range only when contiguous.
+    for (step, k) in sorted {
+        let r = growth_by_step.entry(step).or_insert((k, k));
+        r.0 = r.0.min(k);
+        r.1 = r.1.max(k);
+    }
+    (growth, growth_by_step)
+}
+
+/// A what-if's early frees (and rematerialisation drops) by position, and its re-allocations
+/// (position, allocation, entry), each sorted.
+#[allow(clippy::type_complexity)]
+fn schedule(edits: &Edits) -> (Vec<(usize, u32)>, Vec<(usize, u32, usize)>) {
+    let mut early: Vec<(usize, u32)> = edits.free_at.iter().map(|(&a, &p)| (p, a)).collect();
+    early.extend(edits.remat.iter().map(|&(a, drop, _, _)| (drop, a)));
+    early.sort_unstable();
+    let mut again: Vec<(usize, u32, usize)> = edits
+        .remat
+        .iter()
+        .map(|&(a, _, at, entry)| (at, a, entry))
+        .collect();
+    again.sort_unstable();
+    (early, again)
 }
 
 /// Book a malloc's result.
