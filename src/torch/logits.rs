@@ -9,13 +9,15 @@
 //! logits and a bf16 copy) count. Sizes near S are not taken: activations of similar size are
 //! common. That those equal-sized blocks are logits is inferred from their size; their bytes
 //! are counted. The saving is bounded, not replayed: a chunked loss keeps one chunk of each copy.
+//! The finding goes on the user's call of the loss (see [`loss_call`]).
 
 use rustc_hash::FxHashMap;
 
 use crate::findings::{Code, Evidence, Finding, Fix, Label, Severity, fmt_bytes};
+use crate::frames::{FrameFilter, FrameKind};
 use crate::torch::Analysis;
 use crate::torch::attention::live_in_window;
-use crate::torch::model::{Snapshot, StackId};
+use crate::torch::model::{FrameId, Snapshot, StackId};
 use crate::torch::sites::percent;
 use crate::torch::stacks::culprit;
 
@@ -81,12 +83,15 @@ fn group(snap: &Snapshot, device: i64, k: usize, peak: u64) -> Option<Group> {
                 .or_insert_with(|| snap.stack_frames(Some(st)).any(|f| is_loss(&f.name)))
         })
     };
+    // The largest loss block; of equal ones the first made (the map's order is the hash's).
     let mut largest = 0;
+    let mut first = usize::MAX;
     let mut stack = None;
     for &i in live.values() {
         let e = &trace[i];
-        if e.size > largest && under_loss(e.stack()) {
+        if (e.size > largest || (e.size == largest && i < first)) && under_loss(e.stack()) {
             largest = e.size;
+            first = i;
             stack = e.stack();
         }
     }
@@ -132,7 +137,7 @@ fn group(snap: &Snapshot, device: i64, k: usize, peak: u64) -> Option<Group> {
 fn finding(snap: &Snapshot, a: &Analysis, g: &Group) -> Finding {
     let bytes = g.bytes();
     let share = percent(bytes, g.peak);
-    let key = a.stacks.site(g.stack).0;
+    let key = loss_call(snap, g.stack).or(a.stacks.site(g.stack).0);
     let (loc, st) = culprit(snap, key, g.stack);
     let mut f = Finding::new(
         Code::PT019,
@@ -186,6 +191,22 @@ fn finding(snap: &Snapshot, a: &Analysis, g: &Group) -> Finding {
     )));
     f.scope = Some(format!("device {}", g.device));
     f
+}
+
+/// The user's line that calls the loss: the first user frame outside the outermost loss frame.
+/// A hand-written `log_softmax` (MAGMA27's `nn_utils.py`) would otherwise be blamed at one of
+/// its own lines, not at the `cross_entropy(logits, …)` call where the loss is chunked.
+fn loss_call(snap: &Snapshot, stack: Option<StackId>) -> Option<FrameId> {
+    let ids = snap.stacks.get(stack? as usize)?;
+    let frame = |f: FrameId| snap.frames.get(f as usize);
+    let outer = ids
+        .iter()
+        .rposition(|&f| frame(f).is_some_and(|fr| is_loss(&fr.name)))?;
+    let filter = FrameFilter::default();
+    ids[outer + 1..]
+        .iter()
+        .copied()
+        .find(|&f| frame(f).is_some_and(|fr| filter.classify(&fr.filename) == FrameKind::User))
 }
 
 fn pct(p: Option<f64>) -> String {
