@@ -114,7 +114,11 @@ fn text_outputs_show_control_characters_instead_of_obeying_them() {
         }
     }
     // A newline in a capture string cannot forge a finding line of its own.
-    for (what, out) in [("--check", &text), ("--format github", &github)] {
+    for (what, out) in [
+        ("report", &report),
+        ("--check", &text),
+        ("--format github", &github),
+    ] {
         assert!(
             !out.lines().any(|l| l.starts_with("forged.py")),
             "{what}: a forged line:\n{out}"

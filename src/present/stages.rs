@@ -46,9 +46,9 @@ fn line(s: &mut String, st: &StageSummary) {
         if st.holds_device_peak { "► " } else { "  " },
         st.step,
         if st.source == "recorded" {
-            format!("`{}`", st.name)
+            format!("`{}`", crate::present::escape::one_line(&st.name))
         } else {
-            st.name.clone()
+            crate::present::escape::one_line(&st.name).into_owned()
         },
         st.label,
         st.span.start_index,

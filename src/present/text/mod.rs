@@ -8,6 +8,7 @@ mod check;
 mod torch;
 mod xla;
 
+use crate::present::escape::one_line;
 use std::fmt::Write;
 
 use crate::findings::{Finding, Kind, Label, SavingNote, fmt_bytes};
@@ -82,7 +83,7 @@ fn diagnoses(r: &CaptureReport) -> impl Iterator<Item = &Finding> {
 fn at(f: &Finding) -> Option<String> {
     f.location
         .as_ref()
-        .map(|l| format!("{}:{}", l.file, l.line))
+        .map(|l| one_line(&format!("{}:{}", l.file, l.line)).into_owned())
 }
 
 fn diagnosis(s: &mut String, r: &CaptureReport) {
@@ -110,11 +111,11 @@ fn diagnosis(s: &mut String, r: &CaptureReport) {
             f.code.pattern(),
             f.severity.as_str(),
             at(f).map(|a| format!(" at {a}")).unwrap_or_default(),
-            f.message,
+            one_line(&f.message),
             tag(f.code.message_label())
         );
         for e in &f.evidence {
-            let _ = writeln!(s, "      {} {}", tag(e.label), e.text);
+            let _ = writeln!(s, "      {} {}", tag(e.label), one_line(&e.text));
         }
     }
     s.push('\n');
@@ -138,7 +139,12 @@ fn next_steps(s: &mut String, r: &CaptureReport) {
                 .as_ref()
                 .map(|c| format!("; cost: {c}"))
                 .unwrap_or_default();
-            let _ = writeln!(s, "  {n}. {}{at}: {}{saving}{cost}", f.code, fix.title);
+            let _ = writeln!(
+                s,
+                "  {n}. {}{at}: {}{saving}{cost}",
+                f.code,
+                one_line(&fix.title)
+            );
             if let Some(sim) = &fix.simulated {
                 let _ = writeln!(
                     s,

@@ -1,6 +1,7 @@
 //! The PyTorch sections of the text report, in the seed's order: totals (with the rank
 //! comparison), top sites, free timeline, growth since an earlier snapshot.
 
+use crate::present::escape::one_line;
 use std::fmt::Write as _;
 
 use super::tag;
@@ -277,7 +278,7 @@ fn sites(s: &mut String, r: &CaptureReport, t: &Summary, top: usize) {
     }
     for (i, site) in r.sites.iter().take(top).enumerate() {
         let name = match &site.location {
-            Some(l) => format!("{}:{}:{}", l.file, l.line, l.function),
+            Some(l) => one_line(&format!("{}:{}:{}", l.file, l.line, l.function)).into_owned(),
             None => "<no stack>".into(),
         };
         let _ = writeln!(
@@ -303,8 +304,8 @@ fn sites(s: &mut String, r: &CaptureReport, t: &Summary, top: usize) {
         for l in &site.callers {
             let _ = writeln!(
                 s,
-                "        called from {}:{} {}",
-                l.file, l.line, l.function
+                "        called from {}",
+                one_line(&format!("{}:{} {}", l.file, l.line, l.function))
             );
         }
     }
@@ -397,7 +398,7 @@ fn timeline(s: &mut String, t: &Summary) {
             o.device_free
                 .map(b)
                 .unwrap_or_else(|| "not recorded".into()),
-            o.first_user_frame.site
+            one_line(&o.first_user_frame.site)
         );
         if let Some(set) = t
             .device_timeline(o.device)

@@ -1,6 +1,7 @@
 //! The JAX sections of the text report: the module and why it was chosen, the compiled plan,
 //! the buffers at the peak and by Python line, the runtime view.
 
+use crate::present::escape::one_line;
 use std::fmt::Write as _;
 
 use super::tag;
@@ -117,7 +118,7 @@ pub(super) fn sections(w: &mut String, r: &CaptureReport, x: &Summary, top: usiz
             let at = site
                 .location
                 .as_ref()
-                .map(|l| format!("{}:{} {}", l.file, l.line, l.function))
+                .map(|l| one_line(&format!("{}:{} {}", l.file, l.line, l.function)).into_owned())
                 .unwrap_or_else(|| "(no source line: parameters, compiler-created buffers)".into());
             let why = match (&site.reference_line, &site.carried_by) {
                 (Some(x), _) => format!(" (xprof shows {}:{}, library code)", x.file, x.line),
