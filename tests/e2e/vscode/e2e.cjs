@@ -372,9 +372,13 @@ async function hoverOn(page, n) {
     const dst = path.join(WS, "snapshots", "step_200.pickle");
     fs.mkdirSync(path.dirname(dst), { recursive: true });
     fs.copyFileSync(NEW_CAPTURE, dst);
+    // The Problems list draws only the rows in view: maximized, every row of this workspace
+    // (the captures' findings with their related lines) is drawn, so presence and absence count.
+    await command(page, "View: Toggle Maximized Panel");
     const pt002 = await until(async () => (await problems(page)).find((p) => p.includes("PT002")));
     check("the new snapshot's PT002 appears in Problems on line 52", pt002
-      && pt002.includes("Autograd graphs are kept alive") && pt002.includes("[Ln 52, Col"), pt002);
+      && pt002.includes("Autograd graphs are kept alive") && pt002.includes("[Ln 52, Col"), pt002 || await problems(page));
+    await command(page, "View: Toggle Maximized Panel");
     await gotoLine(page, 22);
     const l22 = await until(async () => {
       const l = await line(page, 22);
@@ -398,8 +402,10 @@ async function hoverOn(page, n) {
     });
     check("the quick fix rewrites line 52", fixed52
       && fixed52.text.startsWith("        total_loss += loss.detach()  # PT002"), fixed52 && fixed52.text);
+    await command(page, "View: Toggle Maximized Panel");
     const gone2 = await until(async () => !(await problems(page)).some((p) => p.includes("PT002")));
     check("PT002 leaves Problems once the fix is in the buffer", gone2, await problems(page));
+    await command(page, "View: Toggle Maximized Panel");
     await page.screenshot({ path: path.join(SHOT_DIR, "vscode-after-fix.png") });
 
     // Settings reach the server: unticking memlsp.inlayHints.enable in the Settings editor
