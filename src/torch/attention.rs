@@ -34,7 +34,7 @@ type Scope = (String, String);
 
 /// PT018 on the device whose peak the grouped attention scores hold the most of.
 pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
-    if let Some(g) = scores(snap, a) {
+    if let Some(g) = a.attention.clone() {
         out.push(finding(snap, a, g));
     }
 }
@@ -388,21 +388,15 @@ fn replay_fused(snap: &Snapshot, a: &Analysis, g: &Attention) -> Option<Simulate
             at: 0,
         }],
     );
-    w.simulated.then(|| Simulated {
-        device: w.device,
-        peak_allocated_before: w.peak_allocated_before,
-        peak_allocated_after: w.peak_allocated_after,
-        peak_reserved_before: w.peak_reserved_before,
-        peak_reserved_after: w.peak_reserved_after,
-        oom_avoided: (!w.ooms.is_empty())
-            .then(|| w.ooms.iter().all(|o| o.fits_after) && w.new_ooms == 0),
-        change: format!(
+    crate::torch::replay::whatif::simulated(
+        &w,
+        &format!(
             "the attention's {} score-sized allocations ({}) never made (fused attention); the \
              backward's score gradients replayed as recorded, so the peak after is at most this",
             g.allocs.len(),
             fmt_bytes(g.trace_alloc_bytes)
         ),
-    })
+    )
 }
 
 fn pct(p: Option<f64>) -> String {

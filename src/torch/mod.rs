@@ -73,6 +73,9 @@ pub struct Analysis {
     /// The simulations ran (what-ifs on the findings, the summary's replay check); `false`
     /// while [`analyse_staged`] shows what the capture records, before them.
     pub simulated: bool,
+    /// PT018's numbers: the attention scores grouped at a device's peak (`attention::scores`),
+    /// computed once for the detector and the summary.
+    pub attention: Option<attention::Attention>,
 }
 
 /// What the engine hands to the pipeline for one snapshot: no text, no JSON, nothing that
@@ -147,7 +150,9 @@ pub fn analyse_staged(
             releases,
             replays,
             simulated: false,
+            attention: None,
         };
+        a.attention = time("attention", || attention::scores(snap, &a));
         let mut found = time("patterns", || patterns::detect(snap, &a));
         if let Some(recorded) = recorded {
             let mut shown = found.clone();

@@ -688,7 +688,7 @@ pub fn summarize_with(snap: &Snapshot, a: &Analysis, top: usize, replay: Capture
         fit: None,
         releases: crate::torch::release_summary::summarize(snap, a),
         device_skew: crate::torch::device_skew::skew(snap, a),
-        attention: crate::torch::attention::scores(snap, a),
+        attention: a.attention.clone(),
         series: Vec::new(),
         segment_bars: Vec::new(),
         state_bars: Vec::new(),

@@ -120,7 +120,7 @@ fn free_like_the_others(
         .collect()
 }
 
-fn simulated(w: &WhatIf, change: &str) -> Option<Simulated> {
+pub(crate) fn simulated(w: &WhatIf, change: &str) -> Option<Simulated> {
     w.simulated.then(|| Simulated {
         device: w.device,
         peak_allocated_before: w.peak_allocated_before,
