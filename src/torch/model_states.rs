@@ -124,20 +124,16 @@ pub fn compute(snap: &Snapshot, a: &Analysis) -> Vec<ModelStates> {
         let first = state.first();
         // Blocks live at the peak that `zero_grad` frees later are gradients, whatever stack
         // made them (an optimizer that rewrites `p.grad`, gradients from before the window).
-        let zero_grad = |role| {
-            a.releases
-                .held_at(snap, &a.stacks, t.device, set.index, role)
-                .released
-                .get(Cause::ZeroGrad)
-                .bytes
-        };
         let (grads_all, grads_backward, grads_opt) = match set.role(Role::OptimizerState) {
             0 => (0, 0, 0),
-            _ => (
-                zero_grad(None),
-                zero_grad(Some(Role::Backward)),
-                zero_grad(Some(Role::OptimizerState)),
-            ),
+            _ => {
+                let roles = [None, Some(Role::Backward), Some(Role::OptimizerState)];
+                let held = a
+                    .releases
+                    .held_at_roles(snap, &a.stacks, t.device, set.index, &roles);
+                let zero_grad = |i: usize| held[i].released.get(Cause::ZeroGrad).bytes;
+                (zero_grad(0), zero_grad(1), zero_grad(2))
+            }
         };
         let extra = grads_all.saturating_sub(grads_backward);
         out.push(ModelStates {

@@ -442,6 +442,20 @@ impl Releases {
         index: u64,
         role: Option<Role>,
     ) -> HeldAt {
+        self.held_at_roles(snap, stacks, device, index, &[role])
+            .pop()
+            .unwrap_or_default()
+    }
+
+    /// [`Releases::held_at`] for several roles in one walk of the trace, in the order given.
+    pub fn held_at_roles(
+        &self,
+        snap: &Snapshot,
+        stacks: &StackIndex,
+        device: i64,
+        index: u64,
+        roles: &[Option<Role>],
+    ) -> Vec<HeldAt> {
         let list = snap.trace(device);
         let requests = list.iter().any(|e| e.action == Action::FreeRequested);
         let free = if requests {
@@ -449,42 +463,39 @@ impl Releases {
         } else {
             Action::FreeCompleted
         };
-        // address → (allocated before `index`, role matches)
-        let mut live: FxHashMap<u64, (bool, bool)> = FxHashMap::default();
-        let mut out = HeldAt::default();
+        // Whether a block made with `made` (None: before the trace) counts for `role`.
+        let counts = |role: &Option<Role>, made: Option<Role>| role.is_none_or(|r| made == Some(r));
+        // address → (allocated before `index`, the allocation's role, its size)
+        let mut live: FxHashMap<u64, (bool, Role, u64)> = FxHashMap::default();
+        let mut out = vec![HeldAt::default(); roles.len()];
         for (i, e) in list.iter().enumerate() {
             let before = (i as u64) < index;
             if e.action == Action::Alloc {
-                let keep = role.is_none_or(|r| stacks.role(e.stack()) == r);
-                live.insert(e.addr, (before, keep));
+                live.insert(e.addr, (before, stacks.role(e.stack()), e.size));
             } else if e.action == free {
-                let (was_before, keep) = live.remove(&e.addr).unwrap_or((true, role.is_none()));
-                if !before && was_before && keep {
-                    out.released.add(self.cause(e.stack()), e.size);
+                let made = live.remove(&e.addr);
+                if before || !made.is_none_or(|m| m.0) {
+                    continue;
+                }
+                let cause = self.cause(e.stack());
+                for (o, role) in out.iter_mut().zip(roles) {
+                    if counts(role, made.map(|m| m.1)) {
+                        o.released.add(cause, e.size);
+                    }
                 }
             }
         }
-        for (_, (was_before, keep)) in live {
-            if was_before && keep {
-                out.kept.count += 1;
+        // Live at the index and never freed in the trace.
+        for (was_before, made, size) in live.into_values() {
+            if !was_before {
+                continue;
             }
-        }
-        // Bytes of blocks never freed are not tracked by address: sum them in a second pass.
-        if out.kept.count > 0 {
-            let mut sizes: FxHashMap<u64, (u64, bool, bool)> = FxHashMap::default();
-            for (i, e) in list.iter().enumerate() {
-                if e.action == Action::Alloc {
-                    let keep = role.is_none_or(|r| stacks.role(e.stack()) == r);
-                    sizes.insert(e.addr, (e.size, (i as u64) < index, keep));
-                } else if e.action == free {
-                    sizes.remove(&e.addr);
+            for (o, role) in out.iter_mut().zip(roles) {
+                if counts(role, Some(made)) {
+                    o.kept.count += 1;
+                    o.kept.bytes += size;
                 }
             }
-            out.kept.bytes = sizes
-                .values()
-                .filter(|(_, b, k)| *b && *k)
-                .map(|(s, _, _)| *s)
-                .sum();
         }
         out
     }

@@ -80,10 +80,17 @@ fn rows(b: &ByCause) -> Vec<CauseRow> {
 }
 
 fn held(snap: &Snapshot, a: &Analysis, device: i64, index: u64) -> HeldRow {
-    let all: HeldAt = a.releases.held_at(snap, &a.stacks, device, index, None);
-    let act = a
+    let [all, act]: [HeldAt; 2] = a
         .releases
-        .held_at(snap, &a.stacks, device, index, Some(Role::Activation));
+        .held_at_roles(
+            snap,
+            &a.stacks,
+            device,
+            index,
+            &[None, Some(Role::Activation)],
+        )
+        .try_into()
+        .unwrap_or_default();
     HeldRow {
         index,
         released: rows(&all.released),
