@@ -49,21 +49,8 @@ pub fn long_functions(code: &str, max: usize) -> Vec<(String, usize, usize)> {
         }
         let name: String = b[start..j].iter().collect();
         // The body: the first `{` outside the signature's brackets, unless a `;` ends it first.
-        let mut depth = 0i32;
-        let mut open = None;
-        while j < b.len() {
-            match b[j] {
-                '(' | '[' => depth += 1,
-                ')' | ']' => depth -= 1,
-                ';' if depth == 0 => break,
-                '{' if depth == 0 => {
-                    open = Some(j);
-                    break;
-                }
-                _ => {}
-            }
-            j += 1;
-        }
+        let (open, end) = body_open(&b, j);
+        j = end;
         let Some(open) = open else {
             i = j;
             continue;
@@ -78,6 +65,24 @@ pub fn long_functions(code: &str, max: usize) -> Vec<(String, usize, usize)> {
     out
 }
 
+/// The `{` that opens the body of the item whose header starts at `from`: the first one outside
+/// its brackets, unless a `;` ends the item first (then `None`); and where the scan stopped.
+fn body_open(b: &[char], from: usize) -> (Option<usize>, usize) {
+    let mut depth = 0i32;
+    let mut j = from;
+    while j < b.len() {
+        match b[j] {
+            '(' | '[' => depth += 1,
+            ')' | ']' => depth -= 1,
+            ';' if depth == 0 => return (None, j),
+            '{' if depth == 0 => return (Some(j), j),
+            _ => {}
+        }
+        j += 1;
+    }
+    (None, j)
+}
+
 /// `code` (comments and literals already emptied) with every item under `#[cfg(test)]` that has
 /// a body (a test module, a test-only function) blanked, line breaks kept, and how many lines
 /// were blanked.
@@ -90,22 +95,7 @@ pub fn outside_tests(code: &str) -> (String, usize) {
         let text: String = b[from..].iter().collect();
         let Some(off) = text.find(MARK) else { break };
         let at = from + text[..off].chars().count();
-        let mut j = at + MARK.chars().count();
-        let mut depth = 0i32;
-        let mut open = None;
-        while j < b.len() {
-            match b[j] {
-                '(' | '[' => depth += 1,
-                ')' | ']' => depth -= 1,
-                ';' if depth == 0 => break,
-                '{' if depth == 0 => {
-                    open = Some(j);
-                    break;
-                }
-                _ => {}
-            }
-            j += 1;
-        }
+        let (open, j) = body_open(&b, at + MARK.chars().count());
         let Some(open) = open else {
             from = j.min(b.len());
             continue;
