@@ -4,6 +4,8 @@
 //! expected one that is missing fails, a file the table does not judge fails.
 
 mod common;
+#[path = "support/verdict_table.rs"]
+mod verdict_table;
 
 use std::collections::BTreeSet;
 
@@ -23,40 +25,35 @@ struct Entry {
     findings: Vec<Expected>,
 }
 
-/// The table's subset of TOML: `[[snapshot]]`, `[[snapshot.finding]]`, `key = "str"` or
-/// `key = int`, comments.
+/// The table's rows; a key the table should not have fails.
 fn parse(text: &str) -> Vec<Entry> {
-    let mut out: Vec<Entry> = Vec::new();
-    for (n, raw) in text.lines().enumerate() {
-        let line = raw.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        match line {
-            "[[snapshot]]" => out.push(Entry::default()),
-            "[[snapshot.finding]]" => out
-                .last_mut()
-                .unwrap_or_else(|| panic!("line {}: finding before a snapshot", n + 1))
-                .findings
-                .push(Expected::default()),
-            _ => {
-                let (k, v) = line
-                    .split_once('=')
-                    .unwrap_or_else(|| panic!("line {}: not `key = value`: {line}", n + 1));
-                let (k, v) = (k.trim(), v.trim());
-                let s = v.trim_matches('"').to_string();
-                let e = out.last_mut().expect("a key before any snapshot");
-                match (k, e.findings.last_mut()) {
-                    ("file", _) => e.file = s,
-                    ("code", Some(f)) => f.code = s,
-                    ("line", Some(f)) => f.line = v.parse().expect("line is a number"),
-                    ("fix", Some(f)) => f.fix = s,
-                    _ => panic!("line {}: unknown key {k}", n + 1),
-                }
+    verdict_table::parse(text, "snapshot")
+        .into_iter()
+        .map(|t| {
+            for k in t.keys.keys() {
+                assert_eq!(k, "file", "unknown key {k} on a snapshot");
             }
-        }
-    }
-    out
+            Entry {
+                file: t.keys.get("file").cloned().unwrap_or_default(),
+                findings: t
+                    .findings
+                    .into_iter()
+                    .map(|mut f| {
+                        let take = |f: &mut std::collections::BTreeMap<String, String>, k: &str| {
+                            f.remove(k).unwrap_or_default()
+                        };
+                        let e = Expected {
+                            code: take(&mut f, "code"),
+                            line: take(&mut f, "line").parse().expect("line is a number"),
+                            fix: take(&mut f, "fix"),
+                        };
+                        assert!(f.is_empty(), "unknown keys on a finding: {f:?}");
+                        e
+                    })
+                    .collect(),
+            }
+        })
+        .collect()
 }
 
 #[test]

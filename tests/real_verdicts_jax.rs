@@ -6,6 +6,8 @@
 //! fails (the table must then drop it).
 
 mod common;
+#[path = "support/verdict_table.rs"]
+mod verdict_table;
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -29,43 +31,38 @@ struct Entry {
     findings: Vec<Expected>,
 }
 
-/// The table's subset of TOML: `[[capture]]`, `[[capture.finding]]`, `key = "str"` or
-/// `key = int`, comments.
+/// The table's rows; a key the table should not have fails.
 fn parse(text: &str) -> Vec<Entry> {
-    let mut out: Vec<Entry> = Vec::new();
-    for (n, raw) in text.lines().enumerate() {
-        let line = raw.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        match line {
-            "[[capture]]" => out.push(Entry::default()),
-            "[[capture.finding]]" => out
-                .last_mut()
-                .unwrap_or_else(|| panic!("line {}: finding before a capture", n + 1))
-                .findings
-                .push(Expected::default()),
-            _ => {
-                let (k, v) = line
-                    .split_once('=')
-                    .unwrap_or_else(|| panic!("line {}: not `key = value`: {line}", n + 1));
-                let (k, v) = (k.trim(), v.trim());
-                let s = v.trim_matches('"').to_string();
-                let e = out.last_mut().expect("a key before any capture");
-                match (k, e.findings.last_mut()) {
-                    ("file", None) => e.file = s,
-                    ("module", None) => e.module = s,
-                    ("code", Some(f)) => f.code = s,
-                    ("line", Some(f)) => f.line = v.parse().expect("line is a number"),
-                    ("severity", Some(f)) => f.severity = s,
-                    ("fix", Some(f)) => f.fix = s,
-                    ("known_wrong", Some(f)) => f.known_wrong = Some(s),
-                    _ => panic!("line {}: unknown key {k}", n + 1),
-                }
+    verdict_table::parse(text, "capture")
+        .into_iter()
+        .map(|mut t| {
+            let file = t.keys.remove("file").unwrap_or_default();
+            let module = t.keys.remove("module").unwrap_or_default();
+            assert!(t.keys.is_empty(), "unknown keys on a capture: {:?}", t.keys);
+            Entry {
+                file,
+                module,
+                findings: t
+                    .findings
+                    .into_iter()
+                    .map(|mut f| {
+                        let take = |f: &mut std::collections::BTreeMap<String, String>, k: &str| {
+                            f.remove(k).unwrap_or_default()
+                        };
+                        let e = Expected {
+                            code: take(&mut f, "code"),
+                            line: take(&mut f, "line").parse().expect("line is a number"),
+                            severity: take(&mut f, "severity"),
+                            fix: take(&mut f, "fix"),
+                            known_wrong: f.remove("known_wrong"),
+                        };
+                        assert!(f.is_empty(), "unknown keys on a finding: {f:?}");
+                        e
+                    })
+                    .collect(),
             }
-        }
-    }
-    out
+        })
+        .collect()
 }
 
 /// Every `.xplane.pb` under `dir`, relative to `root`.
