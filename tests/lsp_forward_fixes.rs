@@ -9,8 +9,8 @@ mod lsp_support;
 use std::path::Path;
 use std::time::Duration;
 
-use lsp_support::{Lsp, apply_edits, copy, tempdir, uri};
-use serde_json::{Value, json};
+use lsp_support::{Lsp, actions, applied, copy, tempdir, titled};
+use serde_json::json;
 
 const SNAPSHOT: &str = "torch_snapshots/series/xiaolin2004_forward_only_fp32/ctx512.pickle";
 
@@ -23,35 +23,6 @@ fn write(path: &Path, n: usize, prefix: &[&str], at: usize, text: &str) {
     lines[at - 1] = text.to_string();
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(path, lines.join("\n") + "\n").unwrap();
-}
-
-fn actions(lsp: &mut Lsp, file: &Path, line: u32) -> Vec<Value> {
-    lsp.request(
-        "textDocument/codeAction",
-        json!({
-            "textDocument": {"uri": uri(file)},
-            "range": {"start": {"line": line, "character": 0}, "end": {"line": line, "character": 0}},
-            "context": {"diagnostics": []}
-        }),
-    )
-    .as_array()
-    .cloned()
-    .unwrap_or_default()
-}
-
-fn titled<'a>(actions: &'a [Value], needle: &str) -> &'a Value {
-    actions
-        .iter()
-        .find(|a| a["title"].as_str().is_some_and(|t| t.contains(needle)))
-        .unwrap_or_else(|| panic!("no action titled {needle:?}: {actions:#?}"))
-}
-
-fn applied(text: &str, action: &Value, file: &Path) -> String {
-    let edits = action["edit"]["changes"][uri(file)]
-        .as_array()
-        .cloned()
-        .unwrap_or_else(|| panic!("no edit for {}: {action}", file.display()));
-    apply_edits(text, &edits)
 }
 
 #[test]

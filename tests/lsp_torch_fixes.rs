@@ -6,7 +6,7 @@ mod lsp_support;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use lsp_support::{Lsp, apply_edits, copy, tempdir, uri};
+use lsp_support::{Lsp, actions, applied, copy, tempdir, titled, uri};
 use serde_json::{Value, json};
 
 fn fixtures() -> PathBuf {
@@ -25,35 +25,6 @@ fn workspace(ws: &Path) -> PathBuf {
         );
     }
     ws.join("proj/train.py")
-}
-
-fn actions(lsp: &mut Lsp, file: &Path, line: u32) -> Vec<Value> {
-    lsp.request(
-        "textDocument/codeAction",
-        json!({
-            "textDocument": {"uri": uri(file)},
-            "range": {"start": {"line": line, "character": 0}, "end": {"line": line, "character": 0}},
-            "context": {"diagnostics": []}
-        }),
-    )
-    .as_array()
-    .cloned()
-    .unwrap_or_default()
-}
-
-fn titled<'a>(actions: &'a [Value], needle: &str) -> &'a Value {
-    actions
-        .iter()
-        .find(|a| a["title"].as_str().is_some_and(|t| t.contains(needle)))
-        .unwrap_or_else(|| panic!("no action titled {needle:?}: {actions:#?}"))
-}
-
-fn applied(text: &str, action: &Value, file: &Path) -> String {
-    let edits = action["edit"]["changes"][uri(file)]
-        .as_array()
-        .cloned()
-        .unwrap_or_else(|| panic!("no edit for {}: {action}", file.display()));
-    apply_edits(text, &edits)
 }
 
 fn line(text: &str, n: usize) -> &str {

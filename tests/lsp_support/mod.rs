@@ -435,3 +435,35 @@ pub fn tempdir() -> (tempfile::TempDir, PathBuf) {
     let ws = std::fs::canonicalize(&ws).expect("canonicalize");
     (d, ws)
 }
+
+/// The code actions the server offers at the start of `line` (0-based) of `file`.
+pub fn actions(lsp: &mut Lsp, file: &Path, line: u32) -> Vec<Value> {
+    lsp.request(
+        "textDocument/codeAction",
+        json!({
+            "textDocument": {"uri": uri(file)},
+            "range": {"start": {"line": line, "character": 0}, "end": {"line": line, "character": 0}},
+            "context": {"diagnostics": []}
+        }),
+    )
+    .as_array()
+    .cloned()
+    .unwrap_or_default()
+}
+
+/// The action whose title contains `needle`.
+pub fn titled<'a>(actions: &'a [Value], needle: &str) -> &'a Value {
+    actions
+        .iter()
+        .find(|a| a["title"].as_str().is_some_and(|t| t.contains(needle)))
+        .unwrap_or_else(|| panic!("no action titled {needle:?}: {actions:#?}"))
+}
+
+/// `text` after the action's edits to `file`.
+pub fn applied(text: &str, action: &Value, file: &Path) -> String {
+    let edits = action["edit"]["changes"][uri(file)]
+        .as_array()
+        .cloned()
+        .unwrap_or_else(|| panic!("no edit for {}: {action}", file.display()));
+    apply_edits(text, &edits)
+}
