@@ -49,6 +49,27 @@ fn the_timeline_page_has_stages_categories_and_the_trace_search() {
             .any(|b| b.to_string().contains("Optimizer.step#NIUAdam.step")),
         "the recorded optimizer step is a band: {bands:?}"
     );
+    // The search box searches the device's largest allocations, each with its stage.
+    let index = &t["trace_index"][0];
+    let entries = index["entries"]
+        .as_array()
+        .expect("the search's allocations");
+    let made = index["allocations"].as_u64().unwrap();
+    assert!(
+        !entries.is_empty() && entries.len() as u64 <= made,
+        "{} of {made} allocations searchable",
+        entries.len()
+    );
+    // In trace order, each with its bytes.
+    let at: Vec<u64> = entries.iter().map(|e| e[0].as_u64().unwrap()).collect();
+    assert!(at.windows(2).all(|w| w[0] < w[1]), "{at:?}");
+    assert!(entries.iter().all(|e| e[1].as_u64().unwrap() > 0));
+    assert!(
+        index["stages"].as_array().unwrap().iter().any(|s| s
+            .as_str()
+            .is_some_and(|s| s.contains("Optimizer.step#NIUAdam.step"))),
+        "{index}"
+    );
     let custom = &t["categories"][0]["custom"];
     let names: Vec<&str> = custom
         .as_array()
