@@ -34,7 +34,7 @@ pub(crate) enum Release {
 /// it visits out, so each cached block is visited by releases at most once.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct FreeLists {
-    pools: FxHashMap<(bool, u64), BTreeSet<u128>>,
+    pools: FxHashMap<(bool, u64), Pool>,
     segments: BTreeSet<FreeKey>,
     pages: BTreeSet<FreeKey>,
 }
@@ -94,8 +94,18 @@ impl FreeLists {
         self.pools
             .get(&(small, stream))
             .into_iter()
-            .flat_map(move |p| p.range(size_addr(size, 0)..))
-            .map(move |&k| (small, stream, (k >> 64) as u64, k as u64))
+            .flat_map(move |p| p.from(size_addr(size, 0)))
+            .map(move |k| (small, stream, (k >> 64) as u64, k as u64))
+    }
+
+    /// The first block of a pool from `size` up (`from(..).next()`).
+    #[inline]
+    pub fn first_from(&self, small: bool, stream: u64, size: u64) -> Option<FreeKey> {
+        let k = self
+            .pools
+            .get(&(small, stream))?
+            .first_from(size_addr(size, 0))?;
+        Some((small, stream, (k >> 64) as u64, k as u64))
     }
 
     /// The whole cached segments of a pool below `size`, largest first.
@@ -120,5 +130,126 @@ impl FreeLists {
                 .collect()
         };
         (of(&self.segments), of(&self.pages))
+    }
+}
+
+/// One pool's free blocks in (size, address) order. A pool holds a few dozen to a few hundred
+/// blocks at a time: up to [`Pool::SORTED_UP_TO`] they are a sorted vector (a binary search and
+/// a short move per insert or remove, a slice for the best-fit walk), several times cheaper
+/// than a B-tree's node walk; a pool that grows past it becomes a B-tree for good, so no input
+/// costs more than a logarithm (plus that bounded move) per operation.
+#[derive(Clone, Debug)]
+enum Pool {
+    Sorted(Vec<u128>),
+    Tree(BTreeSet<u128>),
+}
+
+impl Default for Pool {
+    fn default() -> Pool {
+        Pool::Sorted(Vec::new())
+    }
+}
+
+impl Pool {
+    const SORTED_UP_TO: usize = 1024;
+
+    fn insert(&mut self, k: u128) {
+        match self {
+            Pool::Sorted(v) => {
+                if let Err(i) = v.binary_search(&k) {
+                    if v.len() < Self::SORTED_UP_TO {
+                        v.insert(i, k);
+                    } else {
+                        let mut t: BTreeSet<u128> = v.drain(..).collect();
+                        t.insert(k);
+                        *self = Pool::Tree(t);
+                    }
+                }
+            }
+            Pool::Tree(t) => {
+                t.insert(k);
+            }
+        }
+    }
+
+    fn remove(&mut self, k: &u128) {
+        match self {
+            Pool::Sorted(v) => {
+                if let Ok(i) = v.binary_search(k) {
+                    v.remove(i);
+                }
+            }
+            Pool::Tree(t) => {
+                t.remove(k);
+            }
+        }
+    }
+
+    /// The keys from `from` up, in order.
+    fn from(&self, from: u128) -> PoolIter<'_> {
+        match self {
+            Pool::Sorted(v) => PoolIter::Sorted(v[v.partition_point(|&x| x < from)..].iter()),
+            Pool::Tree(t) => PoolIter::Tree(t.range(from..)),
+        }
+    }
+
+    /// The first key from `from` up.
+    fn first_from(&self, from: u128) -> Option<u128> {
+        match self {
+            Pool::Sorted(v) => v.get(v.partition_point(|&x| x < from)).copied(),
+            Pool::Tree(t) => t.range(from..).next().copied(),
+        }
+    }
+}
+
+enum PoolIter<'a> {
+    Sorted(std::slice::Iter<'a, u128>),
+    Tree(std::collections::btree_set::Range<'a, u128>),
+}
+
+impl Iterator for PoolIter<'_> {
+    type Item = u128;
+
+    #[inline]
+    fn next(&mut self) -> Option<u128> {
+        match self {
+            PoolIter::Sorted(i) => i.next().copied(),
+            PoolIter::Tree(i) => i.next().copied(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod pool_tests {
+    use super::Pool;
+    use std::collections::BTreeSet;
+
+    /// The pool answers as a B-tree does, below and past the switch to one.
+    #[test]
+    fn pool_orders_as_a_btree_across_the_switch() {
+        let mut p = Pool::default();
+        let mut t = BTreeSet::new();
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for i in 0..5000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let k = u128::from(x % 3000) << 64 | u128::from(x % 7);
+            if i % 3 == 2 {
+                p.remove(&k);
+                t.remove(&k);
+            } else {
+                p.insert(k);
+                t.insert(k);
+            }
+            let from = u128::from(x % 3000) << 64;
+            assert_eq!(
+                p.from(from).take(5).collect::<Vec<_>>(),
+                t.range(from..).take(5).copied().collect::<Vec<_>>(),
+                "after operation {i}"
+            );
+        }
+        assert!(matches!(p, Pool::Tree(_)), "the pool grew past the sorted limit");
+        assert_eq!(p.from(0).collect::<Vec<_>>(), t.iter().copied().collect::<Vec<_>>());
     }
 }

@@ -96,6 +96,24 @@ impl Seg {
     }
 }
 
+/// What a release would do with a free block of `size` bytes at `addr` of segment `s`.
+fn release_for(s: &Seg, addr: u64, size: u64) -> Release {
+    if !s.expandable {
+        return if s.addr == addr && s.size == size {
+            Release::Segment
+        } else {
+            Release::Keep
+        };
+    }
+    let page = s.page();
+    let off = addr.saturating_sub(s.addr);
+    if off.div_ceil(page) < off.saturating_add(size) / page {
+        Release::Pages
+    } else {
+        Release::Keep
+    }
+}
+
 /// Where fresh model-made addresses start (far above any real 47-bit address).
 const SYNTHETIC_BASE: u64 = 1 << 56;
 /// Address space reserved for an expandable segment whose end is not known.
@@ -357,47 +375,23 @@ impl Model {
         self.peak_allocated = self.peak_allocated.max(self.allocated);
     }
 
-    fn key_of(&self, addr: u64) -> Option<FreeKey> {
+    /// The free-list key of the block at `addr` and what a release would do with it, from one
+    /// lookup of the block and its segment.
+    fn free_entry(&self, addr: u64) -> Option<(FreeKey, Release)> {
         let b = self.blocks.get(addr)?;
         let s = self.segs.get(b.seg as usize)?;
-        Some((s.small, s.stream, b.size, addr))
+        Some(((s.small, s.stream, b.size, addr), release_for(s, addr, b.size)))
     }
 
     fn insert_free(&mut self, addr: u64) {
-        if let Some(k) = self.key_of(addr) {
-            let r = self.release_of(addr);
+        if let Some((k, r)) = self.free_entry(addr) {
             self.free.insert(k, r);
         }
     }
 
     fn remove_free(&mut self, addr: u64) {
-        if let Some(k) = self.key_of(addr) {
-            let r = self.release_of(addr);
+        if let Some((k, r)) = self.free_entry(addr) {
             self.free.remove(&k, r);
-        }
-    }
-
-    /// What a release would do with the free block at `addr` (see [`Release`]).
-    fn release_of(&self, addr: u64) -> Release {
-        let Some(b) = self.blocks.get(addr) else {
-            return Release::Keep;
-        };
-        let Some(s) = self.segs.get(b.seg as usize) else {
-            return Release::Keep;
-        };
-        if !s.expandable {
-            return if s.addr == addr && s.size == b.size {
-                Release::Segment
-            } else {
-                Release::Keep
-            };
-        }
-        let page = s.page();
-        let off = addr.saturating_sub(s.addr);
-        if off.div_ceil(page) < off.saturating_add(b.size) / page {
-            Release::Pages
-        } else {
-            Release::Keep
         }
     }
 
@@ -449,30 +443,29 @@ impl Model {
 
     fn merge_same(&mut self, addr: u64, state: St) -> u64 {
         let mut addr = addr;
-        if let Some((n, nb)) = self.next_of(addr)
+        let Some(mut b) = self.blocks.get(addr).copied() else {
+            return addr;
+        };
+        // The block after (`next_of`), grown into this one.
+        let end = addr.saturating_add(b.size);
+        if end != addr
+            && let Some(nb) = self.blocks.get(end).copied()
+            && nb.seg == b.seg
             && nb.state == state
         {
-            self.detach(n, nb);
-            if let Some(mut b) = self.blocks.remove(addr) {
-                b.size = b.size.saturating_add(nb.size);
-                self.blocks.insert(addr, b);
-            }
+            self.detach(end, nb);
+            b.size = b.size.saturating_add(nb.size);
+            self.blocks.update(addr, b.size, b.state);
         }
-        if let Some((p, pb)) = self.prev_of(addr)
+        // The block before (`prev_of`) grows over this one, in place.
+        if let Some((p, pb)) = self.blocks.below(addr)
+            && pb.seg == b.seg
+            && p.saturating_add(pb.size) == addr
             && pb.state == state
         {
-            let b = self.blocks.remove(addr);
-            self.detach(p, pb);
-            if let Some(b) = b {
-                self.blocks.insert(
-                    p,
-                    Blk {
-                        size: pb.size.saturating_add(b.size),
-                        seg: b.seg,
-                        state,
-                    },
-                );
-            }
+            self.blocks.remove(addr);
+            self.unlist(p, pb);
+            self.blocks.update(p, pb.size.saturating_add(b.size), state);
             addr = p;
         }
         addr
@@ -480,11 +473,17 @@ impl Model {
 
     /// Remove a block from the address map and its free/unmapped set.
     fn detach(&mut self, addr: u64, b: Blk) {
+        self.unlist(addr, b);
+        self.blocks.remove(addr);
+    }
+
+    /// Take a block out of its free/unmapped set (it stays in the address map).
+    fn unlist(&mut self, addr: u64, b: Blk) {
         let s = &self.segs[b.seg as usize];
         match b.state {
             St::Free => {
                 let k = (s.small, s.stream, b.size, addr);
-                let r = self.release_of(addr);
+                let r = release_for(s, addr, b.size);
                 self.free.remove(&k, r);
             }
             St::Unmapped => {
@@ -492,7 +491,6 @@ impl Model {
             }
             _ => {}
         }
-        self.blocks.remove(addr);
     }
 
     fn released_in_call(&self) -> u64 {
@@ -605,12 +603,16 @@ impl Model {
 
     fn pick_free_block(&self, small: bool, stream: u64, size: u64) -> Option<FreeKey> {
         let key = {
-            let mut it = self
-                .free
-                .from(small, stream, size)
-                .inspect(|_| self.visit(1));
-            let mut cur = it.next()?;
+            // The best fit is the first block unless it is expandable (the common case: one
+            // lookup, no walk).
+            let mut cur = self.free.first_from(small, stream, size)?;
+            self.visit(1);
             if self.is_expandable(cur.3) {
+                let mut it = self
+                    .free
+                    .from(small, stream, size)
+                    .skip(1)
+                    .inspect(|_| self.visit(1));
                 if self.settings.expandable_segments {
                     // Best fit counts an expandable block with the unmapped space after it.
                     for next in it {
@@ -678,14 +680,7 @@ impl Model {
             self.insert_free(rest);
             bsize = size;
         }
-        self.blocks.insert(
-            addr,
-            Blk {
-                size: bsize,
-                seg: b.seg,
-                state: St::Alloc,
-            },
-        );
+        self.blocks.update(addr, bsize, St::Alloc);
         self.allocated = self.allocated.saturating_add(bsize);
         self.bump_peaks();
         bsize

@@ -659,10 +659,13 @@ pub(crate) fn replay(
                 refused,
                 releases,
             } => {
-                if ran_early.contains_key(&entry) {
+                if !ran_early.is_empty() && ran_early.contains_key(&entry) {
                     continue;
                 }
-                if !oom && edits.free_at.get(&op.aref).is_some_and(|&p| p <= entry) {
+                if !oom
+                    && !edits.free_at.is_empty()
+                    && edits.free_at.get(&op.aref).is_some_and(|&p| p <= entry)
+                {
                     continue; // never allocated
                 }
                 let e = &trace[entry];
@@ -704,7 +707,7 @@ pub(crate) fn replay(
                 }
             }
             OpKind::FreeRequested | OpKind::FreeCompleted => {
-                if edits.free_at.contains_key(&op.aref) {
+                if !edits.free_at.is_empty() && edits.free_at.contains_key(&op.aref) {
                     continue;
                 }
                 let Some(addr) = addr_of.get(op.aref) else {

@@ -50,6 +50,23 @@ impl Blocks {
         }
     }
 
+    /// Give the block at `addr` a new size and state in place: what `insert` of the changed
+    /// block (same segment) does, without taking it out and putting it back.
+    #[inline]
+    pub(super) fn update(&mut self, addr: u64, size: u64, state: St) {
+        let Some(b) = self.at.get_mut(&addr) else {
+            return;
+        };
+        let old_end = addr.saturating_add(b.size);
+        b.size = size;
+        b.state = state;
+        let end = addr.saturating_add(size);
+        if old_end != end && self.ends.get(&old_end) == Some(&addr) {
+            self.ends.remove(&old_end);
+        }
+        self.ends.insert(end, addr);
+    }
+
     #[inline]
     pub(super) fn remove(&mut self, addr: u64) -> Option<Blk> {
         let b = self.at.remove(&addr)?;
