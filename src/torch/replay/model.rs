@@ -378,7 +378,11 @@ impl Model {
     /// The free-list key of the block at `addr` and what a release would do with it, from one
     /// lookup of the block and its segment.
     fn free_entry(&self, addr: u64) -> Option<(FreeKey, Release)> {
-        let b = self.blocks.get(addr)?;
+        self.free_entry_of(addr, *self.blocks.get(addr)?)
+    }
+
+    /// [`Model::free_entry`] of the block `b` at `addr`, its record already at hand.
+    fn free_entry_of(&self, addr: u64, b: Blk) -> Option<(FreeKey, Release)> {
         let s = self.segs.get(b.seg as usize)?;
         Some(((s.small, s.stream, b.size, addr), release_for(s, addr, b.size)))
     }
@@ -442,10 +446,16 @@ impl Model {
     }
 
     fn merge_same(&mut self, addr: u64, state: St) -> u64 {
+        match self.blocks.get(addr).copied() {
+            Some(b) => self.merge_same_from(addr, b, state).0,
+            None => addr,
+        }
+    }
+
+    /// [`Model::merge_same`] of the block `b` at `addr`: the merged block's address and record.
+    fn merge_same_from(&mut self, addr: u64, b: Blk, state: St) -> (u64, Blk) {
         let mut addr = addr;
-        let Some(mut b) = self.blocks.get(addr).copied() else {
-            return addr;
-        };
+        let mut b = b;
         // The block after (`next_of`), grown into this one.
         let end = addr.saturating_add(b.size);
         if end != addr
@@ -465,10 +475,15 @@ impl Model {
         {
             self.blocks.remove(addr);
             self.unlist(p, pb);
-            self.blocks.update(p, pb.size.saturating_add(b.size), state);
+            b = Blk {
+                size: pb.size.saturating_add(b.size),
+                seg: pb.seg,
+                state,
+            };
+            self.blocks.update(p, b.size, state);
             addr = p;
         }
-        addr
+        (addr, b)
     }
 
     /// Remove a block from the address map and its free/unmapped set.
@@ -568,7 +583,9 @@ impl Model {
         let small = size <= SMALL_SIZE;
         let alloc_size = allocation_size(size);
         self.call_start = self.released;
-        let mut block = self.get_free_block(small, stream, size);
+        // A cached block comes with its record (no second lookup); a new one is looked up.
+        let mut found = self.get_free_block(small, stream, size);
+        let mut block = found.map(|(a, _)| a);
         if block.is_none() {
             block = self.alloc_block(small, stream, size, alloc_size, dev, 0);
             if block.is_none() && self.release_available_cached_blocks(small, stream, size) {
@@ -579,11 +596,15 @@ impl Model {
                 block = self.alloc_block(small, stream, size, alloc_size, dev, 2);
             }
         }
-        match block {
-            Some(addr) => {
-                let b = self.alloc_found_block(addr, size);
+        if found.is_none() {
+            found = block.map(|a| (a, self.blocks.get(a).copied()));
+        }
+        match found {
+            Some((addr, Some(b))) => {
+                let b = self.alloc_found_block(addr, b, size);
                 Malloc::Ok { addr, block: b }
             }
+            Some((addr, None)) => Malloc::Ok { addr, block: 0 },
             None => Malloc::Oom,
         }
     }
@@ -595,10 +616,20 @@ impl Model {
     }
 
     /// `get_free_block`: take the best-fitting cached block out of its free list.
-    fn get_free_block(&mut self, small: bool, stream: u64, size: u64) -> Option<u64> {
+    /// The block's address and record (`None`: a free-list key without a block, which only a
+    /// corrupt initial state leaves).
+    fn get_free_block(
+        &mut self,
+        small: bool,
+        stream: u64,
+        size: u64,
+    ) -> Option<(u64, Option<Blk>)> {
         let key = self.pick_free_block(small, stream, size)?;
-        self.remove_free(key.3);
-        Some(key.3)
+        let b = self.blocks.get(key.3).copied();
+        if let Some((k, r)) = b.and_then(|b| self.free_entry_of(key.3, b)) {
+            self.free.remove(&k, r);
+        }
+        Some((key.3, b))
     }
 
     fn pick_free_block(&self, small: bool, stream: u64, size: u64) -> Option<FreeKey> {
@@ -659,10 +690,7 @@ impl Model {
 
     /// `alloc_found_block`: hand out the block at `addr` (already out of the free list), split
     /// when the rest is worth keeping; returns the block's size.
-    fn alloc_found_block(&mut self, addr: u64, size: u64) -> u64 {
-        let Some(b) = self.blocks.get(addr).copied() else {
-            return 0;
-        };
+    fn alloc_found_block(&mut self, addr: u64, b: Blk, size: u64) -> u64 {
         let small = self.segs[b.seg as usize].small;
         let mut bsize = b.size;
         if self.settings.should_split(small, b.size, size) && size < b.size {
@@ -743,18 +771,21 @@ impl Model {
 
     /// `free_block` (`free_completed`): the block returns to the cache, merged with neighbours.
     pub fn free_completed(&mut self, addr: u64) -> bool {
-        match self.blocks.get(addr).copied() {
+        let b = match self.blocks.at.get_mut(&addr) {
             Some(b) if b.state == St::Pending || b.state == St::Alloc => {
                 if b.state == St::Alloc {
                     self.allocated = self.allocated.saturating_sub(b.size);
                 }
-                self.blocks.set_state(addr, St::Free);
-                let merged = self.merge_free(addr);
-                self.insert_free(merged);
-                true
+                b.state = St::Free;
+                *b
             }
-            _ => false,
+            _ => return false,
+        };
+        let (merged, mb) = self.merge_same_from(addr, b, St::Free);
+        if let Some((k, r)) = self.free_entry_of(merged, mb) {
+            self.free.insert(k, r);
         }
+        true
     }
 
     /// `release_cached_blocks` (OOM retry and `empty_cache()`): every cached block that is a

@@ -32,13 +32,6 @@ impl Blocks {
     }
 
     #[inline]
-    pub(super) fn set_state(&mut self, addr: u64, state: St) {
-        if let Some(b) = self.at.get_mut(&addr) {
-            b.state = state;
-        }
-    }
-
-    #[inline]
     pub(super) fn insert(&mut self, addr: u64, b: Blk) {
         let end = addr.saturating_add(b.size);
         if let Some(old) = self.at.insert(addr, b) {
@@ -61,6 +54,10 @@ impl Blocks {
         b.size = size;
         b.state = state;
         let end = addr.saturating_add(size);
+        // Unordered blocks tile their segments: each end already names its block.
+        if old_end == end && self.ordered.is_none() {
+            return;
+        }
         if old_end != end && self.ends.get(&old_end) == Some(&addr) {
             self.ends.remove(&old_end);
         }
