@@ -14,7 +14,7 @@ pub mod summary;
 use crate::torch::model::{Action, Annotation, AnnotationStage, Snapshot, TraceEntry};
 use crate::torch::release::{Cause, Releases};
 use crate::torch::stacks::{Role, SiteKey, StackIndex};
-use crate::torch::timeline::{DeviceTimeline, Timeline, live_at};
+use crate::torch::timeline::{DeviceTimeline, Timeline, live_at_many};
 
 /// Where a stage's name and span come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -500,14 +500,22 @@ fn sites(
 ) {
     let mut order: Vec<usize> = (0..spans.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(spans[i].peak_bytes));
-    for &i in order.iter().take(SITES_FOR) {
+    order.truncate(SITES_FOR);
+    let ks: Vec<usize> = order
+        .iter()
+        .map(|&i| {
+            let s = &spans[i];
+            if s.peak_index == s.start && s.peak_bytes == s.start_bytes {
+                s.start as usize
+            } else {
+                s.peak_index as usize + 1
+            }
+        })
+        .collect();
+    // One walk for all of them.
+    let sets = live_at_many(snap, stacks, t.device, list, &ks);
+    for (&i, set) in order.iter().zip(sets) {
         let s = &mut spans[i];
-        let k = if s.peak_index == s.start && s.peak_bytes == s.start_bytes {
-            s.start as usize
-        } else {
-            s.peak_index as usize + 1
-        };
-        let set = live_at(snap, stacks, t.device, list, k);
         s.top_sites = set
             .sites
             .iter()

@@ -6,7 +6,7 @@
 //! an index (OOM, peak) by replaying the trace backwards from the snapshot's block state — exact
 //! whatever was dropped from the front of the window.
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 
 use crate::torch::model::{Action, BlockState, Snapshot, StackId, TraceEntry};
 use crate::torch::stacks::{Role, SiteKey, StackIndex};
@@ -266,11 +266,12 @@ fn device_timeline(
         .filter(|f| **f != i64::MAX)
         .map(|f| f.saturating_add(offset))
         .collect();
+    let mut peak_k = None;
     if let Some((b, i)) = peak_rel {
         t.live_peak = b.saturating_add(offset).max(offset);
         t.live_peak_index = Some(i as u64);
         if b > 0 {
-            t.peak_set = Some(live_at(snap, stacks, device, list, i + 1));
+            peak_k = Some(i + 1);
             if let (Some(a), Some(z)) = (list[trough_before_peak.1].time_us(), list[i].time_us()) {
                 t.rise_us = Some(z.saturating_sub(a));
             }
@@ -278,11 +279,20 @@ fn device_timeline(
             t.live_peak = offset;
         }
     }
-    for (i, e) in list.iter().enumerate() {
-        if e.action == Action::Oom && t.oom_sets.len() < 4 {
-            t.oom_sets.push(live_at(snap, stacks, device, list, i));
-        }
+    // The live sets at the peak and at the first OOMs, from one walk.
+    let mut ks: Vec<usize> = peak_k.into_iter().collect();
+    ks.extend(
+        list.iter()
+            .enumerate()
+            .filter(|(_, e)| e.action == Action::Oom)
+            .map(|(i, _)| i)
+            .take(4),
+    );
+    let mut sets = live_at_many(snap, stacks, device, list, &ks).into_iter();
+    if peak_k.is_some() {
+        t.peak_set = sets.next();
     }
+    t.oom_sets.extend(sets);
     t
 }
 
@@ -614,53 +624,133 @@ pub fn live_at(
     list: &[TraceEntry],
     k: usize,
 ) -> LiveSet {
-    let k = k.min(list.len());
-    // Stacks of allocations made before k, by address (latest wins) — only for the addresses
-    // freed after k, the ones the backward replay below needs (k is usually near the end).
-    let freed_after: FxHashSet<u64> = list[k..]
-        .iter()
-        .filter(|e| e.action == Action::FreeCompleted)
-        .map(|e| e.addr)
-        .collect();
-    let mut alloc_stack: FxHashMap<u64, Option<StackId>> = FxHashMap::default();
-    for e in &list[..k] {
-        if e.action == Action::Alloc && freed_after.contains(&e.addr) {
-            alloc_stack.insert(e.addr, e.stack());
-        }
-    }
-    let mut set: FxHashMap<u64, (u64, Option<StackId>)> = FxHashMap::default();
-    let mut reserved_added_after: i64 = 0;
-    let mut changed_after = false;
+    live_at_many(snap, stacks, device, list, &[k])
+        .pop()
+        .unwrap_or_default()
+}
+
+/// Where a block of a backward walk's live set comes from: the snapshot (its stack), or the
+/// `free_completed` entry that brought it back (its stack is resolved per index, below).
+#[derive(Clone, Copy)]
+enum Origin {
+    Snapshot(Option<StackId>),
+    Freed(usize),
+}
+
+/// [`live_at`] at each of `ks`, in that order, from one backward and one forward pass over the
+/// trace (instead of two passes per index): the same sets, at the cost of one.
+pub fn live_at_many(
+    snap: &Snapshot,
+    stacks: &StackIndex,
+    device: i64,
+    list: &[TraceEntry],
+    ks: &[usize],
+) -> Vec<LiveSet> {
+    let ks: Vec<usize> = ks.iter().map(|&k| k.min(list.len())).collect();
+    let mut down: Vec<usize> = ks.clone();
+    down.sort_unstable_by(|a, b| b.cmp(a));
+    down.dedup();
+    // The backward walk: live blocks (address → size, origin), stopping at each index.
+    let mut set: FxHashMap<u64, (u64, Origin)> = FxHashMap::default();
     for seg in snap.segments_of(device) {
         for b in &seg.blocks {
             if matches!(
                 b.state,
                 BlockState::ActiveAllocated | BlockState::ActivePendingFree
             ) {
-                set.insert(b.address, (b.size, b.stack));
+                set.insert(b.address, (b.size, Origin::Snapshot(b.stack)));
             }
         }
     }
-    for e in list[k..].iter().rev() {
-        match e.action {
-            Action::Alloc => {
-                changed_after = true;
-                set.remove(&e.addr);
+    let mut reserved_added_after: i64 = 0;
+    let mut changed_after = false;
+    let mut at = list.len();
+    // Per index (descending): the set there, the reserved bytes added after it, and whether
+    // anything changed after it.
+    let mut states: Vec<(usize, FxHashMap<u64, (u64, Origin)>, i64, bool)> = Vec::new();
+    for &k in &down {
+        while at > k {
+            at -= 1;
+            let e = &list[at];
+            match e.action {
+                Action::Alloc => {
+                    changed_after = true;
+                    set.remove(&e.addr);
+                }
+                Action::FreeCompleted => {
+                    changed_after = true;
+                    set.insert(e.addr, (e.size, Origin::Freed(at)));
+                }
+                Action::SegmentAlloc | Action::SegmentMap => {
+                    reserved_added_after = reserved_added_after.saturating_add(signed(e.size))
+                }
+                Action::SegmentFree | Action::SegmentUnmap => {
+                    reserved_added_after = reserved_added_after.saturating_sub(signed(e.size))
+                }
+                _ => {}
             }
-            Action::FreeCompleted => {
-                changed_after = true;
-                let stack = alloc_stack.get(&e.addr).copied().unwrap_or(e.stack());
-                set.insert(e.addr, (e.size, stack));
+        }
+        states.push((k, set.clone(), reserved_added_after, changed_after));
+    }
+    drop(set);
+    // The forward walk: a block brought back by a free after `k` takes the stack of the latest
+    // `alloc` at its address before `k` (else its free entry's).
+    states.reverse();
+    let mut last: FxHashMap<u64, Option<Option<StackId>>> = FxHashMap::default();
+    for (_, set, _, _) in &states {
+        for (addr, (_, o)) in set {
+            if matches!(o, Origin::Freed(_)) {
+                last.insert(*addr, None);
             }
-            Action::SegmentAlloc | Action::SegmentMap => {
-                reserved_added_after = reserved_added_after.saturating_add(signed(e.size))
-            }
-            Action::SegmentFree | Action::SegmentUnmap => {
-                reserved_added_after = reserved_added_after.saturating_sub(signed(e.size))
-            }
-            _ => {}
         }
     }
+    let mut resolved: Vec<(usize, Vec<(u64, Option<StackId>)>, i64, bool)> = Vec::new();
+    let mut i = 0usize;
+    for (k, set, reserved, changed) in states {
+        while i < k {
+            let e = &list[i];
+            if e.action == Action::Alloc
+                && let Some(slot) = last.get_mut(&e.addr)
+            {
+                *slot = Some(e.stack());
+            }
+            i += 1;
+        }
+        let blocks = set
+            .into_iter()
+            .map(|(addr, (size, o))| {
+                let stack = match o {
+                    Origin::Snapshot(st) => st,
+                    Origin::Freed(j) => last
+                        .get(&addr)
+                        .copied()
+                        .flatten()
+                        .unwrap_or(list[j].stack()),
+                };
+                (size, stack)
+            })
+            .collect();
+        resolved.push((k, blocks, reserved, changed));
+    }
+    ks.iter()
+        .map(|&k| {
+            let (_, blocks, reserved, changed) = resolved
+                .iter()
+                .find(|r| r.0 == k)
+                .expect("every index was walked to");
+            live_set(stacks, k, blocks, *reserved, *changed)
+        })
+        .collect()
+}
+
+/// The live set at `k` from its blocks (size, stack), summed by site, by stack and by role.
+fn live_set(
+    stacks: &StackIndex,
+    k: usize,
+    blocks: &[(u64, Option<StackId>)],
+    reserved_added_after: i64,
+    changed_after: bool,
+) -> LiveSet {
     let mut out = LiveSet {
         index: k as u64,
         reserved_added_after,
@@ -669,7 +759,7 @@ pub fn live_at(
     };
     let mut by: FxHashMap<SiteKey, (u64, u64, Option<StackId>, u64)> = FxHashMap::default();
     let mut by_stack: FxHashMap<Option<StackId>, (u64, u64)> = FxHashMap::default();
-    for (size, stack) in set.values() {
+    for (size, stack) in blocks {
         let st = by_stack.entry(*stack).or_default();
         st.0 = st.0.saturating_add(*size);
         st.1 += 1;
@@ -755,6 +845,50 @@ mod tests {
         assert_eq!(set.bytes, 4096 + 8192, "freed-after-OOM block was live");
         assert_eq!(site_string(&snap, set.sites[0].0), "/u/train.py:9:main");
         assert_eq!(set.sites[0].1, 8192);
+    }
+
+    /// The sets of one walk at several indices are the sets of one walk per index, on a trace
+    /// that reuses addresses (the stack a block takes is the latest alloc's before the index).
+    #[test]
+    fn live_sets_at_many_indices_are_the_sets_at_each() {
+        let mut snap = Snapshot::default();
+        let st: Vec<StackId> = (0..3)
+            .map(|i| intern(&mut snap, &[("/u/train.py", 10 + i, "main")]))
+            .collect();
+        let mut keep = block(4096, 4096, BlockState::ActiveAllocated);
+        keep.stack = Some(st[0]);
+        snap.segments = vec![segment(
+            0,
+            0x1000,
+            vec![keep, block(1 << 20, 0, BlockState::Inactive)],
+        )];
+        let mut list = Vec::new();
+        for step in 0..12u64 {
+            // Three addresses taken in turn, each allocated with the step's stack.
+            let addr = 0x2000 + (step % 3) * 0x1000;
+            let mut a = entry(Action::Alloc, addr, 512 * (step + 1));
+            a.set_stack(Some(st[(step % 3) as usize]));
+            list.push(a);
+            if step % 4 != 3 {
+                list.push(entry(Action::FreeRequested, addr, 512 * (step + 1)));
+                list.push(entry(Action::FreeCompleted, addr, 512 * (step + 1)));
+            }
+        }
+        snap.device_traces = Some(vec![list.clone()]);
+        let idx = StackIndex::new(&snap, &FrameFilter::default());
+        let ks = [list.len(), 0, 7, 1, 20, 7, 33, list.len() + 5];
+        let many = live_at_many(&snap, &idx, 0, &list, &ks);
+        for (k, set) in ks.iter().zip(&many) {
+            assert_eq!(*set, live_at(&snap, &idx, 0, &list, *k), "at {k}");
+        }
+        // After the first alloc (at 0x2000, line 10) and before its free: live with its stack.
+        let at1 = &many[3];
+        assert_eq!(at1.bytes, 4096 + 512);
+        assert!(
+            at1.sites
+                .iter()
+                .any(|s| site_string(&snap, s.0) == "/u/train.py:10:main" && s.1 == 4096 + 512)
+        );
     }
 
     #[test]

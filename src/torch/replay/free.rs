@@ -249,7 +249,13 @@ mod pool_tests {
                 "after operation {i}"
             );
         }
-        assert!(matches!(p, Pool::Tree(_)), "the pool grew past the sorted limit");
-        assert_eq!(p.from(0).collect::<Vec<_>>(), t.iter().copied().collect::<Vec<_>>());
+        assert!(
+            matches!(p, Pool::Tree(_)),
+            "the pool grew past the sorted limit"
+        );
+        assert_eq!(
+            p.from(0).collect::<Vec<_>>(),
+            t.iter().copied().collect::<Vec<_>>()
+        );
     }
 }

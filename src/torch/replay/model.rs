@@ -384,7 +384,10 @@ impl Model {
     /// [`Model::free_entry`] of the block `b` at `addr`, its record already at hand.
     fn free_entry_of(&self, addr: u64, b: Blk) -> Option<(FreeKey, Release)> {
         let s = self.segs.get(b.seg as usize)?;
-        Some(((s.small, s.stream, b.size, addr), release_for(s, addr, b.size)))
+        Some((
+            (s.small, s.stream, b.size, addr),
+            release_for(s, addr, b.size),
+        ))
     }
 
     fn insert_free(&mut self, addr: u64) {
