@@ -627,21 +627,32 @@ impl Model {
         stream: u64,
         size: u64,
     ) -> Option<(u64, Option<Blk>)> {
-        let key = self.pick_free_block(small, stream, size)?;
-        let b = self.blocks.get(key.3).copied();
+        let (key, b) = self.pick_free_block(small, stream, size)?;
         if let Some((k, r)) = b.and_then(|b| self.free_entry_of(key.3, b)) {
             self.free.remove(&k, r);
         }
         Some((key.3, b))
     }
 
-    fn pick_free_block(&self, small: bool, stream: u64, size: u64) -> Option<FreeKey> {
-        let key = {
+    /// The best-fitting cached block's key, and its record (`None`: a key without a block).
+    fn pick_free_block(
+        &self,
+        small: bool,
+        stream: u64,
+        size: u64,
+    ) -> Option<(FreeKey, Option<Blk>)> {
+        let (key, blk) = {
             // The best fit is the first block unless it is expandable (the common case: one
             // lookup, no walk).
             let mut cur = self.free.first_from(small, stream, size)?;
             self.visit(1);
-            if self.is_expandable(cur.3) {
+            let first = self.blocks.get(cur.3).copied();
+            let expandable = first
+                .and_then(|b| self.segs.get(b.seg as usize))
+                .is_some_and(|s| s.expandable);
+            if !expandable {
+                (cur, first)
+            } else {
                 let mut it = self
                     .free
                     .from(small, stream, size)
@@ -660,8 +671,8 @@ impl Model {
                 } else {
                     cur = it.find(|k| !self.is_expandable(k.3))?;
                 }
+                (cur, self.blocks.get(cur.3).copied())
             }
-            cur
         };
         let s = &self.settings;
         if size < s.max_split_size && key.2 >= s.max_split_size {
@@ -670,7 +681,7 @@ impl Model {
         if size >= s.max_split_size && key.2 >= size.saturating_add(s.max_non_split_rounding) {
             return None;
         }
-        Some(key)
+        Some((key, blk))
     }
 
     fn is_expandable(&self, addr: u64) -> bool {

@@ -480,42 +480,102 @@ pub(crate) enum Done {
 
 /// The model's address of each live allocation reference: only the live ones are kept (a
 /// few thousand, where a trace makes millions), so the replays running at once stay small.
-#[derive(Clone, Debug, Default)]
+///
+/// A reference lives in its slot of a direct-mapped table (`aref` modulo its size: references
+/// are numbered in allocation order and most die young, so the live ones rarely share a slot)
+/// or, when another live reference holds that slot, in a spill map: a lookup is one load and
+/// a compare in the common case instead of a hash probe (three or four of them per
+/// allocation, the replay loop's own largest cost).
+#[derive(Clone, Debug)]
 pub(crate) struct AddrOf {
-    live: FxHashMap<u32, u64>,
+    /// (aref, address); `NONE`: an empty slot.
+    slots: Vec<(u32, u64)>,
+    spill: FxHashMap<u32, u64>,
     /// Allocation references are below this.
     arefs: u32,
 }
 
+impl Default for AddrOf {
+    fn default() -> AddrOf {
+        AddrOf::new(0)
+    }
+}
+
 impl AddrOf {
+    /// At most this many slots (1 MiB).
+    const SLOTS: usize = 1 << 16;
+
     fn new(arefs: usize) -> AddrOf {
+        let n = arefs.clamp(1, Self::SLOTS).next_power_of_two();
         AddrOf {
-            live: FxHashMap::default(),
+            slots: vec![(NONE, 0); n],
+            spill: FxHashMap::default(),
             arefs: u32::try_from(arefs).unwrap_or(u32::MAX),
         }
     }
 
-    /// The address of `aref`'s block while it is live.
-    pub fn get(&self, aref: u32) -> Option<u64> {
-        self.live.get(&aref).copied()
+    #[inline]
+    fn slot(&self, aref: u32) -> usize {
+        aref as usize & (self.slots.len() - 1)
     }
 
-    fn set(&mut self, aref: u32, addr: u64) {
-        // `u64::MAX` is the "not live" of the replay's bookkeeping.
-        if aref < self.arefs && addr != u64::MAX {
-            self.live.insert(aref, addr);
+    /// The address of `aref`'s block while it is live.
+    #[inline]
+    pub fn get(&self, aref: u32) -> Option<u64> {
+        if aref >= self.arefs {
+            return None;
+        }
+        let (r, a) = self.slots[self.slot(aref)];
+        if r == aref {
+            Some(a)
+        } else if self.spill.is_empty() {
+            None
         } else {
-            self.live.remove(&aref);
+            self.spill.get(&aref).copied()
         }
     }
 
+    #[inline]
+    fn set(&mut self, aref: u32, addr: u64) {
+        // `u64::MAX` is the "not live" of the replay's bookkeeping.
+        if aref >= self.arefs || addr == u64::MAX {
+            self.clear(aref);
+            return;
+        }
+        let i = self.slot(aref);
+        let r = self.slots[i].0;
+        if r == aref || r == NONE {
+            self.slots[i] = (aref, addr);
+            if r == NONE && !self.spill.is_empty() {
+                self.spill.remove(&aref);
+            }
+        } else {
+            self.spill.insert(aref, addr);
+        }
+    }
+
+    #[inline]
     fn clear(&mut self, aref: u32) {
-        self.live.remove(&aref);
+        if aref >= self.arefs {
+            return;
+        }
+        let i = self.slot(aref);
+        if self.slots[i].0 == aref {
+            self.slots[i] = (NONE, 0);
+        } else if !self.spill.is_empty() {
+            self.spill.remove(&aref);
+        }
     }
 
     /// Every live reference with its address, by reference.
     pub fn sorted(&self) -> Vec<(u32, u64)> {
-        let mut v: Vec<(u32, u64)> = self.live.iter().map(|(&r, &a)| (r, a)).collect();
+        let mut v: Vec<(u32, u64)> = self
+            .slots
+            .iter()
+            .copied()
+            .filter(|s| s.0 != NONE)
+            .chain(self.spill.iter().map(|(&r, &a)| (r, a)))
+            .collect();
         v.sort_unstable();
         v
     }
@@ -840,5 +900,47 @@ fn settle(
             m.free_completed(addr);
         }
         (Malloc::Oom, true) => out.ooms.push((entry, e.size, m.reserved, false)),
+    }
+}
+
+#[cfg(test)]
+mod addr_of_tests {
+    use super::AddrOf;
+    use rustc_hash::FxHashMap;
+
+    /// References that share a slot (a long-lived one holding it) answer as a map would.
+    #[test]
+    fn addr_of_answers_as_a_map_when_references_share_slots() {
+        let mut a = AddrOf::new(1 << 20);
+        let mut m: FxHashMap<u32, u64> = FxHashMap::default();
+        let slots = a.slots.len() as u32;
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        for step in 0..200_000u32 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // References whole tables apart share a slot.
+            let r = (x % 8) as u32 * slots + (x >> 40) as u32 % 4 + (step % 3) * 7;
+            match x % 5 {
+                0 | 1 => {
+                    a.set(r, x >> 8);
+                    m.insert(r, x >> 8);
+                }
+                2 => {
+                    a.set(r, u64::MAX);
+                    m.remove(&r);
+                }
+                _ => {
+                    a.clear(r);
+                    m.remove(&r);
+                }
+            }
+            assert_eq!(a.get(r), m.get(&r).copied(), "step {step}, aref {r}");
+        }
+        let mut want: Vec<(u32, u64)> = m.into_iter().collect();
+        want.sort_unstable();
+        assert_eq!(a.sorted(), want);
+        assert!(!a.spill.is_empty(), "the test made references share slots");
+        assert_eq!(a.get(super::NONE), None);
     }
 }
