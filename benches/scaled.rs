@@ -213,10 +213,11 @@ fn main() {
 
     println!();
     for (name, ratio, rss) in &summary {
+        // Issue 26: every simulation on, the report at 20× CPython's `pickle.load`.
         if *name == "1G" {
             println!(
-                "target report ≥ 30× CPython on the 1 GB file: {} ({ratio:.1}×)",
-                if *ratio >= 30.0 { "met" } else { "NOT met" }
+                "target report ≥ 20× CPython on the 1 GB file: {} ({ratio:.1}×)",
+                if *ratio >= 20.0 { "met" } else { "NOT met" }
             );
         }
         // The target is the realistic files'; the other shapes' RSS is in the table.
@@ -231,6 +232,7 @@ fn main() {
         ("1G", "1G-shared", "shared lists"),
         ("250M", "250M-unshared", "unshared frame dicts"),
         ("250M", "250M-json", "the JSON form"),
+        ("250M", "3M-inconsistent", "a trace that does not fit its segments"),
     ] {
         if let (Some(i), Some(j)) = (
             shapes.iter().position(|s| s.name == realistic),
