@@ -232,7 +232,11 @@ fn main() {
         ("1G", "1G-shared", "shared lists"),
         ("250M", "250M-unshared", "unshared frame dicts"),
         ("250M", "250M-json", "the JSON form"),
-        ("250M", "3M-inconsistent", "a trace that does not fit its segments"),
+        (
+            "250M",
+            "3M-inconsistent",
+            "a trace that does not fit its segments",
+        ),
     ] {
         if let (Some(i), Some(j)) = (
             shapes.iter().position(|s| s.name == realistic),
