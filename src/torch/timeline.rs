@@ -667,7 +667,7 @@ pub fn live_at_many(
     let mut at = list.len();
     // Per index (descending): the set there, the reserved bytes added after it, and whether
     // anything changed after it.
-    let mut states: Vec<(usize, FxHashMap<u64, (u64, Origin)>, i64, bool)> = Vec::new();
+    let mut states: Vec<WalkedTo<FxHashMap<u64, (u64, Origin)>>> = Vec::new();
     for &k in &down {
         while at > k {
             at -= 1;
@@ -690,24 +690,29 @@ pub fn live_at_many(
                 _ => {}
             }
         }
-        states.push((k, set.clone(), reserved_added_after, changed_after));
+        states.push(WalkedTo {
+            k,
+            blocks: set.clone(),
+            reserved_added_after,
+            changed_after,
+        });
     }
     drop(set);
     // The forward walk: a block brought back by a free after `k` takes the stack of the latest
     // `alloc` at its address before `k` (else its free entry's).
     states.reverse();
     let mut last: FxHashMap<u64, Option<Option<StackId>>> = FxHashMap::default();
-    for (_, set, _, _) in &states {
-        for (addr, (_, o)) in set {
+    for st in &states {
+        for (addr, (_, o)) in &st.blocks {
             if matches!(o, Origin::Freed(_)) {
                 last.insert(*addr, None);
             }
         }
     }
-    let mut resolved: Vec<(usize, Vec<(u64, Option<StackId>)>, i64, bool)> = Vec::new();
+    let mut resolved: Vec<WalkedTo<Vec<SizedBlock>>> = Vec::new();
     let mut i = 0usize;
-    for (k, set, reserved, changed) in states {
-        while i < k {
+    for st in states {
+        while i < st.k {
             let e = &list[i];
             if e.action == Action::Alloc
                 && let Some(slot) = last.get_mut(&e.addr)
@@ -716,7 +721,8 @@ pub fn live_at_many(
             }
             i += 1;
         }
-        let blocks = set
+        let blocks = st
+            .blocks
             .into_iter()
             .map(|(addr, (size, o))| {
                 let stack = match o {
@@ -730,17 +736,40 @@ pub fn live_at_many(
                 (size, stack)
             })
             .collect();
-        resolved.push((k, blocks, reserved, changed));
+        resolved.push(WalkedTo {
+            k: st.k,
+            blocks,
+            reserved_added_after: st.reserved_added_after,
+            changed_after: st.changed_after,
+        });
     }
     ks.iter()
         .map(|&k| {
-            let (_, blocks, reserved, changed) = resolved
+            let r = resolved
                 .iter()
-                .find(|r| r.0 == k)
+                .find(|r| r.k == k)
                 .expect("every index was walked to");
-            live_set(stacks, k, blocks, *reserved, *changed)
+            live_set(
+                stacks,
+                k,
+                &r.blocks,
+                r.reserved_added_after,
+                r.changed_after,
+            )
         })
         .collect()
+}
+
+/// A live block's size and stack.
+type SizedBlock = (u64, Option<StackId>);
+
+/// What the backward walk saw at one index: the live blocks there, the segment bytes added after
+/// it, and whether any block was allocated or freed after it.
+struct WalkedTo<B> {
+    k: usize,
+    blocks: B,
+    reserved_added_after: i64,
+    changed_after: bool,
 }
 
 /// The live set at `k` from its blocks (size, stack), summed by site, by stack and by role.
