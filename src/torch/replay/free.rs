@@ -197,10 +197,7 @@ impl Pool {
 
     /// The first key from `from` up.
     fn first_from(&self, from: u128) -> Option<u128> {
-        match self {
-            Pool::Sorted(v) => v.get(v.partition_point(|&x| x < from)).copied(),
-            Pool::Tree(t) => t.range(from..).next().copied(),
-        }
+        self.from(from).next()
     }
 }
 

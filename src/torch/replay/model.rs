@@ -421,13 +421,21 @@ impl Model {
     }
 
     fn prev_of(&self, addr: u64) -> Option<(u64, Blk)> {
-        let b = self.blocks.get(addr)?;
+        self.prev_of_block(addr, *self.blocks.get(addr)?)
+    }
+
+    /// [`Model::prev_of`] of the block `b` at `addr`, its record already at hand.
+    fn prev_of_block(&self, addr: u64, b: Blk) -> Option<(u64, Blk)> {
         let (p, pb) = self.blocks.below(addr)?;
         (pb.seg == b.seg && p.saturating_add(pb.size) == addr).then_some((p, pb))
     }
 
     fn next_of(&self, addr: u64) -> Option<(u64, Blk)> {
-        let b = self.blocks.get(addr)?;
+        self.next_of_block(addr, *self.blocks.get(addr)?)
+    }
+
+    /// [`Model::next_of`] of the block `b` at `addr`, its record already at hand.
+    fn next_of_block(&self, addr: u64, b: Blk) -> Option<(u64, Blk)> {
         let end = addr.saturating_add(b.size);
         let nb = self.blocks.get(end)?;
         (nb.seg == b.seg && end != addr).then_some((end, *nb))
@@ -459,21 +467,16 @@ impl Model {
     fn merge_same_from(&mut self, addr: u64, b: Blk, state: St) -> (u64, Blk) {
         let mut addr = addr;
         let mut b = b;
-        // The block after (`next_of`), grown into this one.
-        let end = addr.saturating_add(b.size);
-        if end != addr
-            && let Some(nb) = self.blocks.get(end).copied()
-            && nb.seg == b.seg
+        // The block after, grown into this one.
+        if let Some((n, nb)) = self.next_of_block(addr, b)
             && nb.state == state
         {
-            self.detach(end, nb);
+            self.detach(n, nb);
             b.size = b.size.saturating_add(nb.size);
             self.blocks.update(addr, b.size, b.state);
         }
-        // The block before (`prev_of`) grows over this one, in place.
-        if let Some((p, pb)) = self.blocks.below(addr)
-            && pb.seg == b.seg
-            && p.saturating_add(pb.size) == addr
+        // The block before grows over this one, in place.
+        if let Some((p, pb)) = self.prev_of_block(addr, b)
             && pb.state == state
         {
             self.blocks.remove(addr);
@@ -497,14 +500,14 @@ impl Model {
 
     /// Take a block out of its free/unmapped set (it stays in the address map).
     fn unlist(&mut self, addr: u64, b: Blk) {
-        let s = &self.segs[b.seg as usize];
         match b.state {
             St::Free => {
-                let k = (s.small, s.stream, b.size, addr);
-                let r = release_for(s, addr, b.size);
-                self.free.remove(&k, r);
+                if let Some((k, r)) = self.free_entry_of(addr, b) {
+                    self.free.remove(&k, r);
+                }
             }
             St::Unmapped => {
+                let s = &self.segs[b.seg as usize];
                 self.unmapped.remove(&(s.small, s.stream, addr));
             }
             _ => {}
@@ -588,9 +591,8 @@ impl Model {
         self.call_start = self.released;
         // A cached block comes with its record (no second lookup); a new one is looked up.
         let mut found = self.get_free_block(small, stream, size);
-        let mut block = found.map(|(a, _)| a);
-        if block.is_none() {
-            block = self.alloc_block(small, stream, size, alloc_size, dev, 0);
+        if found.is_none() {
+            let mut block = self.alloc_block(small, stream, size, alloc_size, dev, 0);
             if block.is_none() && self.release_available_cached_blocks(small, stream, size) {
                 block = self.alloc_block(small, stream, size, alloc_size, dev, 1);
             }
@@ -598,8 +600,6 @@ impl Model {
                 self.release_cached_blocks();
                 block = self.alloc_block(small, stream, size, alloc_size, dev, 2);
             }
-        }
-        if found.is_none() {
             found = block.map(|a| (a, self.blocks.get(a).copied()));
         }
         match found {
@@ -647,10 +647,7 @@ impl Model {
             let mut cur = self.free.first_from(small, stream, size)?;
             self.visit(1);
             let first = self.blocks.get(cur.3).copied();
-            let expandable = first
-                .and_then(|b| self.segs.get(b.seg as usize))
-                .is_some_and(|s| s.expandable);
-            if !expandable {
+            if !first.is_some_and(|b| self.in_expandable(b)) {
                 (cur, first)
             } else {
                 let mut it = self
@@ -687,8 +684,12 @@ impl Model {
     fn is_expandable(&self, addr: u64) -> bool {
         self.blocks
             .get(addr)
-            .and_then(|b| self.segs.get(b.seg as usize))
-            .is_some_and(|s| s.expandable)
+            .is_some_and(|&b| self.in_expandable(b))
+    }
+
+    /// Is the block `b` part of an expandable segment?
+    fn in_expandable(&self, b: Blk) -> bool {
+        self.segs.get(b.seg as usize).is_some_and(|s| s.expandable)
     }
 
     fn expandable_size(&self, addr: u64) -> u64 {
