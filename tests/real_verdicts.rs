@@ -39,13 +39,12 @@ fn parse(text: &str) -> Vec<Entry> {
                     .findings
                     .into_iter()
                     .map(|mut f| {
-                        let take = |f: &mut std::collections::BTreeMap<String, String>, k: &str| {
-                            f.remove(k).unwrap_or_default()
-                        };
                         let e = Expected {
-                            code: take(&mut f, "code"),
-                            line: take(&mut f, "line").parse().expect("line is a number"),
-                            fix: take(&mut f, "fix"),
+                            code: verdict_table::take(&mut f, "code"),
+                            line: verdict_table::take(&mut f, "line")
+                                .parse()
+                                .expect("line is a number"),
+                            fix: verdict_table::take(&mut f, "fix"),
                         };
                         assert!(f.is_empty(), "unknown keys on a finding: {f:?}");
                         e
@@ -78,11 +77,10 @@ fn every_real_snapshot_gets_the_findings_an_expert_expects() {
             }
         }
     }
-    let judged: BTreeSet<String> = table.iter().map(|e| e.file.clone()).collect();
-    let unjudged: Vec<_> = on_disk.difference(&judged).collect();
-    assert!(
-        unjudged.is_empty(),
-        "not in real_verdicts.toml: {unjudged:?}"
+    verdict_table::assert_all_judged(
+        &on_disk,
+        table.iter().map(|e| &e.file),
+        "real_verdicts.toml",
     );
     assert!(on_disk.len() >= 42, "{} snapshots", on_disk.len());
 

@@ -36,8 +36,8 @@ fn parse(text: &str) -> Vec<Entry> {
     verdict_table::parse(text, "capture")
         .into_iter()
         .map(|mut t| {
-            let file = t.keys.remove("file").unwrap_or_default();
-            let module = t.keys.remove("module").unwrap_or_default();
+            let file = verdict_table::take(&mut t.keys, "file");
+            let module = verdict_table::take(&mut t.keys, "module");
             assert!(t.keys.is_empty(), "unknown keys on a capture: {:?}", t.keys);
             Entry {
                 file,
@@ -46,14 +46,13 @@ fn parse(text: &str) -> Vec<Entry> {
                     .findings
                     .into_iter()
                     .map(|mut f| {
-                        let take = |f: &mut std::collections::BTreeMap<String, String>, k: &str| {
-                            f.remove(k).unwrap_or_default()
-                        };
                         let e = Expected {
-                            code: take(&mut f, "code"),
-                            line: take(&mut f, "line").parse().expect("line is a number"),
-                            severity: take(&mut f, "severity"),
-                            fix: take(&mut f, "fix"),
+                            code: verdict_table::take(&mut f, "code"),
+                            line: verdict_table::take(&mut f, "line")
+                                .parse()
+                                .expect("line is a number"),
+                            severity: verdict_table::take(&mut f, "severity"),
+                            fix: verdict_table::take(&mut f, "fix"),
                             known_wrong: f.remove("known_wrong"),
                         };
                         assert!(f.is_empty(), "unknown keys on a finding: {f:?}");
@@ -94,11 +93,10 @@ fn every_jax_capture_gets_the_findings_an_expert_expects() {
     let mut on_disk = BTreeSet::new();
     captures(&root, "jax_cpu_captures", &mut on_disk);
     captures(&root, "jax-real-captures", &mut on_disk);
-    let judged: BTreeSet<String> = table.iter().map(|e| e.file.clone()).collect();
-    let unjudged: Vec<_> = on_disk.difference(&judged).collect();
-    assert!(
-        unjudged.is_empty(),
-        "not in real_verdicts_jax.toml: {unjudged:?}"
+    verdict_table::assert_all_judged(
+        &on_disk,
+        table.iter().map(|e| &e.file),
+        "real_verdicts_jax.toml",
     );
     assert!(on_disk.len() >= 16, "{} captures", on_disk.len());
 

@@ -69,22 +69,11 @@ fn bytes_at_the_peak_per_compile_context() {
 
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("sun_compiled.pickle");
-    let py = std::process::Command::new("python3")
-        .args([
-            "-c",
-            REWRITE,
-            common::arg(&src),
-            common::arg(&out),
-            &k.to_string(),
-        ])
-        .output()
-        .unwrap_or_else(|e| panic!("python3 is not available ({e}); this test needs CPython"));
-    assert!(
-        py.status.success(),
-        "{}",
-        String::from_utf8_lossy(&py.stderr)
+    let py = common::python(
+        REWRITE,
+        &[common::arg(&src), common::arg(&out), &k.to_string()],
     );
-    let want: serde_json::Value = serde_json::from_slice(&py.stdout).unwrap();
+    let want: serde_json::Value = serde_json::from_slice(&py).unwrap();
 
     let doc = report(&out, "json").json();
     let t = &doc["captures"][0]["torch"];

@@ -251,23 +251,11 @@ for name in sys.argv[3:]:
     done.append(name)
 print("\n".join(done))
 "#;
-    let mut args = vec![
-        "-c".to_string(),
-        script.to_string(),
-        dir.display().to_string(),
-        tmp.path().display().to_string(),
-    ];
-    args.extend(names.iter().cloned());
-    let out = std::process::Command::new("python3")
-        .args(&args)
-        .output()
-        .unwrap_or_else(|e| panic!("python3 is not available ({e}); this test needs CPython"));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rewritten: Vec<String> = String::from_utf8(out.stdout)
+    let (dir_arg, tmp_arg) = (dir.display().to_string(), tmp.path().display().to_string());
+    let mut args: Vec<&str> = vec![&dir_arg, &tmp_arg];
+    args.extend(names.iter().map(String::as_str));
+    let out = common::python(script, &args);
+    let rewritten: Vec<String> = String::from_utf8(out)
         .unwrap()
         .lines()
         .map(str::to_string)

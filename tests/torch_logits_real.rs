@@ -152,28 +152,11 @@ fn a_five_times_larger_vocabulary_fires_pt019_at_the_loss_call() {
 
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("magma27_vocab50k.pickle");
-    let py = std::process::Command::new("python3")
-        .args([
-            "-c",
-            REWRITE,
-            common::arg(&src),
-            common::arg(&out),
-            &K.to_string(),
-        ])
-        .output();
-    let py = match py {
-        Ok(p) => p,
-        Err(e) => {
-            common::skip(&format!("python3 is not available ({e})"));
-            return;
-        }
-    };
-    assert!(
-        py.status.success(),
-        "{}",
-        String::from_utf8_lossy(&py.stderr)
+    let py = common::python(
+        REWRITE,
+        &[common::arg(&src), common::arg(&out), &K.to_string()],
     );
-    let want: serde_json::Value = serde_json::from_slice(&py.stdout).unwrap();
+    let want: serde_json::Value = serde_json::from_slice(&py).unwrap();
     let s = want["S"].as_u64().unwrap();
     assert_eq!(s, s_orig);
     assert_eq!(

@@ -60,6 +60,23 @@ impl Run {
     }
 }
 
+/// `python3 -c SCRIPT ARGS…`'s standard output. The test fails when CPython is missing (CI
+/// installs it) or the script fails (its standard error in the message).
+pub fn python(script: &str, args: &[&str]) -> Vec<u8> {
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("python3 is not available ({e}); this test needs CPython"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
 /// A path as a `&str` for argument lists.
 pub fn arg(p: &Path) -> &str {
     p.to_str().expect("test paths are UTF-8")

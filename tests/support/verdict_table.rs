@@ -2,7 +2,7 @@
 //! `[[SECTION]]`, `[[SECTION.finding]]`, `key = "str"` or `key = int`, comments. Each table's test
 //! turns the keys into its own rows and fails on a key it does not know.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// One `[[SECTION]]` with its keys and, in order, its `[[SECTION.finding]]`s' keys.
 #[derive(Debug, Default)]
@@ -40,4 +40,21 @@ pub fn parse(text: &str, section: &str) -> Vec<Entry> {
         }
     }
     out
+}
+
+/// A key's value, taken out of a row's keys ("" when absent), so that what is left over is what
+/// the table should not have.
+pub fn take(keys: &mut BTreeMap<String, String>, key: &str) -> String {
+    keys.remove(key).unwrap_or_default()
+}
+
+/// Every file on disk has a row in the table (`table` names it in the message).
+pub fn assert_all_judged<'a>(
+    on_disk: &BTreeSet<String>,
+    judged: impl IntoIterator<Item = &'a String>,
+    table: &str,
+) {
+    let judged: BTreeSet<&String> = judged.into_iter().collect();
+    let unjudged: Vec<_> = on_disk.iter().filter(|f| !judged.contains(f)).collect();
+    assert!(unjudged.is_empty(), "not in {table}: {unjudged:?}");
 }
