@@ -13,6 +13,18 @@ impl<'a> Vm<'a, '_> {
         )
     }
 
+    /// `GLOBAL` / `INST` name code as text lines: refused when the limits refuse globals.
+    fn refuse_text_global(&self, module: &[u8], name: &[u8]) -> R<()> {
+        if !self.limits.refuse_globals {
+            return Ok(());
+        }
+        let (m, n) = (
+            String::from_utf8_lossy(module),
+            String::from_utf8_lossy(name),
+        );
+        Err(self.refuse_code(&format!("{m}.{n}")))
+    }
+
     /// The opcodes a snapshot rarely or never uses: protocol-0 text forms, memo text forms,
     /// globals and object construction (recorded as inert nodes, never executed), extensions,
     /// out-of-band buffers, and unknown opcodes.
@@ -149,13 +161,7 @@ impl<'a> Vm<'a, '_> {
             op::GLOBAL => {
                 let module = self.line()?;
                 let name = self.line()?;
-                if self.limits.refuse_globals {
-                    let (m, n) = (
-                        String::from_utf8_lossy(module),
-                        String::from_utf8_lossy(name),
-                    );
-                    return Err(self.refuse_code(&format!("{m}.{n}")));
-                }
+                self.refuse_text_global(module, name)?;
                 let m = self.text_str(module)?;
                 let n = self.text_str(name)?;
                 let v = self.new_node(Node::Global(Box::new((m, n))))?;
@@ -204,13 +210,7 @@ impl<'a> Vm<'a, '_> {
             op::INST => {
                 let module = self.line()?;
                 let name = self.line()?;
-                if self.limits.refuse_globals {
-                    let (m, n) = (
-                        String::from_utf8_lossy(module),
-                        String::from_utf8_lossy(name),
-                    );
-                    return Err(self.refuse_code(&format!("{m}.{n}")));
-                }
+                self.refuse_text_global(module, name)?;
                 let m = self.pop_mark()?;
                 let args = self.tuple_from(m)?;
                 let mv = self.text_str(module)?;
