@@ -596,12 +596,8 @@ fn replay_heap(
         match e.kind {
             0 => {
                 let root = root_of(bufs, e.buffer_id);
-                let refs = match bufs.get_mut(&root) {
-                    Some(b) => {
-                        b.refs += 1;
-                        b.refs
-                    }
-                    None => continue,
+                let Some(refs) = add_ref(bufs, root, 1) else {
+                    continue;
                 };
                 if refs == 1 {
                     grew = Some((root, e.buffer_id));
@@ -609,12 +605,8 @@ fn replay_heap(
             }
             1 => {
                 let root = root_of(bufs, e.buffer_id);
-                let refs = match bufs.get_mut(&root) {
-                    Some(b) => {
-                        b.refs -= 1;
-                        b.refs
-                    }
-                    None => continue,
+                let Some(refs) = add_ref(bufs, root, -1) else {
+                    continue;
                 };
                 if refs == 0 {
                     if let Some(start) = opened.remove(&root) {
@@ -634,12 +626,8 @@ fn replay_heap(
                     b.canonical = Some(canon);
                 }
                 let root = root_of(bufs, canon);
-                let refs = match bufs.get_mut(&root) {
-                    Some(b) => {
-                        b.refs += 1;
-                        b.refs
-                    }
-                    None => continue,
+                let Some(refs) = add_ref(bufs, root, 1) else {
+                    continue;
                 };
                 if refs == 1 {
                     grew = Some((root, e.buffer_id));
@@ -805,6 +793,13 @@ fn bare_shape(s: Option<&hpb::ShapeProto>) -> String {
         }
         None => String::new(),
     }
+}
+
+/// Add `d` to the references of buffer `root`: its new count (`None`: no such buffer).
+fn add_ref(bufs: &mut FxHashMap<i64, Buf>, root: i64, d: i64) -> Option<i64> {
+    let b = bufs.get_mut(&root)?;
+    b.refs += d;
+    Some(b.refs)
 }
 
 fn root_of(bufs: &FxHashMap<i64, Buf>, mut id: i64) -> i64 {
