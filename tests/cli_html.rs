@@ -5,6 +5,8 @@
 //! by `tests/e2e/html.sh` (bands drawn, tooltips, click targets, open time).
 
 mod common;
+#[path = "support/page.rs"]
+mod page;
 
 use std::path::{Path, PathBuf};
 
@@ -32,16 +34,6 @@ fn captures(root: &Path) -> Vec<PathBuf> {
     }
     out.sort();
     out
-}
-
-/// The page's embedded data, as its script reads it.
-fn page_data(html: &str) -> Value {
-    let start = html
-        .find(r#"<script id="memlsp-data" type="application/json">"#)
-        .expect("data script")
-        + r#"<script id="memlsp-data" type="application/json">"#.len();
-    let end = start + html[start..].find("</script>").expect("end of data");
-    serde_json::from_str(&html[start..end].replace("<\\/", "</")).expect("page data is JSON")
 }
 
 #[test]
@@ -79,7 +71,7 @@ fn every_shared_capture_gets_a_self_contained_page_with_the_oracle_peaks() {
         for bad in ["<link", " src=", "http://", "https://", "@import", "url("] {
             assert!(!html.contains(bad), "{name}: page contains {bad:?}");
         }
-        let data = page_data(&html);
+        let data = page::page_data(&html);
         let c = &data["captures"][0];
         if let Some(t) = c.get("torch") {
             let oracle: Value = serde_json::from_slice(
@@ -217,7 +209,7 @@ fn the_timeline_bands_point_at_workspace_files() {
         repo,
     );
     assert_eq!(r.code, 0, "{}", r.stderr);
-    let data = page_data(&std::fs::read_to_string(&out).unwrap());
+    let data = page::page_data(&std::fs::read_to_string(&out).unwrap());
     let bands = data["captures"][0]["torch"]["devices"][0]["bands"]
         .as_array()
         .unwrap();
@@ -270,7 +262,7 @@ fn the_page_draws_the_capacity_and_the_first_failing_request() {
         html.contains("\"capacity \" + bytes(cap)"),
         "the page draws the capacity line"
     );
-    let data = page_data(&html);
+    let data = page::page_data(&html);
     let fit = &data["captures"][0]["torch"]["fit"][0];
     assert_eq!(fit["on"]["capacity_bytes"], 700u64 << 20, "{fit}");
     assert_eq!(fit["needs_bytes"], 818u64 << 20, "{fit}");

@@ -4,6 +4,8 @@
 //! relative paths (`/root/autodl-tmp/assignment1-basics/cs336_basics/…` → `<ws>/cs336_basics/…`).
 
 mod lsp_support;
+#[path = "support/page.rs"]
+mod page;
 
 use std::time::Duration;
 
@@ -121,14 +123,6 @@ fn hover_on_a_finding_shows_needs_when_a_capacity_is_set() {
     lsp.shutdown();
 }
 
-/// The page's embedded data, as its script reads it.
-fn page_data(html: &str) -> serde_json::Value {
-    let open = r#"<script id="memlsp-data" type="application/json">"#;
-    let start = html.find(open).expect("data script") + open.len();
-    let end = start + html[start..].find("</script>").expect("end of data");
-    serde_json::from_str(&html[start..end].replace("<\\/", "</")).expect("page data is JSON")
-}
-
 /// "Show memory timeline" with `memlsp.capacity` set: the server's page carries the fit as
 /// `memlsp report --on` draws it (the capacity line, `needs`, the first failing request), and a
 /// new capacity draws the page again instead of showing the kept one.
@@ -162,7 +156,7 @@ fn the_timeline_page_draws_the_configured_capacity_and_the_first_failure() {
             html.contains("\"capacity \" + bytes(cap)"),
             "the page draws the capacity line"
         );
-        page_data(html)["captures"][0]["torch"].clone()
+        page::page_data(html)["captures"][0]["torch"].clone()
     };
     let torch = timeline(&mut lsp);
     let fit = &torch["fit"][0];

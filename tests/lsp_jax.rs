@@ -31,20 +31,6 @@ fn has(code: &'static str) -> impl Fn(&[Value]) -> bool {
     move |d: &[Value]| d.iter().any(|x| x["code"] == code)
 }
 
-fn code_actions(lsp: &mut Lsp, file: &Path, line: u32) -> Vec<Value> {
-    lsp.request(
-        "textDocument/codeAction",
-        json!({
-            "textDocument": {"uri": uri(file)},
-            "range": {"start": {"line": line, "character": 0}, "end": {"line": line, "character": 0}},
-            "context": {"diagnostics": []}
-        }),
-    )
-    .as_array()
-    .cloned()
-    .unwrap_or_default()
-}
-
 #[test]
 fn no_donation_is_pinned_to_the_jit_line_with_a_working_fix() {
     let (_tmp, ws) = tempdir();
@@ -104,7 +90,7 @@ fn no_donation_is_pinned_to_the_jit_line_with_a_working_fix() {
     assert!(on(44).is_none() && on(45).is_none(), "{hints:#?}");
 
     // The preferred quick fix, applied to the buffer, donates the parameters.
-    let actions = code_actions(&mut lsp, &py, 56);
+    let actions = lsp_support::actions(&mut lsp, &py, 56);
     let fix = actions
         .iter()
         .find(|a| a["isPreferred"] == true && a.get("edit").is_some())
@@ -130,7 +116,7 @@ fn no_donation_is_pinned_to_the_jit_line_with_a_working_fix() {
         "textDocument/didChange",
         json!({"textDocument": {"uri": uri(&py), "version": 2}, "contentChanges": [{"text": edited}]}),
     );
-    let actions = code_actions(&mut lsp, &py, 56);
+    let actions = lsp_support::actions(&mut lsp, &py, 56);
     assert!(!actions.is_empty());
     for a in &actions {
         assert!(a.get("edit").is_none(), "stale edit offered: {a}");
@@ -334,7 +320,7 @@ fn remat_and_device_get_fixes_edit_the_buffer() {
         .unwrap_or_else(|| panic!("no JX002: {:?}", lsp.messages()));
     let jx2 = d.iter().find(|x| x["code"] == "JX002").unwrap();
     assert_eq!(jx2["range"]["start"]["line"], 30);
-    let actions = code_actions(&mut lsp, &attn, 30);
+    let actions = lsp_support::actions(&mut lsp, &attn, 30);
     let remat = actions
         .iter()
         .find(|a| {
@@ -360,7 +346,7 @@ fn remat_and_device_get_fixes_edit_the_buffer() {
     let text = lsp.open(&grads);
     lsp.diagnostics(&grads, WAIT, has("JX004"))
         .unwrap_or_else(|| panic!("no JX004: {:?}", lsp.messages()));
-    let actions = code_actions(&mut lsp, &grads, 50);
+    let actions = lsp_support::actions(&mut lsp, &grads, 50);
     let get = actions
         .iter()
         .find(|a| a.get("edit").is_some())

@@ -4,6 +4,8 @@
 //! on a real snapshot with `external_annotations`; a bad category is a settings message.
 
 mod lsp_support;
+#[path = "support/page.rs"]
+mod page;
 
 use std::time::Duration;
 
@@ -12,13 +14,6 @@ use serde_json::json;
 
 const NIU: &str =
     "torch_snapshots/real/NiuHuangxiaozi__16edf316_forward_and_backward_memory_snapshot_150.pickle";
-
-fn page_data(html: &str) -> serde_json::Value {
-    let open = r#"<script id="memlsp-data" type="application/json">"#;
-    let start = html.find(open).expect("data script") + open.len();
-    let end = start + html[start..].find("</script>").expect("end of data");
-    serde_json::from_str(&html[start..end].replace("<\\/", "</")).expect("page data is JSON")
-}
 
 #[test]
 fn the_timeline_page_has_stages_categories_and_the_trace_search() {
@@ -40,7 +35,7 @@ fn the_timeline_page_has_stages_categories_and_the_trace_search() {
     );
     let html = page["html"].as_str().unwrap_or_else(|| panic!("{page}"));
     assert!(html.contains("id: \"trace-search\""), "the search box");
-    let data = page_data(html);
+    let data = page::page_data(html);
     let t = &data["captures"][0]["torch"];
     let bands = t["devices"][0]["stages"].as_array().expect("stage bands");
     assert!(
