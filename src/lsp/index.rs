@@ -77,6 +77,18 @@ pub struct FileEntry {
     pub lines: BTreeMap<u32, LineEntry>,
 }
 
+impl FileEntry {
+    /// The capture of every finding and site on this file's lines (repeats included).
+    pub fn captures(&self) -> impl Iterator<Item = &PathBuf> {
+        self.lines.values().flat_map(|l| {
+            l.findings
+                .iter()
+                .map(|f| &f.capture)
+                .chain(l.sites.iter().map(|s| &s.capture))
+        })
+    }
+}
+
 /// The whole index.
 #[derive(Debug, Default)]
 pub struct Index {

@@ -148,16 +148,7 @@ pub fn target(view: &View, arg: &Value) -> Result<PathBuf, String> {
         }
         // Any capture with something on this file: the newest.
         if let Some(fe) = view.index.files.get(&file) {
-            let mut in_file: Vec<&PathBuf> = fe
-                .lines
-                .values()
-                .flat_map(|l| {
-                    l.findings
-                        .iter()
-                        .map(|f| &f.capture)
-                        .chain(l.sites.iter().map(|s| &s.capture))
-                })
-                .collect();
+            let mut in_file: Vec<&PathBuf> = fe.captures().collect();
             in_file.sort();
             in_file.dedup();
             if let Some(c) = view.captures.iter().find(|c| in_file.contains(c)) {

@@ -127,14 +127,7 @@ impl Owner {
         let mut bases = HashMap::new();
         for (file, fe) in &index.files {
             let mut sources: Vec<(PathBuf, SystemTime)> = fe
-                .lines
-                .values()
-                .flat_map(|l| {
-                    l.findings
-                        .iter()
-                        .map(|f| &f.capture)
-                        .chain(l.sites.iter().map(|s| &s.capture))
-                })
+                .captures()
                 .map(|c| {
                     let t = mtimes.get(c.as_path()).copied();
                     (c.clone(), t.unwrap_or(SystemTime::UNIX_EPOCH))
