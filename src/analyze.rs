@@ -46,8 +46,9 @@ pub fn detect_kind(path: &Path) -> Option<CaptureKind> {
 
 /// Analyse and locate: what `report` and `--check` show.
 pub fn run(path: &Path, opts: &Options) -> Result<Vec<CaptureReport>, CaptureError> {
+    let workspace = WorkspaceIndex::start(opts);
     let mut reports = analyze_path(path, opts)?;
-    crate::timings::time("locate", || locate(&mut reports, opts));
+    crate::timings::time("locate", || workspace.locate(&mut reports, opts));
     Ok(reports)
 }
 
@@ -99,9 +100,47 @@ pub fn locate(reports: &mut [CaptureReport], opts: &Options) {
 /// reports (ranks compared among the good ones) and the errors. `Err` only when `path` itself
 /// cannot be read or holds no capture.
 pub fn run_partial(path: &Path, opts: &Options) -> Result<Partial, CaptureError> {
+    let workspace = WorkspaceIndex::start(opts);
     let mut partial = analyze_path_partial(path, opts)?;
-    crate::timings::time("locate", || locate(&mut partial.reports, opts));
+    crate::timings::time("locate", || workspace.locate(&mut partial.reports, opts));
     Ok(partial)
+}
+
+/// The workspace's Python files, indexed on another thread while the capture is analysed: the
+/// walk of a large working directory (up to `MAX_SCAN_ENTRIES` entries per root) can take as
+/// long as the analysis, and the decoder leaves the second core mostly idle meanwhile. If the
+/// analysis fails, the walk is left to finish on its own (it is bounded) and nothing waits.
+struct WorkspaceIndex(Option<std::thread::JoinHandle<crate::source::paths::Resolver>>);
+
+impl WorkspaceIndex {
+    fn start(opts: &Options) -> WorkspaceIndex {
+        let (roots, mappings) = (
+            opts.locate.workspace.clone(),
+            opts.locate.path_mappings.clone(),
+        );
+        let walk = move || crate::source::paths::Resolver::new(roots, mappings);
+        let handle = std::thread::Builder::new()
+            .name("memlsp-workspace".into())
+            .spawn(walk)
+            .ok();
+        WorkspaceIndex(handle)
+    }
+
+    /// [`locate`] with the index (walked here if the thread could not start or failed).
+    fn locate(self, reports: &mut [CaptureReport], opts: &Options) {
+        let resolver = match self.0.map(|h| h.join()) {
+            Some(Ok(r)) => r,
+            _ => crate::source::paths::Resolver::new(
+                opts.locate.workspace.clone(),
+                opts.locate.path_mappings.clone(),
+            ),
+        };
+        let locator =
+            Locator::with_resolver(std::sync::Arc::new(resolver), opts.analysis.frames.clone());
+        for r in reports {
+            locator.locate(r);
+        }
+    }
 }
 
 /// The captures of a path that could be read, and the errors of those that could not.
