@@ -712,15 +712,15 @@ impl Model {
             // Saturating, as every end here: a block ending past 2^64 is not from a CUDA device
             // (a corrupt or hostile snapshot), and must not bring the replay down.
             let rest = addr.saturating_add(size);
-            self.blocks.insert(
-                rest,
-                Blk {
-                    size: b.size - size,
-                    seg: b.seg,
-                    state: St::Free,
-                },
-            );
-            self.insert_free(rest);
+            let rb = Blk {
+                size: b.size - size,
+                seg: b.seg,
+                state: St::Free,
+            };
+            self.blocks.insert(rest, rb);
+            if let Some((k, r)) = self.free_entry_of(rest, rb) {
+                self.free.insert(k, r);
+            }
             bsize = size;
         }
         self.blocks.update(addr, bsize, St::Alloc);

@@ -58,8 +58,8 @@ impl Blocks {
         if old_end == end && self.ordered.is_none() {
             return;
         }
-        if old_end != end && self.ends.get(&old_end) == Some(&addr) {
-            self.ends.remove(&old_end);
+        if old_end != end {
+            self.forget_end_at(old_end, addr);
         }
         self.ends.insert(end, addr);
     }
@@ -76,9 +76,17 @@ impl Blocks {
 
     #[inline]
     pub(super) fn forget_end(&mut self, addr: u64, b: &Blk) {
-        let end = addr.saturating_add(b.size);
-        if self.ends.get(&end) == Some(&addr) {
-            self.ends.remove(&end);
+        self.forget_end_at(addr.saturating_add(b.size), addr);
+    }
+
+    /// Drop `end` from the end index if it names the block at `addr`: one probe in the usual
+    /// case (the entry is ours), an entry of another block put back otherwise.
+    #[inline]
+    fn forget_end_at(&mut self, end: u64, addr: u64) {
+        if let Some(other) = self.ends.remove(&end)
+            && other != addr
+        {
+            self.ends.insert(end, other);
         }
     }
 
