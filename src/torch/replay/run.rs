@@ -610,7 +610,7 @@ impl Observer for Unless<'_> {
 /// recorded device answers (validation); otherwise the request order with `capacity`. `obs`
 /// sees every request as it runs and may stop the replay.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn replay(
+pub(crate) fn replay<O: Observer + ?Sized>(
     trace: &[TraceEntry],
     plan: &Plan,
     init: &InitialState,
@@ -618,7 +618,7 @@ pub(crate) fn replay(
     as_recorded: bool,
     capacity: Option<u64>,
     edits: &Edits,
-    obs: &mut dyn Observer,
+    obs: &mut O,
 ) -> Outcome {
     let (mut m, init_addrs, init_failures) = build_model(settings, init);
     let mut addr_of = AddrOf::new(plan.arefs);
