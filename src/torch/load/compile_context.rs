@@ -35,14 +35,16 @@ pub(super) struct Contexts {
 
 impl Contexts {
     /// One streamed trace entry of list `list` (its key/value pairs).
-    pub(super) fn note(&mut self, t: &Tree<'_>, list: u32, pairs: &[Val]) {
+    /// `same_keys`: its key objects are those of the entry before, in order (the sink checks
+    /// that for itself on the same entries, so it is not checked twice).
+    pub(super) fn note(&mut self, t: &Tree<'_>, list: u32, pairs: &[Val], same_keys: bool) {
         let l = list as usize;
         if self.counts.len() <= l {
             self.counts.resize(l + 1, 0);
         }
         let n = self.counts[l];
         self.counts[l] += 1;
-        if let Some(id) = self.context(t, pairs) {
+        if let Some(id) = self.context_of(t, pairs, same_keys) {
             if self.by_list.len() <= l {
                 self.by_list.resize_with(l + 1, Vec::new);
             }
@@ -52,11 +54,12 @@ impl Contexts {
 
     /// The entry's context (its name's number), if it has one other than `"N/A"`.
     fn context(&mut self, t: &Tree<'_>, pairs: &[Val]) -> Option<u32> {
-        let same = pairs.len() == 2 * self.last_keys.len()
-            && pairs
-                .chunks_exact(2)
-                .zip(&self.last_keys)
-                .all(|(p, k)| p[0] == *k);
+        let same = same_keys(pairs, &self.last_keys);
+        self.context_of(t, pairs, same)
+    }
+
+    /// [`Contexts::context`], whether the keys are the previous entry's already known.
+    fn context_of(&mut self, t: &Tree<'_>, pairs: &[Val], same: bool) -> Option<u32> {
         if !same {
             self.last_keys = pairs.chunks_exact(2).map(|p| p[0]).collect();
             self.slot = pairs.chunks_exact(2).position(|p| t.str(p[0]) == Some(KEY));
@@ -141,4 +144,10 @@ impl Contexts {
         out.names = self.names;
         snap.compile_contexts = out;
     }
+}
+
+/// Whether an entry's key objects (`pairs`: key, value, …) are `keys`, in order.
+#[inline]
+pub(super) fn same_keys(pairs: &[Val], keys: &[Val]) -> bool {
+    pairs.len() == 2 * keys.len() && pairs.chunks_exact(2).zip(keys).all(|(p, k)| p[0] == *k)
 }

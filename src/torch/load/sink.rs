@@ -116,11 +116,7 @@ impl pickle::Sink for TraceSink<'_> {
 
     fn entry(&mut self, t: &Tree<'_>, list: u32, pairs: &[Val]) -> Result<(), String> {
         // Every entry of a snapshot has the same key objects in the same order: map them once.
-        let same_keys = pairs.len() == 2 * self.last_keys.len()
-            && pairs
-                .chunks_exact(2)
-                .zip(&self.last_keys)
-                .all(|(p, k)| p[0] == *k);
+        let same_keys = super::compile_context::same_keys(pairs, &self.last_keys);
         if !same_keys {
             self.last_keys.clear();
             self.last_slots.clear();
@@ -160,7 +156,8 @@ impl pickle::Sink for TraceSink<'_> {
             None => None,
         };
         let entry = trace_entry(t, action, fields, stack);
-        self.contexts.note(t, list, pairs);
+        // The contexts saw every entry the sink did: the same keys for them as for it.
+        self.contexts.note(t, list, pairs, same_keys);
         self.pipeline
             .as_mut()
             .ok_or("decoding already finished")?
