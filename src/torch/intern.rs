@@ -508,11 +508,19 @@ thread_local! {
 /// with [`Pipeline::new`]`(…, runs: false)`.
 pub(crate) const RUN_COLLISION: &str = "run cache collision";
 
-/// The hash of a run's first [`RUN_PREFIX`] bytes.
-fn prefix_hash(raw: &[u8]) -> u64 {
+/// How many first bytes of a run its index key covers, by level: a run goes to the first level
+/// whose slot for its first bytes has a free (or stale) way. Frames lists start with their
+/// innermost frames, which many stacks share (the allocator's own, the op's), so more than
+/// [`RUN_PREFIX_WAYS`] runs can share the first 32 bytes: those are found under their first 64,
+/// 128 or 256 bytes instead of being scanned and hashed whole every time.
+const RUN_LEVELS: [usize; 4] = [RUN_PREFIX, 2 * RUN_PREFIX, 4 * RUN_PREFIX, 8 * RUN_PREFIX];
+
+/// The index key of a run's first `n` bytes (`n` one of [`RUN_LEVELS`]).
+fn prefix_hash(raw: &[u8], n: usize) -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut hs = rustc_hash::FxBuildHasher.build_hasher();
-    hs.write(&raw[..RUN_PREFIX.min(raw.len())]);
+    hs.write(&raw[..n.min(raw.len())]);
+    hs.write_usize(n);
     hs.finish()
 }
 
@@ -649,21 +657,29 @@ impl Pipeline {
             runs.insert(h, (generation, list));
             self.batch.msgs.push(Msg::Run { list, len });
             self.batch.raw.extend_from_slice(raw);
-            let h = prefix_hash(raw);
-            if raw.len() >= RUN_PREFIX
-                && self.run_store.len() + raw.len() <= RUN_CACHE_BYTES
-                && (self.prefix_runs.len() < RUN_PREFIXES || self.prefix_runs.contains_key(&h))
-            {
-                let ways = self.prefix_runs.entry(h).or_default();
+            if self.run_store.len() + raw.len() <= RUN_CACHE_BYTES {
                 let way = (self.run_store.len() as u32, len, generation, list);
-                // Full: a run recorded under an older memo generation can never match again.
-                let stale = ways.iter().position(|w| w.2 != generation);
-                match stale {
-                    _ if ways.len() < RUN_PREFIX_WAYS => ways.push(way),
-                    Some(i) => ways[i] = way,
-                    None => return false,
+                for n in RUN_LEVELS {
+                    if raw.len() < n {
+                        break;
+                    }
+                    let h = prefix_hash(raw, n);
+                    if self.prefix_runs.len() >= RUN_PREFIXES && !self.prefix_runs.contains_key(&h)
+                    {
+                        break;
+                    }
+                    let ways = self.prefix_runs.entry(h).or_default();
+                    // Full: a run recorded under an older memo generation can never match
+                    // again; with none, the next level (this one stays full for lookups).
+                    let stale = ways.iter().position(|w| w.2 != generation);
+                    match stale {
+                        _ if ways.len() < RUN_PREFIX_WAYS => ways.push(way),
+                        Some(i) => ways[i] = way,
+                        None => continue,
+                    }
+                    self.run_store.extend_from_slice(raw);
+                    break;
                 }
-                self.run_store.extend_from_slice(raw);
             }
         }
         false
@@ -681,20 +697,24 @@ impl Pipeline {
         generation: u64,
     ) -> Option<usize> {
         self.runs.as_ref()?;
-        let ways = self
-            .prefix_runs
-            .get(&prefix_hash(rest.get(..RUN_PREFIX)?))?;
-        for &(at, len, g, of) in ways {
-            let (at, len) = (at as usize, len as usize);
-            if g == generation
-                && rest.get(len) == Some(&crate::pickle::opcodes::APPENDS)
-                && rest[..len] == self.run_store[at..at + len]
-                && !self.extended.contains(&of)
-            {
-                self.batch.msgs.push(Msg::Same { list, of });
-                test_and_set(&mut self.filled, list);
-                self.runs_at += 1;
-                return Some(len);
+        for n in RUN_LEVELS {
+            // A run is under a deeper level only when this one's slot is full.
+            let ways = self.prefix_runs.get(&prefix_hash(rest.get(..n)?, n))?;
+            for &(at, len, g, of) in ways {
+                let (at, len) = (at as usize, len as usize);
+                if g == generation
+                    && rest.get(len) == Some(&crate::pickle::opcodes::APPENDS)
+                    && rest[..len] == self.run_store[at..at + len]
+                    && !self.extended.contains(&of)
+                {
+                    self.batch.msgs.push(Msg::Same { list, of });
+                    test_and_set(&mut self.filled, list);
+                    self.runs_at += 1;
+                    return Some(len);
+                }
+            }
+            if ways.len() < RUN_PREFIX_WAYS {
+                return None;
             }
         }
         None
@@ -841,6 +861,45 @@ mod tests {
         let first = p.new_list().unwrap();
         p.known_run(first, &run, 0);
         assert_eq!(p.known_run_at(first + 1, &with(&[appends]), 0), None);
+    }
+
+    /// Many stacks share their innermost frames: more runs than a slot has ways share their
+    /// first 32 bytes, and each is still found by its first bytes (under a longer prefix),
+    /// never taken for another.
+    #[test]
+    fn runs_sharing_their_first_bytes_past_the_ways_are_still_found() {
+        let op = |i: u32| {
+            let mut op = vec![crate::pickle::opcodes::LONG_BINGET];
+            op.extend_from_slice(&i.to_le_bytes());
+            op
+        };
+        // 8 shared references (40 bytes), then 12 of the run's own: 100 bytes a run.
+        let runs: Vec<Vec<u8>> = (0..3 * RUN_PREFIX_WAYS as u32)
+            .map(|r| {
+                (0..8)
+                    .map(|i| op(1000 + i))
+                    .chain((0..12).map(|i| op(5000 + 100 * r + i)))
+                    .flatten()
+                    .collect()
+            })
+            .collect();
+        let appends = crate::pickle::opcodes::APPENDS;
+        let mut p = Pipeline::new(false, None, 16, true);
+        for run in &runs {
+            let list = p.new_list().unwrap();
+            assert!(!p.known_run(list, run, 0), "a new run is not known");
+        }
+        for run in &runs {
+            let list = p.new_list().unwrap();
+            let rest = [&run[..], &[appends, b'u']].concat();
+            assert_eq!(p.known_run_at(list, &rest, 0), Some(run.len()));
+        }
+        // One differing byte past the shared part: not any of them.
+        let mut other = [&runs[RUN_PREFIX_WAYS + 1][..], &[appends]].concat();
+        other[60] ^= 1;
+        let list = p.new_list().unwrap();
+        assert_eq!(p.known_run_at(list, &other, 0), None);
+        assert_eq!(p.runs_at, runs.len() as u64);
     }
 
     #[test]
