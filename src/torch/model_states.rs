@@ -98,17 +98,15 @@ impl ModelStates {
 }
 
 /// The model states of every traced device, largest first.
-pub fn compute(snap: &Snapshot, a: &Analysis) -> Vec<ModelStates> {
-    let params: Vec<SiteKey> = a
-        .timeline
-        .devices
+/// `optim`: [`optim_state::compute_all`].
+pub fn compute(
+    snap: &Snapshot,
+    a: &Analysis,
+    optim: &[optim_state::OptimTrace],
+) -> Vec<ModelStates> {
+    let params: Vec<SiteKey> = optim
         .iter()
-        .flat_map(|t| {
-            optim_state::compute(snap, &a.stacks, &a.releases, t.device)
-                .parameter_sites()
-                .map(|s| s.key)
-                .collect::<Vec<_>>()
-        })
+        .flat_map(|t| t.parameter_sites().map(|s| s.key))
         .collect();
     let mut out = Vec::new();
     for (t, ds) in a.timeline.devices.iter().zip(device_sites(a)) {
@@ -252,8 +250,13 @@ fn anchor(snap: &Snapshot, m: &ModelStates) -> (Option<Location>, Vec<Location>)
 }
 
 /// PT020: model states are most of the peak; the size fixes and what each takes off at most.
-pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
-    let Some(m) = compute(snap, a).into_iter().find(ModelStates::fires) else {
+pub fn detect(
+    snap: &Snapshot,
+    a: &Analysis,
+    optim: &[optim_state::OptimTrace],
+    out: &mut Vec<Finding>,
+) {
+    let Some(m) = compute(snap, a, optim).into_iter().find(ModelStates::fires) else {
         return;
     };
     let total = m.total();

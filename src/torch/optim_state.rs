@@ -64,6 +64,16 @@ impl OptimTrace {
 }
 
 /// Read the optimizer's steps from `device`'s trace.
+/// [`compute`] for every traced device, in the timeline's order (what [`detect`] and
+/// `model_states` read; computed once for both).
+pub fn compute_all(snap: &Snapshot, a: &Analysis) -> Vec<OptimTrace> {
+    a.timeline
+        .devices
+        .iter()
+        .map(|t| compute(snap, &a.stacks, &a.releases, t.device))
+        .collect()
+}
+
 pub fn compute(
     snap: &Snapshot,
     stacks: &StackIndex,
@@ -139,14 +149,8 @@ pub fn compute(
 }
 
 /// PT004: optimizer state is a large share of live memory and is expected retention.
-pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
+pub fn detect(snap: &Snapshot, a: &Analysis, traces: &[OptimTrace], out: &mut Vec<Finding>) {
     let allocated = a.totals.overall.allocated;
-    let traces: Vec<OptimTrace> = a
-        .timeline
-        .devices
-        .iter()
-        .map(|t| compute(snap, &a.stacks, &a.releases, t.device))
-        .collect();
     let params: Vec<&OptimSite> = traces.iter().flat_map(|t| t.parameter_sites()).collect();
     let is_param = |k: SiteKey| params.iter().any(|p| p.key == k);
     let state_sites: Vec<_> = a

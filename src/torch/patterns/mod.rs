@@ -37,7 +37,9 @@ pub fn detect(snap: &Snapshot, a: &Analysis) -> Vec<Finding> {
         batched_frees(snap, a, t, &mut out);
     }
     pending_frees(snap, a, &mut out);
-    crate::torch::optim_state::detect(snap, a, &mut out);
+    // The optimizer's traces, read by PT004 and PT020 (one walk of the trace each device).
+    let optim = crate::torch::optim_state::compute_all(snap, a);
+    crate::torch::optim_state::detect(snap, a, &optim, &mut out);
     activation_pressure(snap, a, &mut out);
     crate::torch::no_backward::detect(snap, a, &mut out);
     ddp_replication(snap, a, &mut out);
@@ -48,7 +50,7 @@ pub fn detect(snap: &Snapshot, a: &Analysis) -> Vec<Finding> {
     crate::torch::capture_limits::detect(snap, a, &mut out);
     crate::torch::attention::detect(snap, a, &mut out);
     crate::torch::logits::detect(snap, a, &mut out);
-    crate::torch::model_states::detect(snap, a, &mut out);
+    crate::torch::model_states::detect(snap, a, &optim, &mut out);
     out
 }
 
