@@ -48,14 +48,17 @@ pub fn detect_kind(path: &Path) -> Option<CaptureKind> {
 pub fn run(path: &Path, opts: &Options) -> Result<Vec<CaptureReport>, CaptureError> {
     let workspace = WorkspaceIndex::start(opts);
     let mut reports = analyze_path(path, opts)?;
-    crate::timings::time("locate", || workspace.locate(&mut reports, opts));
+    crate::timings::time("locate", || {
+        locate_with(&mut reports, workspace.locator(opts))
+    });
     Ok(reports)
 }
 
 /// One capture file, analysed and located.
 pub fn run_file(path: &Path, opts: &Options) -> Result<CaptureReport, CaptureError> {
+    let workspace = WorkspaceIndex::start(opts);
     let mut report = analyze_file(path, opts)?;
-    locate(std::slice::from_mut(&mut report), opts);
+    locate_with(std::slice::from_mut(&mut report), workspace.locator(opts));
     Ok(report)
 }
 
@@ -65,8 +68,9 @@ pub fn run_diff(
     later: &Path,
     opts: &Options,
 ) -> Result<CaptureReport, CaptureError> {
+    let workspace = WorkspaceIndex::start(opts);
     let mut report = analyze_diff(earlier, later, opts)?;
-    locate(std::slice::from_mut(&mut report), opts);
+    locate_with(std::slice::from_mut(&mut report), workspace.locator(opts));
     Ok(report)
 }
 
@@ -83,14 +87,21 @@ pub fn run_trend(
         _ => (1..=paths.len() as u64).collect(),
     };
     let series: Vec<(u64, &std::path::PathBuf)> = steps.into_iter().zip(paths).collect();
+    let workspace = WorkspaceIndex::start(opts);
     let mut report = analyze_series(&series, opts)?;
-    locate(std::slice::from_mut(&mut report), opts);
+    locate_with(std::slice::from_mut(&mut report), workspace.locator(opts));
     Ok(report)
 }
 
 /// The locate step over `opts.locate`'s workspace.
 pub fn locate(reports: &mut [CaptureReport], opts: &Options) {
-    let locator = Locator::new(&opts.locate, opts.analysis.frames.clone());
+    locate_with(
+        reports,
+        Locator::new(&opts.locate, opts.analysis.frames.clone()),
+    );
+}
+
+fn locate_with(reports: &mut [CaptureReport], locator: Locator) {
     for r in reports {
         locator.locate(r);
     }
@@ -102,11 +113,14 @@ pub fn locate(reports: &mut [CaptureReport], opts: &Options) {
 pub fn run_partial(path: &Path, opts: &Options) -> Result<Partial, CaptureError> {
     let workspace = WorkspaceIndex::start(opts);
     let mut partial = analyze_path_partial(path, opts)?;
-    crate::timings::time("locate", || workspace.locate(&mut partial.reports, opts));
+    crate::timings::time("locate", || {
+        locate_with(&mut partial.reports, workspace.locator(opts))
+    });
     Ok(partial)
 }
 
-/// The workspace's Python files, indexed on another thread while the capture is analysed: the
+/// The workspace's Python files, indexed on another thread while the capture is analysed (by
+/// every `run…` here; [`locate`] walks it on the spot, for callers that analyse first): the
 /// walk of a large working directory (up to `MAX_SCAN_ENTRIES` entries per root) can take as
 /// long as the analysis, and the decoder leaves the second core mostly idle meanwhile. If the
 /// analysis fails, the walk is left to finish on its own (it is bounded) and nothing waits.
@@ -126,19 +140,13 @@ impl WorkspaceIndex {
         WorkspaceIndex(handle)
     }
 
-    /// [`locate`] with the index (walked here if the thread could not start or failed).
-    fn locate(self, reports: &mut [CaptureReport], opts: &Options) {
-        let resolver = match self.0.map(|h| h.join()) {
-            Some(Ok(r)) => r,
-            _ => crate::source::paths::Resolver::new(
-                opts.locate.workspace.clone(),
-                opts.locate.path_mappings.clone(),
-            ),
-        };
-        let locator =
-            Locator::with_resolver(std::sync::Arc::new(resolver), opts.analysis.frames.clone());
-        for r in reports {
-            locator.locate(r);
+    /// The locator over the index (walked here, as [`locate`] does, if the thread could not
+    /// start or failed).
+    fn locator(self, opts: &Options) -> Locator {
+        let frames = opts.analysis.frames.clone();
+        match self.0.map(|h| h.join()) {
+            Some(Ok(r)) => Locator::with_resolver(std::sync::Arc::new(r), frames),
+            _ => Locator::new(&opts.locate, frames),
         }
     }
 }
