@@ -63,7 +63,6 @@ impl OptimTrace {
     }
 }
 
-/// Read the optimizer's steps from `device`'s trace.
 /// [`compute`] for every traced device, in the timeline's order (what [`detect`] and
 /// `model_states` read; computed once for both).
 pub fn compute_all(snap: &Snapshot, a: &Analysis) -> Vec<OptimTrace> {
@@ -74,6 +73,7 @@ pub fn compute_all(snap: &Snapshot, a: &Analysis) -> Vec<OptimTrace> {
         .collect()
 }
 
+/// Read the optimizer's steps from `device`'s trace.
 pub fn compute(
     snap: &Snapshot,
     stacks: &StackIndex,
