@@ -232,8 +232,7 @@ fn device_timeline(
     }
     let Walk {
         mut t,
-        live,
-        requested,
+        at,
         mut sites,
         best,
         running,
@@ -245,8 +244,24 @@ fn device_timeline(
     } = w;
     t.burst = best;
     t.cycles = sawtooth_cycles(list, peak_rel.map(|p| p.0).unwrap_or(0), trough.0);
-    count_retained(&mut sites, &live, stacks, n);
-    t.pending = pending_frees(requested);
+    // What is still live and still pending at the end, as bits over the trace: read back in
+    // trace order, the entries are visited in the order they lie in memory.
+    let (live, pending) = {
+        let mut live = vec![0u64; n.div_ceil(64)];
+        let mut pending = vec![0u64; n.div_ceil(64)];
+        for slot in at.values() {
+            if let Some(i) = slot.alloc() {
+                live[i / 64] |= 1 << (i % 64);
+            }
+            if let Some(i) = slot.requested() {
+                pending[i / 64] |= 1 << (i % 64);
+            }
+        }
+        (live, pending)
+    };
+    drop(at);
+    count_retained(&mut sites, &live, list, stacks);
+    t.pending = pending_frees(&pending, list);
     let mut sites: Vec<SiteTrace> = sites.into_values().collect();
     sites.sort_by(|a, b| {
         b.retained_bytes
@@ -299,10 +314,10 @@ fn device_timeline(
 /// The state of the one forward pass over a device's trace.
 struct Walk {
     t: DeviceTimeline,
-    /// addr → (alloc index, requested size, stack)
-    live: FxHashMap<u64, (usize, u64, Option<StackId>)>,
-    /// addr → free_requested index, size, stream, stack
-    requested: FxHashMap<u64, (usize, u64, u64, Option<StackId>)>,
+    /// addr → the entry indices of its live `alloc` and of its pending `free_requested` (one
+    /// map for both, holding indices only: on a trace whose blocks are never freed it grows
+    /// to every address, and its size is then what the walk costs).
+    at: FxHashMap<u64, Slot>,
     sites: FxHashMap<SiteKey, SiteTrace>,
     /// The run of frees in progress, the window parts its blocks were allocated in, and its
     /// bytes per site.
@@ -323,8 +338,7 @@ impl Walk {
     fn new(t: DeviceTimeline) -> Self {
         Walk {
             t,
-            live: FxHashMap::default(),
-            requested: FxHashMap::default(),
+            at: FxHashMap::default(),
             sites: FxHashMap::default(),
             run: FreeBurst::default(),
             run_parts: 0,
@@ -369,8 +383,7 @@ impl Walk {
             Action::Alloc => self.alloc(stacks, n, i, e),
             Action::FreeRequested => {
                 t.free_requested += 1;
-                self.requested
-                    .insert(e.addr, (i, e.size, e.stream, e.stack()));
+                self.at.entry(e.addr).or_insert(Slot::EMPTY).requested = i as u32;
             }
             Action::FreeCompleted => self.free_completed(stacks, list, i, e),
             Action::SegmentAlloc => add(&mut t.segment_allocs, e.size),
@@ -386,7 +399,7 @@ impl Walk {
         let t = &mut self.t;
         t.allocs += 1;
         t.alloc_bytes = t.alloc_bytes.saturating_add(e.size);
-        self.live.insert(e.addr, (i, e.size, e.stack()));
+        self.at.entry(e.addr).or_insert(Slot::EMPTY).alloc = i as u32;
         let (key, _) = stacks.site(e.stack());
         let s = self.sites.entry(key).or_insert_with(|| SiteTrace {
             key,
@@ -425,9 +438,11 @@ impl Walk {
         t.free_completed += 1;
         t.freed_bytes = t.freed_bytes.saturating_add(e.size);
         self.running = self.running.saturating_sub(signed(e.size));
-        if let Some((ri, size, _, stack)) = self.requested.remove(&e.addr)
+        let slot = self.at.remove(&e.addr).unwrap_or(Slot::EMPTY);
+        if let Some(ri) = slot.requested()
             && i > ri + 1
         {
+            let (size, stack) = (list[ri].size, list[ri].stack());
             let d = &mut t.delayed;
             d.count += 1;
             d.bytes = d.bytes.saturating_add(size);
@@ -449,8 +464,9 @@ impl Walk {
         run.frees += 1;
         run.bytes = run.bytes.saturating_add(e.size);
         run.gc |= stacks.has_gc_frame(e.stack());
-        match self.live.remove(&e.addr) {
-            Some((ai, size, stack)) => {
+        match slot.alloc() {
+            Some(ai) => {
+                let (size, stack) = (list[ai].size, list[ai].stack());
                 let (key, _) = stacks.site(stack);
                 if let Some(s) = self.sites.get_mut(&key) {
                     s.freed += 1;
@@ -485,46 +501,83 @@ impl Walk {
 /// The blocks still live after the last entry, counted into their sites as retained.
 fn count_retained(
     sites: &mut FxHashMap<SiteKey, SiteTrace>,
-    live: &FxHashMap<u64, (usize, u64, Option<StackId>)>,
+    live: &[u64],
+    list: &[TraceEntry],
     stacks: &StackIndex,
-    n: usize,
 ) {
-    for (ai, size, stack) in live.values() {
-        let (key, _) = stacks.site(*stack);
+    let n = list.len();
+    for ai in ones(live) {
+        let (size, stack) = (list[ai].size, list[ai].stack());
+        let (key, _) = stacks.site(stack);
         if let Some(s) = sites.get_mut(&key) {
             s.retained += 1;
-            s.retained_bytes = s.retained_bytes.saturating_add(*size);
-            s.retained_windows |= 1 << part(*ai, n);
-            let ai = *ai as u64;
+            s.retained_bytes = s.retained_bytes.saturating_add(size);
+            s.retained_windows |= 1 << part(ai, n);
+            let ai = ai as u64;
             if s.retained == 1 || ai < s.retained_first {
                 s.retained_first = ai;
             }
             s.retained_last = s.retained_last.max(ai);
-            s.retained_max_size = s.retained_max_size.max(*size);
-            if *size <= SCALAR_BYTES {
+            s.retained_max_size = s.retained_max_size.max(size);
+            if size <= SCALAR_BYTES {
                 s.scalar_retained += 1;
-                s.scalar_retained_bytes = s.scalar_retained_bytes.saturating_add(*size);
+                s.scalar_retained_bytes = s.scalar_retained_bytes.saturating_add(size);
             }
         }
     }
 }
 
 /// Frees requested and never completed, in trace order.
-fn pending_frees(
-    requested: FxHashMap<u64, (usize, u64, u64, Option<StackId>)>,
-) -> Vec<PendingFree> {
-    let mut pending: Vec<PendingFree> = requested
-        .into_iter()
-        .map(|(addr, (i, size, stream, stack))| PendingFree {
-            index: i as u64,
-            addr,
-            size,
-            stream,
-            stack,
+fn pending_frees(pending: &[u64], list: &[TraceEntry]) -> Vec<PendingFree> {
+    ones(pending)
+        .map(|i| {
+            let e = &list[i];
+            PendingFree {
+                index: i as u64,
+                addr: e.addr,
+                size: e.size,
+                stream: e.stream,
+                stack: e.stack(),
+            }
         })
-        .collect();
-    pending.sort_by_key(|p| p.index);
-    pending
+        .collect()
+}
+
+/// The indices of the set bits, ascending.
+fn ones(bits: &[u64]) -> impl Iterator<Item = usize> + '_ {
+    bits.iter().enumerate().flat_map(|(w, &word)| {
+        let mut word = word;
+        std::iter::from_fn(move || {
+            (word != 0).then(|| {
+                let b = word.trailing_zeros() as usize;
+                word &= word - 1;
+                w * 64 + b
+            })
+        })
+    })
+}
+
+const NONE: u32 = u32::MAX;
+
+/// An address's live `alloc` and pending `free_requested` entries ([`NONE`]: none). Entry
+/// indices fit 32 bits: a trace of 2³² entries would need 160 GiB of model.
+#[derive(Clone, Copy)]
+struct Slot {
+    alloc: u32,
+    requested: u32,
+}
+
+impl Slot {
+    const EMPTY: Slot = Slot {
+        alloc: NONE,
+        requested: NONE,
+    };
+    fn alloc(&self) -> Option<usize> {
+        (self.alloc != NONE).then_some(self.alloc as usize)
+    }
+    fn requested(&self) -> Option<usize> {
+        (self.requested != NONE).then_some(self.requested as usize)
+    }
 }
 
 /// Count rise-then-fall cycles of the running live bytes, each at least 1/8 of the range.
