@@ -43,6 +43,16 @@ pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
 /// the most of a device's peak, when they hold at least [`MIN_SHARE`] percent of it.
 pub fn scores(snap: &Snapshot, a: &Analysis) -> Option<Attention> {
     let filter = FrameFilter::default();
+    // Only blocks of stacks through a softmax can name an attention: without one, there is no
+    // live set to walk.
+    let softmax: Vec<bool> = snap.frames.iter().map(|f| is_softmax(&f.name)).collect();
+    let any_softmax = snap
+        .stacks
+        .iter()
+        .any(|ids| ids.iter().any(|&f| softmax.get(f as usize) == Some(&true)));
+    if !any_softmax {
+        return None;
+    }
     let mut best: Option<Attention> = None;
     for t in &a.timeline.devices {
         let Some(set) = &t.peak_set else {
