@@ -509,6 +509,15 @@ impl Replays {
             .clone()
     }
 
+    /// Whether the device is already known not to validate (its validation finished without
+    /// reproducing the recorded events, or stopped at a mismatch): a what-if there would not
+    /// be offered, so its changes need not be worked out. Never waits.
+    pub fn known_not_to_validate(&self, device: i64) -> bool {
+        let cache = self.cache(device);
+        cache.invalid.load(Ordering::Relaxed)
+            || cache.validation.get().is_some_and(|v| !v.replay.validated)
+    }
+
     /// Compute every traced device's validation replay now (to run it on another thread).
     pub fn warm(&self, snap: &Snapshot) {
         for d in traced_devices(snap) {

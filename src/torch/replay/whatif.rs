@@ -281,6 +281,11 @@ pub fn simulate(snap: &Snapshot, a: &Analysis, findings: &mut [Finding]) {
             settings_for_oom(snap, &a.replays, device, f);
             continue;
         }
+        // Its replay would not be offered (the findings stay as they are): no lives to
+        // pair up, which on a trace that does not fit its segments is a map of every address.
+        if a.replays.known_not_to_validate(device) {
+            continue;
+        }
         let lv = cache.entry(device).or_insert_with(|| lives(trace, a));
         if let Some((changes, words)) = changes_for(f, snap, a, trace, lv, device) {
             jobs.push((i, device, changes, words));
