@@ -45,12 +45,7 @@ pub fn scores(snap: &Snapshot, a: &Analysis) -> Option<Attention> {
     let filter = FrameFilter::default();
     // Only blocks of stacks through a softmax can name an attention: without one, there is no
     // live set to walk.
-    let softmax: Vec<bool> = snap.frames.iter().map(|f| is_softmax(&f.name)).collect();
-    let any_softmax = snap
-        .stacks
-        .iter()
-        .any(|ids| ids.iter().any(|&f| softmax.get(f as usize) == Some(&true)));
-    if !any_softmax {
+    if !snap.any_stack_has(|f| is_softmax(&f.name)) {
         return None;
     }
     let mut best: Option<Attention> = None;

@@ -53,6 +53,11 @@ impl Group {
 
 /// PT019 on the device whose peak the loss group holds the most of.
 pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
+    // The group starts from the largest block made under a loss: without a loss frame on any
+    // stack there is none, and no live set to walk.
+    if !snap.any_stack_has(|f| is_loss(&f.name)) {
+        return;
+    }
     let mut best: Option<Group> = None;
     for t in &a.timeline.devices {
         let Some(set) = &t.peak_set else {

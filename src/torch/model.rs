@@ -390,6 +390,15 @@ impl Snapshot {
     }
 
     /// Frames of a stack, innermost first (empty for `None`).
+    /// Whether some stack has a frame that `pred` holds for (each frame tested once): an
+    /// analysis that looks for blocks made under such a frame can stop before walking the trace.
+    pub fn any_stack_has(&self, pred: impl Fn(&Frame) -> bool) -> bool {
+        let hit: Vec<bool> = self.frames.iter().map(pred).collect();
+        self.stacks
+            .iter()
+            .any(|ids| ids.iter().any(|&f| hit.get(f as usize) == Some(&true)))
+    }
+
     pub fn stack_frames(&self, stack: Option<StackId>) -> impl Iterator<Item = &Frame> + '_ {
         let ids: &[FrameId] = match stack {
             Some(s) => self
