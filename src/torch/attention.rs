@@ -12,6 +12,8 @@
 //! (`F.scaled_dot_product_attention`) never writes these to memory: the fix is replayed with the
 //! group's allocations never made, else bounded ("at most", inferred).
 
+use std::sync::{Arc, Mutex};
+
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
@@ -53,8 +55,14 @@ pub fn scores(snap: &Snapshot, a: &Analysis) -> Option<Attention> {
         let Some(set) = &t.peak_set else {
             continue;
         };
-        if let Some(g) = group_at_peak(snap, &filter, t.device, set.index as usize, set.bytes)
-            && best.as_ref().is_none_or(|b| g.bytes > b.bytes)
+        if let Some(g) = group_at_peak(
+            snap,
+            &a.peak_live,
+            &filter,
+            t.device,
+            set.index as usize,
+            set.bytes,
+        ) && best.as_ref().is_none_or(|b| g.bytes > b.bytes)
         {
             best = Some(g);
         }
@@ -127,39 +135,44 @@ fn user(filter: &FrameFilter, snap: &Snapshot, fid: FrameId) -> bool {
         .is_some_and(|f| filter.classify(&f.filename) == FrameKind::User)
 }
 
-/// The attention function that runs the softmax on this stack, if any.
-fn softmax_scope(snap: &Snapshot, filter: &FrameFilter, stack: StackId) -> Option<Scope> {
-    let ids = snap.stacks.get(stack as usize)?;
-    let at = ids.iter().position(|&f| {
-        snap.frames
-            .get(f as usize)
-            .is_some_and(|fr| is_softmax(&fr.name))
-    })?;
-    ids[at + 1..].iter().find_map(|&f| {
-        let fr = snap.frames.get(f as usize)?;
-        (user(filter, snap, f) && !is_softmax(&fr.name))
-            .then(|| (fr.filename.clone(), fr.name.clone()))
-    })
-}
+/// [`live_in_window`] at a device's peak, computed once for PT018 and PT019 (both group the
+/// blocks live there) and dropped once the detectors ran.
+#[derive(Default)]
+pub struct PeakLive(Mutex<Vec<PeakEntry>>);
 
-/// Where the stack passes through `scope`: the index of that frame in the stack.
-fn through<'s>(
-    snap: &'s Snapshot,
-    stack: StackId,
-    scope: &Scope,
-) -> Option<(usize, &'s [FrameId])> {
-    let ids = snap.stacks.get(stack as usize)?;
-    let i = ids.iter().position(|&f| {
-        snap.frames
-            .get(f as usize)
-            .is_some_and(|fr| fr.name == scope.1 && fr.filename == scope.0)
-    })?;
-    Some((i, ids.as_slice()))
+type PeakEntry = ((i64, usize), Arc<FxHashMap<u64, usize>>);
+
+impl PeakLive {
+    /// The blocks of `device`'s trace allocated in the window and live just before entry `k`.
+    pub(crate) fn at(
+        &self,
+        trace: &[TraceEntry],
+        device: i64,
+        k: usize,
+    ) -> Arc<FxHashMap<u64, usize>> {
+        let key = (device, k.min(trace.len()));
+        if let Ok(m) = self.0.lock()
+            && let Some((_, v)) = m.iter().find(|(at, _)| *at == key)
+        {
+            return v.clone();
+        }
+        let v = Arc::new(live_in_window(trace, key.1));
+        if let Ok(mut m) = self.0.lock() {
+            m.push((key, v.clone()));
+        }
+        v
+    }
+
+    pub(crate) fn clear(&self) {
+        if let Ok(mut m) = self.0.lock() {
+            m.clear();
+        }
+    }
 }
 
 /// Blocks allocated in the window and live just before entry `k`: address → `alloc` index (the
 /// activations a forward makes are all in the window; blocks from before it are not needed here).
-pub(crate) fn live_in_window(trace: &[TraceEntry], k: usize) -> FxHashMap<u64, usize> {
+fn live_in_window(trace: &[TraceEntry], k: usize) -> FxHashMap<u64, usize> {
     let mut live: FxHashMap<u64, usize> = FxHashMap::default();
     for (i, e) in trace[..k.min(trace.len())].iter().enumerate() {
         match e.action {
@@ -177,6 +190,7 @@ pub(crate) fn live_in_window(trace: &[TraceEntry], k: usize) -> FxHashMap<u64, u
 
 fn group_at_peak(
     snap: &Snapshot,
+    peak_live: &PeakLive,
     filter: &FrameFilter,
     device: i64,
     k: usize,
@@ -184,69 +198,124 @@ fn group_at_peak(
 ) -> Option<Attention> {
     let trace = snap.trace(device);
     let k = k.min(trace.len());
-    let live = live_in_window(trace, k);
+    let live = peak_live.at(trace, device, k);
+    // What each frame is, tested once per frame rather than once per block.
+    let softmax: Vec<bool> = snap.frames.iter().map(|f| is_softmax(&f.name)).collect();
+    let user_frame: Vec<bool> = (0..snap.frames.len())
+        .map(|f| user(filter, snap, f as FrameId))
+        .collect();
+    let is = |v: &[bool], f: FrameId| v.get(f as usize) == Some(&true);
     let mut scopes: FxHashMap<StackId, Option<Scope>> = FxHashMap::default();
     let mut largest: FxHashMap<Scope, u64> = FxHashMap::default();
     for &i in live.values() {
         let e = &trace[i];
         let Some(st) = e.stack() else { continue };
-        let sc = scopes
-            .entry(st)
-            .or_insert_with(|| softmax_scope(snap, filter, st));
+        let sc = scopes.entry(st).or_insert_with(|| {
+            let ids = snap.stacks.get(st as usize)?;
+            let at = ids.iter().position(|&f| is(&softmax, f))?;
+            ids[at + 1..].iter().find_map(|&f| {
+                let fr = snap.frames.get(f as usize)?;
+                (is(&user_frame, f) && !is(&softmax, f))
+                    .then(|| (fr.filename.clone(), fr.name.clone()))
+            })
+        });
         if let Some(sc) = sc {
             let m = largest.entry(sc.clone()).or_default();
             *m = (*m).max(e.size);
         }
     }
-    let mut best: Option<Attention> = None;
-    for (scope, s) in largest {
-        if s == 0 || !names_attention(&scope) {
-            continue;
-        }
-        let mut g = Attention {
-            device,
-            peak_index: k as u64,
-            peak_bytes: peak,
-            function: scope.1.clone(),
-            file: scope.0.clone(),
-            largest_softmax_bytes: s,
+    drop(scopes);
+    // The candidates, in the map's order (the first of equal groups wins, as it always has).
+    let candidates: Vec<(Scope, u64)> = largest
+        .into_iter()
+        .filter(|(scope, s)| *s != 0 && names_attention(scope))
+        .collect();
+    if candidates.is_empty() {
+        return None;
+    }
+    // A frame is in at most one candidate function (its file and name); a stack passes
+    // through a candidate at its first frame there.
+    let by_scope: FxHashMap<(&str, &str), usize> = candidates
+        .iter()
+        .enumerate()
+        .map(|(c, (scope, _))| ((scope.0.as_str(), scope.1.as_str()), c))
+        .collect();
+    let cand_of: Vec<Option<usize>> = snap
+        .frames
+        .iter()
+        .map(|f| {
+            by_scope
+                .get(&(f.filename.as_str(), f.name.as_str()))
+                .copied()
+        })
+        .collect();
+    let mut passes: FxHashMap<StackId, Vec<(usize, usize)>> = FxHashMap::default();
+    struct Acc {
+        bytes: u64,
+        blocks: u64,
+        lines: FxHashMap<(u64, String), (u64, u64)>,
+        callers: FxHashMap<FrameId, (u64, Option<StackId>)>,
+    }
+    let mut accs: Vec<Acc> = candidates
+        .iter()
+        .map(|_| Acc {
             bytes: 0,
             blocks: 0,
-            lines: Vec::new(),
-            trace_allocs: 0,
-            trace_alloc_bytes: 0,
-            caller: None,
-            allocs: Vec::new(),
+            lines: FxHashMap::default(),
+            callers: FxHashMap::default(),
+        })
+        .collect();
+    // Every candidate's blocks from one pass over the live set (in its order, so each group
+    // sees its blocks in the order a pass of its own would).
+    for &i in live.values() {
+        let e = &trace[i];
+        let Some(st) = e.stack() else { continue };
+        let Some(ids) = snap.stacks.get(st as usize) else {
+            continue;
         };
-        let mut lines: FxHashMap<(u64, String), (u64, u64)> = FxHashMap::default();
-        let mut callers: FxHashMap<FrameId, (u64, Option<StackId>)> = FxHashMap::default();
-        for &i in live.values() {
-            let e = &trace[i];
-            if !score_sized(e.size, s) {
+        for &(c, at) in passes_of(&mut passes, snap, &cand_of, st) {
+            if !score_sized(e.size, candidates[c].1) {
                 continue;
             }
-            let Some((at, ids)) = e.stack().and_then(|st| through(snap, st, &scope)) else {
-                continue;
-            };
+            let g = &mut accs[c];
             g.bytes = g.bytes.saturating_add(e.size);
             g.blocks += 1;
             let line = snap.frames.get(ids[at] as usize).map_or(0, |f| f.line);
             let inner = ids
                 .iter()
                 .copied()
-                .find(|&f| user(filter, snap, f))
+                .find(|&f| is(&user_frame, f))
                 .and_then(|f| snap.frames.get(f as usize))
                 .map(|f| format!("{}:{}", short(&f.filename), f.line))
                 .unwrap_or_default();
-            let l = lines.entry((line, inner)).or_default();
+            let l = g.lines.entry((line, inner)).or_default();
             l.0 = l.0.saturating_add(e.size);
             l.1 += 1;
-            if let Some(&c) = ids[at + 1..].iter().find(|&&f| user(filter, snap, f)) {
-                let v = callers.entry(c).or_insert((0, e.stack()));
+            if let Some(&cf) = ids[at + 1..].iter().find(|&&f| is(&user_frame, f)) {
+                let v = g.callers.entry(cf).or_insert((0, e.stack()));
                 v.0 = v.0.saturating_add(e.size);
             }
         }
-        g.lines = lines
+    }
+    let mut best: Option<(usize, Attention)> = None;
+    for (c, ((scope, s), acc)) in candidates.iter().zip(accs).enumerate() {
+        let mut g = Attention {
+            device,
+            peak_index: k as u64,
+            peak_bytes: peak,
+            function: scope.1.clone(),
+            file: scope.0.clone(),
+            largest_softmax_bytes: *s,
+            bytes: acc.bytes,
+            blocks: acc.blocks,
+            lines: Vec::new(),
+            trace_allocs: 0,
+            trace_alloc_bytes: 0,
+            caller: None,
+            allocs: Vec::new(),
+        };
+        g.lines = acc
+            .lines
             .into_iter()
             .map(|((line, via), (bytes, blocks))| AttentionLine {
                 line,
@@ -261,21 +330,25 @@ fn group_at_peak(
                 .then(x.line.cmp(&y.line))
                 .then(x.via.cmp(&y.via))
         });
-        g.caller = callers
+        g.caller = acc
+            .callers
             .into_iter()
             .max_by_key(|(f, (b, _))| (*b, std::cmp::Reverse(*f)))
             .map(|(f, (_, st))| (f, st));
-        if best.as_ref().is_none_or(|b| g.bytes > b.bytes) {
-            best = Some(g);
+        if best.as_ref().is_none_or(|(_, b)| g.bytes > b.bytes) {
+            best = Some((c, g));
         }
     }
-    let mut g = best?;
-    let scope = (g.file.clone(), g.function.clone());
+    let (c, mut g) = best?;
     // Every score-sized allocation the attention makes in the trace (forward of every step).
     for (i, e) in trace.iter().enumerate() {
         if e.action == Action::Alloc
             && score_sized(e.size, g.largest_softmax_bytes)
-            && e.stack().and_then(|st| through(snap, st, &scope)).is_some()
+            && e.stack().is_some_and(|st| {
+                passes_of(&mut passes, snap, &cand_of, st)
+                    .iter()
+                    .any(|h| h.0 == c)
+            })
         {
             g.allocs.push(i);
             g.trace_alloc_bytes = g.trace_alloc_bytes.saturating_add(e.size);
@@ -283,6 +356,33 @@ fn group_at_peak(
     }
     g.trace_allocs = g.allocs.len() as u64;
     Some(g)
+}
+
+/// The candidates a stack passes through (`cand_of`: a frame's candidate), each with the
+/// position of its first frame there; computed once per stack.
+fn passes_of<'m>(
+    passes: &'m mut FxHashMap<StackId, Vec<(usize, usize)>>,
+    snap: &Snapshot,
+    cand_of: &[Option<usize>],
+    st: StackId,
+) -> &'m [(usize, usize)] {
+    passes.entry(st).or_insert_with(|| {
+        let mut hits: Vec<(usize, usize)> = Vec::new();
+        for (at, &f) in snap
+            .stacks
+            .get(st as usize)
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            if let Some(c) = cand_of.get(f as usize).copied().flatten()
+                && !hits.iter().any(|h| h.0 == c)
+            {
+                hits.push((c, at));
+            }
+        }
+        hits
+    })
 }
 
 /// The last two path components (`cs336_basics/model.py`), for evidence lines.

@@ -16,7 +16,6 @@ use rustc_hash::FxHashMap;
 use crate::findings::{Code, Evidence, Finding, Fix, Label, Severity, fmt_bytes};
 use crate::frames::{FrameFilter, FrameKind};
 use crate::torch::Analysis;
-use crate::torch::attention::live_in_window;
 use crate::torch::model::{FrameId, Snapshot, StackId};
 use crate::torch::sites::percent;
 use crate::torch::stacks::culprit;
@@ -63,7 +62,7 @@ pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
         let Some(set) = &t.peak_set else {
             continue;
         };
-        if let Some(g) = group(snap, t.device, set.index as usize, set.bytes)
+        if let Some(g) = group(snap, a, t.device, set.index as usize, set.bytes)
             && best.as_ref().is_none_or(|b| g.bytes() > b.bytes())
         {
             best = Some(g);
@@ -78,9 +77,9 @@ pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
     out.push(finding(snap, a, &g));
 }
 
-fn group(snap: &Snapshot, device: i64, k: usize, peak: u64) -> Option<Group> {
+fn group(snap: &Snapshot, a: &Analysis, device: i64, k: usize, peak: u64) -> Option<Group> {
     let trace = snap.trace(device);
-    let live = live_in_window(trace, k);
+    let live = a.peak_live.at(trace, device, k);
     let mut is: FxHashMap<StackId, bool> = FxHashMap::default();
     let mut under_loss = |st: Option<StackId>| -> bool {
         st.is_some_and(|st| {

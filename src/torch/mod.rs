@@ -76,6 +76,9 @@ pub struct Analysis {
     /// PT018's numbers: the attention scores grouped at a device's peak (`attention::scores`),
     /// computed once for the detector and the summary.
     pub attention: Option<attention::Attention>,
+    /// The window's live blocks at each device's peak, shared by PT018 and PT019 while the
+    /// detectors run.
+    pub peak_live: attention::PeakLive,
 }
 
 /// What the engine hands to the pipeline for one snapshot: no text, no JSON, nothing that
@@ -151,9 +154,11 @@ pub fn analyse_staged(
             replays,
             simulated: false,
             attention: None,
+            peak_live: attention::PeakLive::default(),
         };
         a.attention = time("attention", || attention::scores(snap, &a));
         let mut found = time("patterns", || patterns::detect(snap, &a));
+        a.peak_live.clear();
         if let Some(recorded) = recorded {
             let mut shown = found.clone();
             worth::calibrate(&a, &mut shown);
