@@ -82,9 +82,14 @@ pub fn compute(
 ) -> OptimTrace {
     let list = snap.trace(device);
     let mut out = OptimTrace::default();
+    // Without an optimizer stack there are no steps, sites or kept state to read.
+    if !stacks.has_role(Role::OptimizerState) {
+        return out;
+    }
     let mut by: FxHashMap<SiteKey, (OptimSite, u64)> = FxHashMap::default();
-    // address → (step, site) of optimizer allocations; other allocations as (0, None).
-    let mut live: FxHashMap<u64, (u64, Option<SiteKey>, u64)> = FxHashMap::default();
+    // address → (step, site, size) of live optimizer allocations (another allocation at the
+    // address removes it, as its free would).
+    let mut live: FxHashMap<u64, (u64, SiteKey, u64)> = FxHashMap::default();
     let mut prev_opt = false;
     for e in list {
         match e.action {
@@ -110,13 +115,13 @@ pub fn compute(
                         s.1 = out.steps;
                         s.0.steps += 1;
                     }
-                    live.insert(e.addr, (out.steps, Some(key), e.size));
+                    live.insert(e.addr, (out.steps, key, e.size));
                 } else {
-                    live.insert(e.addr, (0, None, e.size));
+                    live.remove(&e.addr);
                 }
             }
             Action::FreeRequested => {
-                if let Some((_, Some(key), _)) = live.remove(&e.addr)
+                if let Some((_, key, _)) = live.remove(&e.addr)
                     && let Some(s) = by.get_mut(&key)
                 {
                     s.0.freed += 1;
@@ -132,10 +137,8 @@ pub fn compute(
         }
     }
     let mut kept_steps = FxHashSet::default();
-    for (step, key, size) in live.values() {
-        if let Some(k) = key
-            && let Some(s) = by.get_mut(k)
-        {
+    for (step, k, size) in live.values() {
+        if let Some(s) = by.get_mut(k) {
             s.0.kept += 1;
             s.0.kept_bytes = s.0.kept_bytes.saturating_add(*size);
             kept_steps.insert(*step);

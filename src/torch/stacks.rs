@@ -154,6 +154,11 @@ impl StackIndex {
             .unwrap_or(Role::Unknown)
     }
 
+    /// Some stack has role `r`.
+    pub fn has_role(&self, r: Role) -> bool {
+        self.roles.contains(&r)
+    }
+
     pub fn has_gc_frame(&self, stack: Option<StackId>) -> bool {
         stack
             .and_then(|s| self.gc.get(s as usize).copied())
