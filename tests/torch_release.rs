@@ -132,7 +132,7 @@ fn a_forward_loop_that_keeps_the_previous_output_holds_two_graphs_at_the_peak() 
     let opts = memlsp::options::AnalysisOptions::default();
     let a = memlsp::torch::analyse(&snap, &opts);
     let peak = a.timeline.devices[0].peak_set.as_ref().unwrap().index;
-    let drops = memlsp::torch::release::graph_drops_held_at(&snap, &a.releases, 0, peak);
+    let drops = memlsp::torch::release::graph_drops_held_at(&snap, &a.releases, &a.stacks, 0, peak);
     assert_eq!(drops.len(), 2, "{drops:?}");
     assert_eq!(drops[0], drops[1], "two iterations of one model");
     let f = a
@@ -152,7 +152,7 @@ fn a_forward_loop_that_keeps_the_previous_output_holds_two_graphs_at_the_peak() 
     let snap = load_snapshot(&path, &DecodeOptions::default()).unwrap();
     let a = memlsp::torch::analyse(&snap, &opts);
     let peak = a.timeline.devices[0].peak_set.as_ref().unwrap().index;
-    let drops = memlsp::torch::release::graph_drops_held_at(&snap, &a.releases, 0, peak);
+    let drops = memlsp::torch::release::graph_drops_held_at(&snap, &a.releases, &a.stacks, 0, peak);
     assert_eq!(drops.len(), 1, "{drops:?}");
 }
 

@@ -89,7 +89,13 @@ pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
     )));
     // Two graphs at the peak: the previous iteration's output still referenced while the next
     // forward built its own graph (released only when the name is rebound).
-    let drops = crate::torch::release::graph_drops_held_at(snap, &a.releases, t.device, set.index);
+    let drops = crate::torch::release::graph_drops_held_at(
+        snap,
+        &a.releases,
+        &a.stacks,
+        t.device,
+        set.index,
+    );
     let older = (drops.len() >= 2).then(|| drops[0]);
     if older.is_some() {
         f = f.evidence(Evidence::measured(format!(

@@ -215,6 +215,14 @@ impl ByCause {
     fn add(&mut self, c: Cause, bytes: u64) {
         self.0[c.slot()].add(bytes);
     }
+    /// Add `other`'s tallies (saturating, like [`ByCause::add`], so the order of adding does
+    /// not matter).
+    fn merge(&mut self, other: &ByCause) {
+        for (t, o) in self.0.iter_mut().zip(other.0.iter()) {
+            t.count += o.count;
+            t.bytes = t.bytes.saturating_add(o.bytes);
+        }
+    }
     /// Causes with at least one release, bytes descending.
     pub fn nonzero(&self) -> Vec<(Cause, Tally)> {
         let mut v: Vec<_> = Cause::ALL
@@ -285,6 +293,59 @@ pub struct Releases {
     pub alloc_bytes: u64,
     /// Per stack id: the flags (computed once; stacks are interned).
     flags: Vec<Flags>,
+    /// The walks of [`Releases::held_at_roles`] and [`graph_drops_held_at`], per device and
+    /// index: several detectors and the summary ask about the same peak.
+    held: HeldMemo,
+}
+
+/// What one walk of a device's trace says about one index, for every role at once.
+#[derive(Debug)]
+struct HeldWalk {
+    /// Released after the index, by the role the block was made with ([`ROLES`] slots), and
+    /// blocks made before the trace (the last slot).
+    released: [ByCause; ROLES + 1],
+    /// Live at the index and at the end, by role.
+    kept: [Tally; ROLES],
+    /// [`graph_drops_held_at`].
+    graph_drops: Vec<u64>,
+}
+
+const ROLES: usize = 6;
+
+fn role_slot(r: Role) -> usize {
+    match r {
+        Role::Parameter => 0,
+        Role::OptimizerState => 1,
+        Role::Activation => 2,
+        Role::Backward => 3,
+        Role::CommunicationBuffer => 4,
+        Role::Unknown => 5,
+    }
+}
+
+/// The memo of held walks; compares equal and clones empty (it is a cache).
+#[derive(Default)]
+struct HeldMemo(std::sync::Mutex<Vec<HeldEntry>>);
+
+/// (device, index) and its walk.
+type HeldEntry = ((i64, u64), std::sync::Arc<HeldWalk>);
+
+impl Clone for HeldMemo {
+    fn clone(&self) -> Self {
+        HeldMemo::default()
+    }
+}
+
+impl PartialEq for HeldMemo {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for HeldMemo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HeldMemo")
+    }
 }
 
 /// Bytes live at one trace index, split by what later released them.
@@ -322,6 +383,7 @@ impl Releases {
             decorated_alloc_bytes: 0,
             alloc_bytes: 0,
             flags,
+            held: HeldMemo::default(),
         };
         let Some(traces) = &snap.device_traces else {
             return out;
@@ -447,7 +509,8 @@ impl Releases {
             .unwrap_or_default()
     }
 
-    /// [`Releases::held_at`] for several roles in one walk of the trace, in the order given.
+    /// [`Releases::held_at`] for several roles, in the order given (one walk of the trace per
+    /// device and index, shared by every caller).
     pub fn held_at_roles(
         &self,
         snap: &Snapshot,
@@ -456,6 +519,52 @@ impl Releases {
         index: u64,
         roles: &[Option<Role>],
     ) -> Vec<HeldAt> {
+        let w = self.held_walk(snap, stacks, device, index);
+        roles
+            .iter()
+            .map(|role| match role {
+                // Every block: each role's and those made before the trace.
+                None => HeldAt {
+                    released: w.released.iter().fold(ByCause::default(), |mut t, x| {
+                        t.merge(x);
+                        t
+                    }),
+                    kept: w.kept.iter().fold(Tally::default(), |t, x| Tally {
+                        count: t.count + x.count,
+                        bytes: t.bytes.wrapping_add(x.bytes),
+                    }),
+                },
+                Some(r) => HeldAt {
+                    released: w.released[role_slot(*r)].clone(),
+                    kept: w.kept[role_slot(*r)],
+                },
+            })
+            .collect()
+    }
+
+    fn held_walk(
+        &self,
+        snap: &Snapshot,
+        stacks: &StackIndex,
+        device: i64,
+        index: u64,
+    ) -> std::sync::Arc<HeldWalk> {
+        let key = (device, index);
+        if let Ok(m) = self.held.0.lock()
+            && let Some((_, w)) = m.iter().find(|(k, _)| *k == key)
+        {
+            return w.clone();
+        }
+        let w = std::sync::Arc::new(self.walk_held(snap, stacks, device, index));
+        if let Ok(mut m) = self.held.0.lock() {
+            m.push((key, w.clone()));
+        }
+        w
+    }
+
+    /// The one walk: blocks live just before `index` and what released them, by the role they
+    /// were made with, and the graph drops after it.
+    fn walk_held(&self, snap: &Snapshot, stacks: &StackIndex, device: i64, index: u64) -> HeldWalk {
         let list = snap.trace(device);
         let requests = list.iter().any(|e| e.action == Action::FreeRequested);
         let free = if requests {
@@ -463,38 +572,52 @@ impl Releases {
         } else {
             Action::FreeCompleted
         };
-        // Whether a block made with `made` (None: before the trace) counts for `role`.
-        let counts = |role: &Option<Role>, made: Option<Role>| role.is_none_or(|r| made == Some(r));
-        // address → (allocated before `index`, the allocation's role, its size)
-        let mut live: FxHashMap<u64, (bool, Role, u64)> = FxHashMap::default();
-        let mut out = vec![HeldAt::default(); roles.len()];
+        // address → (alloc index, the allocation's role, its size)
+        let mut live: FxHashMap<u64, (u64, Role, u64)> = FxHashMap::default();
+        let mut out = HeldWalk {
+            released: Default::default(),
+            kept: [Tally::default(); ROLES],
+            graph_drops: Vec::new(),
+        };
+        let mut in_drop = false;
         for (i, e) in list.iter().enumerate() {
-            let before = (i as u64) < index;
+            let i = i as u64;
             if e.action == Action::Alloc {
-                live.insert(e.addr, (before, stacks.role(e.stack()), e.size));
+                live.insert(e.addr, (i, stacks.role(e.stack()), e.size));
+                in_drop = false;
             } else if e.action == free {
                 let made = live.remove(&e.addr);
-                if before || !made.is_none_or(|m| m.0) {
+                let cause = self.cause(e.stack());
+                // Made before the index (or before the trace) and released after it.
+                if i >= index && made.is_none_or(|m| m.0 < index) {
+                    let slot = made.map_or(ROLES, |m| role_slot(m.1));
+                    out.released[slot].add(cause, e.size);
+                }
+                // Consecutive graph-release frees with no allocation between them: one drop.
+                if cause != Cause::GraphDropped {
                     continue;
                 }
-                let cause = self.cause(e.stack());
-                for (o, role) in out.iter_mut().zip(roles) {
-                    if counts(role, made.map(|m| m.1)) {
-                        o.released.add(cause, e.size);
+                if !in_drop {
+                    in_drop = true;
+                    if i >= index {
+                        out.graph_drops.push(0);
                     }
+                }
+                if i >= index
+                    && made.is_none_or(|m| m.0 < index)
+                    && let Some(last) = out.graph_drops.last_mut()
+                {
+                    *last = last.saturating_add(e.size);
                 }
             }
         }
+        out.graph_drops.retain(|b| *b > 0);
         // Live at the index and never freed in the trace.
-        for (was_before, made, size) in live.into_values() {
-            if !was_before {
-                continue;
-            }
-            for (o, role) in out.iter_mut().zip(roles) {
-                if counts(role, Some(made)) {
-                    o.kept.count += 1;
-                    o.kept.bytes += size;
-                }
+        for (at, made, size) in live.into_values() {
+            if at < index {
+                let k = &mut out.kept[role_slot(made)];
+                k.count += 1;
+                k.bytes = k.bytes.wrapping_add(size);
             }
         }
         out
@@ -506,43 +629,14 @@ impl Releases {
 /// graph-release frees with no allocation between them are one drop. Two drops holding bytes
 /// at one index mean two graphs were alive at once (the previous iteration's output still
 /// referenced while the next forward built its own).
-pub fn graph_drops_held_at(snap: &Snapshot, r: &Releases, device: i64, index: u64) -> Vec<u64> {
-    let list = snap.trace(device);
-    let requests = list.iter().any(|e| e.action == Action::FreeRequested);
-    let free = if requests {
-        Action::FreeRequested
-    } else {
-        Action::FreeCompleted
-    };
-    let mut born: FxHashMap<u64, u64> = FxHashMap::default();
-    let mut out: Vec<u64> = Vec::new();
-    let mut in_drop = false;
-    for (i, e) in list.iter().enumerate() {
-        let i = i as u64;
-        if e.action == Action::Alloc {
-            born.insert(e.addr, i);
-            in_drop = false;
-        } else if e.action == free {
-            let was = born.remove(&e.addr);
-            if r.cause(e.stack()) != Cause::GraphDropped {
-                continue;
-            }
-            if !in_drop {
-                in_drop = true;
-                if i >= index {
-                    out.push(0);
-                }
-            }
-            if i >= index
-                && was.is_none_or(|a| a < index)
-                && let Some(last) = out.last_mut()
-            {
-                *last = last.saturating_add(e.size);
-            }
-        }
-    }
-    out.retain(|b| *b > 0);
-    out
+pub fn graph_drops_held_at(
+    snap: &Snapshot,
+    r: &Releases,
+    stacks: &StackIndex,
+    device: i64,
+    index: u64,
+) -> Vec<u64> {
+    r.held_walk(snap, stacks, device, index).graph_drops.clone()
 }
 
 /// Where the step that peaks at entry `index` of `device`'s trace began: the first allocation

@@ -97,7 +97,13 @@ fn held(snap: &Snapshot, a: &Analysis, device: i64, index: u64) -> HeldRow {
         kept_blocks: all.kept.count,
         kept_bytes: all.kept.bytes,
         activations_released: rows(&act.released),
-        graph_drops: crate::torch::release::graph_drops_held_at(snap, &a.releases, device, index),
+        graph_drops: crate::torch::release::graph_drops_held_at(
+            snap,
+            &a.releases,
+            &a.stacks,
+            device,
+            index,
+        ),
     }
 }
 
