@@ -14,7 +14,8 @@
 //! which shares nothing: CPython's side is `json.load` there). A sixth, `3M-inconsistent`, is
 //! not scaled from a real snapshot: 3 M random trace entries that do not fit their segments
 //! (`../shared/tools/gen_inconsistent_snapshot.py`), whose time per byte must stay within 2× of
-//! `250M`'s.
+//! `250M`'s; a seventh, `3M-inconsistent-named`, is that file with a few frames named as an
+//! attention's softmax and a loss, so the detectors that look for them walk its trace too.
 //!
 //! Each round runs, for every file, three processes: `load` (this bench in `--phase load`: the
 //! decoder and the snapshot model), `report` (the `memlsp` binary: `report FILE --format json`,
@@ -40,7 +41,7 @@ struct Shape {
     sharing: Option<&'static str>,
 }
 
-const SHAPES: [Shape; 6] = [
+const SHAPES: [Shape; 7] = [
     Shape {
         name: "250M",
         target: "250M",
@@ -73,6 +74,14 @@ const SHAPES: [Shape; 6] = [
         name: "3M-inconsistent",
         target: "3000000",
         sharing: Some("--inconsistent"),
+    },
+    // The same trace with a few frames named as an attention's softmax and a loss (the
+    // generator's frames name neither), so PT018's and PT019's walks run on it too:
+    // `benches/gen_inconsistent_named.py`.
+    Shape {
+        name: "3M-inconsistent-named",
+        target: "3000000",
+        sharing: Some("--inconsistent-named"),
     },
 ];
 
@@ -237,6 +246,11 @@ fn main() {
             "3M-inconsistent",
             "a trace that does not fit its segments",
         ),
+        (
+            "250M",
+            "3M-inconsistent-named",
+            "the same with attention and loss frames",
+        ),
     ] {
         if let (Some(i), Some(j)) = (
             shapes.iter().position(|s| s.name == realistic),
@@ -287,8 +301,12 @@ fn generate(root: &Path, source: &Path, shape: &Shape) -> PathBuf {
         );
         let tmp = file.with_extension("partial");
         let mut cmd = Command::new("python3");
+        let inconsistent = root.join("../shared/tools/gen_inconsistent_snapshot.py");
         if shape.sharing == Some("--inconsistent") {
-            cmd.arg(root.join("../shared/tools/gen_inconsistent_snapshot.py"))
+            cmd.arg(inconsistent).arg(shape.target).arg(&tmp);
+        } else if shape.sharing == Some("--inconsistent-named") {
+            cmd.arg(root.join("benches/gen_inconsistent_named.py"))
+                .arg(inconsistent)
                 .arg(shape.target)
                 .arg(&tmp);
         } else {
