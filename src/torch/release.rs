@@ -542,6 +542,8 @@ impl Releases {
             .collect()
     }
 
+    /// The walk of `device` at `index`, from the memo. Roles come from the snapshot's frames
+    /// alone (not the frame filter), so any `StackIndex` of this snapshot gives the same walk.
     fn held_walk(
         &self,
         snap: &Snapshot,
