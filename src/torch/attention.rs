@@ -507,3 +507,82 @@ fn replay_fused(snap: &Snapshot, a: &Analysis, g: &Attention) -> Option<Simulate
 fn pct(p: Option<f64>) -> String {
     p.map(|p| format!("{p:.1}%")).unwrap_or_else(|| "–".into())
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::options::AnalysisOptions;
+    use crate::torch::analyse;
+    use crate::torch::model::{Action, BlockState, Snapshot};
+    use crate::torch::stacks::tests::intern;
+    use crate::torch::totals::tests::{block, entry, segment};
+
+    /// An attention (`attention_outer`) whose softmax runs partly in a helper attention it calls
+    /// (`attn_inner`): the helper's score blocks pass through both functions and belong to both
+    /// groups; the outer one, which also holds its own softmax and its matmul's scores, is the
+    /// larger and is the one named.
+    #[test]
+    fn blocks_under_two_nested_attentions_count_in_both_groups() {
+        let mut snap = Snapshot::default();
+        let softmax = ("/v/site-packages/torch/nn/functional.py", 2140, "softmax");
+        let train = ("/u/train.py", 5, "train");
+        let inner = intern(
+            &mut snap,
+            &[
+                softmax,
+                ("/u/attn.py", 10, "attn_inner"),
+                ("/u/model.py", 20, "attention_outer"),
+                train,
+            ],
+        );
+        let matmul = intern(&mut snap, &[("/u/model.py", 21, "attention_outer"), train]);
+        let outer = intern(
+            &mut snap,
+            &[softmax, ("/u/model.py", 22, "attention_outer"), train],
+        );
+        let other = intern(&mut snap, &[("/u/model.py", 30, "forward"), train]);
+        const MIB: u64 = 1 << 20;
+        let mut list = Vec::new();
+        let mut made = Vec::new();
+        for (n, st) in [(3, inner), (2, matmul), (1, outer), (4, other)] {
+            for _ in 0..n {
+                let addr = 0x10_0000 * (made.len() as u64 + 1);
+                let mut e = entry(Action::Alloc, addr, 4 * MIB);
+                e.set_stack(Some(st));
+                list.push(e);
+                made.push(addr);
+            }
+        }
+        for addr in made {
+            list.push(entry(Action::FreeRequested, addr, 4 * MIB));
+            list.push(entry(Action::FreeCompleted, addr, 4 * MIB));
+        }
+        snap.device_traces = Some(vec![list]);
+        snap.segments = vec![segment(
+            0,
+            1 << 30,
+            vec![block(1 << 30, 1 << 30, BlockState::Inactive)],
+        )];
+        let a = analyse(&snap, &AnalysisOptions::default());
+        let g = a.attention.expect("an attention group");
+        assert_eq!(
+            (g.function.as_str(), g.file.as_str()),
+            ("attention_outer", "/u/model.py")
+        );
+        assert_eq!((g.blocks, g.bytes), (6, 24 * MIB));
+        let lines: Vec<(u64, &str, u64)> = g
+            .lines
+            .iter()
+            .map(|l| (l.line, l.via.as_str(), l.blocks))
+            .collect();
+        assert_eq!(
+            lines,
+            vec![
+                (20, "u/attn.py:10", 3),
+                (21, "u/model.py:21", 2),
+                (22, "u/model.py:22", 1)
+            ]
+        );
+        assert_eq!((g.trace_allocs, g.trace_alloc_bytes), (6, 24 * MIB));
+        assert_eq!(g.peak_bytes, 40 * MIB);
+    }
+}
