@@ -199,37 +199,8 @@ fn group_at_peak(
     let trace = snap.trace(device);
     let k = k.min(trace.len());
     let live = peak_live.at(trace, device, k);
-    // What each frame is, tested once per frame rather than once per block.
-    let softmax: Vec<bool> = snap.frames.iter().map(|f| is_softmax(&f.name)).collect();
-    let user_frame: Vec<bool> = (0..snap.frames.len())
-        .map(|f| user(filter, snap, f as FrameId))
-        .collect();
-    let is = |v: &[bool], f: FrameId| v.get(f as usize) == Some(&true);
-    let mut scopes: FxHashMap<StackId, Option<Scope>> = FxHashMap::default();
-    let mut largest: FxHashMap<Scope, u64> = FxHashMap::default();
-    for &i in live.values() {
-        let e = &trace[i];
-        let Some(st) = e.stack() else { continue };
-        let sc = scopes.entry(st).or_insert_with(|| {
-            let ids = snap.stacks.get(st as usize)?;
-            let at = ids.iter().position(|&f| is(&softmax, f))?;
-            ids[at + 1..].iter().find_map(|&f| {
-                let fr = snap.frames.get(f as usize)?;
-                (is(&user_frame, f) && !is(&softmax, f))
-                    .then(|| (fr.filename.clone(), fr.name.clone()))
-            })
-        });
-        if let Some(sc) = sc {
-            let m = largest.entry(sc.clone()).or_default();
-            *m = (*m).max(e.size);
-        }
-    }
-    drop(scopes);
-    // The candidates, in the map's order (the first of equal groups wins, as it always has).
-    let candidates: Vec<(Scope, u64)> = largest
-        .into_iter()
-        .filter(|(scope, s)| *s != 0 && names_attention(scope))
-        .collect();
+    let flags = FrameFlags::of(snap, filter);
+    let candidates = candidates(snap, trace, &live, &flags);
     if candidates.is_empty() {
         return None;
     }
@@ -250,23 +221,9 @@ fn group_at_peak(
         })
         .collect();
     let mut passes: FxHashMap<StackId, Vec<(usize, usize)>> = FxHashMap::default();
-    struct Acc {
-        bytes: u64,
-        blocks: u64,
-        lines: FxHashMap<(u64, String), (u64, u64)>,
-        callers: FxHashMap<FrameId, (u64, Option<StackId>)>,
-    }
-    let mut accs: Vec<Acc> = candidates
-        .iter()
-        .map(|_| Acc {
-            bytes: 0,
-            blocks: 0,
-            lines: FxHashMap::default(),
-            callers: FxHashMap::default(),
-        })
-        .collect();
     // Every candidate's blocks from one pass over the live set (in its order, so each group
     // sees its blocks in the order a pass of its own would).
+    let mut groups: Vec<Group> = candidates.iter().map(|_| Group::default()).collect();
     for &i in live.values() {
         let e = &trace[i];
         let Some(st) = e.stack() else { continue };
@@ -274,67 +231,15 @@ fn group_at_peak(
             continue;
         };
         for &(c, at) in passes_of(&mut passes, snap, &cand_of, st) {
-            if !score_sized(e.size, candidates[c].1) {
-                continue;
-            }
-            let g = &mut accs[c];
-            g.bytes = g.bytes.saturating_add(e.size);
-            g.blocks += 1;
-            let line = snap.frames.get(ids[at] as usize).map_or(0, |f| f.line);
-            let inner = ids
-                .iter()
-                .copied()
-                .find(|&f| is(&user_frame, f))
-                .and_then(|f| snap.frames.get(f as usize))
-                .map(|f| format!("{}:{}", short(&f.filename), f.line))
-                .unwrap_or_default();
-            let l = g.lines.entry((line, inner)).or_default();
-            l.0 = l.0.saturating_add(e.size);
-            l.1 += 1;
-            if let Some(&cf) = ids[at + 1..].iter().find(|&&f| is(&user_frame, f)) {
-                let v = g.callers.entry(cf).or_insert((0, e.stack()));
-                v.0 = v.0.saturating_add(e.size);
+            if score_sized(e.size, candidates[c].1) {
+                groups[c].add(snap, &flags, ids, at, e);
             }
         }
     }
+    // The largest group; of equal ones the first candidate.
     let mut best: Option<(usize, Attention)> = None;
-    for (c, ((scope, s), acc)) in candidates.iter().zip(accs).enumerate() {
-        let mut g = Attention {
-            device,
-            peak_index: k as u64,
-            peak_bytes: peak,
-            function: scope.1.clone(),
-            file: scope.0.clone(),
-            largest_softmax_bytes: *s,
-            bytes: acc.bytes,
-            blocks: acc.blocks,
-            lines: Vec::new(),
-            trace_allocs: 0,
-            trace_alloc_bytes: 0,
-            caller: None,
-            allocs: Vec::new(),
-        };
-        g.lines = acc
-            .lines
-            .into_iter()
-            .map(|((line, via), (bytes, blocks))| AttentionLine {
-                line,
-                via,
-                bytes,
-                blocks,
-            })
-            .collect();
-        g.lines.sort_by(|x, y| {
-            y.bytes
-                .cmp(&x.bytes)
-                .then(x.line.cmp(&y.line))
-                .then(x.via.cmp(&y.via))
-        });
-        g.caller = acc
-            .callers
-            .into_iter()
-            .max_by_key(|(f, (b, _))| (*b, std::cmp::Reverse(*f)))
-            .map(|(f, (_, st))| (f, st));
+    for (c, ((scope, s), group)) in candidates.iter().zip(groups).enumerate() {
+        let g = group.attention(device, k, peak, scope, *s);
         if best.as_ref().is_none_or(|(_, b)| g.bytes > b.bytes) {
             best = Some((c, g));
         }
@@ -356,6 +261,141 @@ fn group_at_peak(
     }
     g.trace_allocs = g.allocs.len() as u64;
     Some(g)
+}
+
+/// What each frame is for the grouping, tested once per frame rather than once per block.
+struct FrameFlags {
+    softmax: Vec<bool>,
+    user: Vec<bool>,
+}
+
+impl FrameFlags {
+    fn of(snap: &Snapshot, filter: &FrameFilter) -> FrameFlags {
+        FrameFlags {
+            softmax: snap.frames.iter().map(|f| is_softmax(&f.name)).collect(),
+            user: (0..snap.frames.len())
+                .map(|f| user(filter, snap, f as FrameId))
+                .collect(),
+        }
+    }
+    fn softmax(&self, f: FrameId) -> bool {
+        self.softmax.get(f as usize) == Some(&true)
+    }
+    fn user(&self, f: FrameId) -> bool {
+        self.user.get(f as usize) == Some(&true)
+    }
+}
+
+/// The attention functions of the live blocks' softmaxes (the first user frame outside the
+/// softmax, named as an attention) with their largest softmax block, in the order of the map
+/// they are gathered in (the first of equal groups wins, as it always has).
+fn candidates(
+    snap: &Snapshot,
+    trace: &[TraceEntry],
+    live: &FxHashMap<u64, usize>,
+    flags: &FrameFlags,
+) -> Vec<(Scope, u64)> {
+    let mut scopes: FxHashMap<StackId, Option<Scope>> = FxHashMap::default();
+    let mut largest: FxHashMap<Scope, u64> = FxHashMap::default();
+    for &i in live.values() {
+        let e = &trace[i];
+        let Some(st) = e.stack() else { continue };
+        let sc = scopes.entry(st).or_insert_with(|| {
+            let ids = snap.stacks.get(st as usize)?;
+            let at = ids.iter().position(|&f| flags.softmax(f))?;
+            ids[at + 1..].iter().find_map(|&f| {
+                let fr = snap.frames.get(f as usize)?;
+                (flags.user(f) && !flags.softmax(f)).then(|| (fr.filename.clone(), fr.name.clone()))
+            })
+        });
+        if let Some(sc) = sc {
+            let m = largest.entry(sc.clone()).or_default();
+            *m = (*m).max(e.size);
+        }
+    }
+    largest
+        .into_iter()
+        .filter(|(scope, s)| *s != 0 && names_attention(scope))
+        .collect()
+}
+
+/// One candidate's score-sized blocks live at the peak: bytes, per line of the function and
+/// innermost user line, and per user caller of the function.
+#[derive(Default)]
+struct Group {
+    bytes: u64,
+    blocks: u64,
+    lines: FxHashMap<(u64, String), (u64, u64)>,
+    callers: FxHashMap<FrameId, (u64, Option<StackId>)>,
+}
+
+impl Group {
+    /// Block `e`, whose stack `ids` passes through the function at position `at`.
+    fn add(
+        &mut self,
+        snap: &Snapshot,
+        flags: &FrameFlags,
+        ids: &[FrameId],
+        at: usize,
+        e: &TraceEntry,
+    ) {
+        self.bytes = self.bytes.saturating_add(e.size);
+        self.blocks += 1;
+        let line = snap.frames.get(ids[at] as usize).map_or(0, |f| f.line);
+        let inner = ids
+            .iter()
+            .copied()
+            .find(|&f| flags.user(f))
+            .and_then(|f| snap.frames.get(f as usize))
+            .map(|f| format!("{}:{}", short(&f.filename), f.line))
+            .unwrap_or_default();
+        let l = self.lines.entry((line, inner)).or_default();
+        l.0 = l.0.saturating_add(e.size);
+        l.1 += 1;
+        if let Some(&cf) = ids[at + 1..].iter().find(|&&f| flags.user(f)) {
+            let v = self.callers.entry(cf).or_insert((0, e.stack()));
+            v.0 = v.0.saturating_add(e.size);
+        }
+    }
+
+    /// The group as PT018's numbers (its trace allocations are added by the caller).
+    fn attention(self, device: i64, k: usize, peak: u64, scope: &Scope, largest: u64) -> Attention {
+        let mut lines: Vec<AttentionLine> = self
+            .lines
+            .into_iter()
+            .map(|((line, via), (bytes, blocks))| AttentionLine {
+                line,
+                via,
+                bytes,
+                blocks,
+            })
+            .collect();
+        lines.sort_by(|x, y| {
+            y.bytes
+                .cmp(&x.bytes)
+                .then(x.line.cmp(&y.line))
+                .then(x.via.cmp(&y.via))
+        });
+        Attention {
+            device,
+            peak_index: k as u64,
+            peak_bytes: peak,
+            function: scope.1.clone(),
+            file: scope.0.clone(),
+            largest_softmax_bytes: largest,
+            bytes: self.bytes,
+            blocks: self.blocks,
+            lines,
+            trace_allocs: 0,
+            trace_alloc_bytes: 0,
+            caller: self
+                .callers
+                .into_iter()
+                .max_by_key(|(f, (b, _))| (*b, std::cmp::Reverse(*f)))
+                .map(|(f, (_, st))| (f, st)),
+            allocs: Vec::new(),
+        }
+    }
 }
 
 /// The candidates a stack passes through (`cand_of`: a frame's candidate), each with the
