@@ -12,7 +12,7 @@
 //! (`F.scaled_dot_product_attention`) never writes these to memory: the fix is replayed with the
 //! group's allocations never made, else bounded ("at most", inferred).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 use serde::Serialize;
@@ -22,6 +22,7 @@ use crate::findings::{
 };
 use crate::frames::{FrameFilter, FrameKind};
 use crate::torch::Analysis;
+use crate::torch::memo::Memo;
 use crate::torch::model::{Action, FrameId, Snapshot, StackId, TraceEntry};
 use crate::torch::replay::Change;
 use crate::torch::sites::percent;
@@ -44,12 +45,13 @@ pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
 /// PT018's numbers (`torch.attention` in the JSON): the attention whose score-sized blocks hold
 /// the most of a device's peak, when they hold at least [`MIN_SHARE`] percent of it.
 pub fn scores(snap: &Snapshot, a: &Analysis) -> Option<Attention> {
-    let filter = FrameFilter::default();
     // Only blocks of stacks through a softmax can name an attention: without one, there is no
     // live set to walk.
-    if !snap.any_stack_has(|f| is_softmax(&f.name)) {
+    let softmax: Vec<bool> = snap.frames.iter().map(|f| is_softmax(&f.name)).collect();
+    if !snap.any_stack_through(&softmax) {
         return None;
     }
+    let flags = FrameFlags::of(snap, &FrameFilter::default(), softmax);
     let mut best: Option<Attention> = None;
     for t in &a.timeline.devices {
         let Some(set) = &t.peak_set else {
@@ -58,7 +60,7 @@ pub fn scores(snap: &Snapshot, a: &Analysis) -> Option<Attention> {
         if let Some(g) = group_at_peak(
             snap,
             &a.peak_live,
-            &filter,
+            &flags,
             t.device,
             set.index as usize,
             set.bytes,
@@ -135,39 +137,19 @@ fn user(filter: &FrameFilter, snap: &Snapshot, fid: FrameId) -> bool {
         .is_some_and(|f| filter.classify(&f.filename) == FrameKind::User)
 }
 
-/// [`live_in_window`] at a device's peak, computed once for PT018 and PT019 (both group the
-/// blocks live there) and dropped once the detectors ran.
-#[derive(Default)]
-pub struct PeakLive(Mutex<Vec<PeakEntry>>);
+/// [`live_in_window`] at a device's peak, by (device, index): computed once for PT018 and PT019
+/// (both group the blocks live there) and cleared once the detectors ran.
+pub type PeakLive = Memo<(i64, usize), FxHashMap<u64, usize>>;
 
-type PeakEntry = ((i64, usize), Arc<FxHashMap<u64, usize>>);
-
-impl PeakLive {
-    /// The blocks of `device`'s trace allocated in the window and live just before entry `k`.
-    pub(crate) fn at(
-        &self,
-        trace: &[TraceEntry],
-        device: i64,
-        k: usize,
-    ) -> Arc<FxHashMap<u64, usize>> {
-        let key = (device, k.min(trace.len()));
-        if let Ok(m) = self.0.lock()
-            && let Some((_, v)) = m.iter().find(|(at, _)| *at == key)
-        {
-            return v.clone();
-        }
-        let v = Arc::new(live_in_window(trace, key.1));
-        if let Ok(mut m) = self.0.lock() {
-            m.push((key, v.clone()));
-        }
-        v
-    }
-
-    pub(crate) fn clear(&self) {
-        if let Ok(mut m) = self.0.lock() {
-            m.clear();
-        }
-    }
+/// [`live_in_window`] from `memo`.
+pub(crate) fn peak_live(
+    memo: &PeakLive,
+    trace: &[TraceEntry],
+    device: i64,
+    k: usize,
+) -> Arc<FxHashMap<u64, usize>> {
+    let k = k.min(trace.len());
+    memo.get_or((device, k), || live_in_window(trace, k))
 }
 
 /// Blocks allocated in the window and live just before entry `k`: address → `alloc` index (the
@@ -190,17 +172,16 @@ fn live_in_window(trace: &[TraceEntry], k: usize) -> FxHashMap<u64, usize> {
 
 fn group_at_peak(
     snap: &Snapshot,
-    peak_live: &PeakLive,
-    filter: &FrameFilter,
+    memo: &PeakLive,
+    flags: &FrameFlags,
     device: i64,
     k: usize,
     peak: u64,
 ) -> Option<Attention> {
     let trace = snap.trace(device);
     let k = k.min(trace.len());
-    let live = peak_live.at(trace, device, k);
-    let flags = FrameFlags::of(snap, filter);
-    let candidates = candidates(snap, trace, &live, &flags);
+    let live = peak_live(memo, trace, device, k);
+    let candidates = candidates(snap, trace, &live, flags);
     if candidates.is_empty() {
         return None;
     }
@@ -232,7 +213,7 @@ fn group_at_peak(
         };
         for &(c, at) in passes_of(&mut passes, snap, &cand_of, st) {
             if score_sized(e.size, candidates[c].1) {
-                groups[c].add(snap, &flags, ids, at, e);
+                groups[c].add(snap, flags, ids, at, e);
             }
         }
     }
@@ -270,9 +251,9 @@ struct FrameFlags {
 }
 
 impl FrameFlags {
-    fn of(snap: &Snapshot, filter: &FrameFilter) -> FrameFlags {
+    fn of(snap: &Snapshot, filter: &FrameFilter, softmax: Vec<bool>) -> FrameFlags {
         FrameFlags {
-            softmax: snap.frames.iter().map(|f| is_softmax(&f.name)).collect(),
+            softmax,
             user: (0..snap.frames.len())
                 .map(|f| user(filter, snap, f as FrameId))
                 .collect(),

@@ -79,7 +79,7 @@ pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
 
 fn group(snap: &Snapshot, a: &Analysis, device: i64, k: usize, peak: u64) -> Option<Group> {
     let trace = snap.trace(device);
-    let live = a.peak_live.at(trace, device, k);
+    let live = crate::torch::attention::peak_live(&a.peak_live, trace, device, k);
     let mut is: FxHashMap<StackId, bool> = FxHashMap::default();
     let mut under_loss = |st: Option<StackId>| -> bool {
         st.is_some_and(|st| {

@@ -20,6 +20,7 @@ pub mod layer_calls;
 pub mod layers;
 pub mod load;
 pub mod logits;
+pub mod memo;
 pub mod model;
 pub mod model_states;
 pub mod near_oom;

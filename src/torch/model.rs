@@ -394,6 +394,11 @@ impl Snapshot {
     /// analysis that looks for blocks made under such a frame can stop before walking the trace.
     pub fn any_stack_has(&self, pred: impl Fn(&Frame) -> bool) -> bool {
         let hit: Vec<bool> = self.frames.iter().map(pred).collect();
+        self.any_stack_through(&hit)
+    }
+
+    /// Whether some stack has a frame marked in `hit` (indexed by frame id).
+    pub fn any_stack_through(&self, hit: &[bool]) -> bool {
         self.stacks
             .iter()
             .any(|ids| ids.iter().any(|&f| hit.get(f as usize) == Some(&true)))

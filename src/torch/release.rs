@@ -295,13 +295,13 @@ pub struct Releases {
     flags: Vec<Flags>,
     /// The walks of [`Releases::held_at_roles`] and [`graph_drops_held_at`], per device and
     /// index: several detectors and the summary ask about the same peak.
-    held: HeldMemo,
+    held: crate::torch::memo::Memo<(i64, u64), HeldWalk>,
 }
 
 /// What one walk of a device's trace says about one index, for every role at once.
 #[derive(Debug)]
 struct HeldWalk {
-    /// Released after the index, by the role the block was made with ([`ROLES`] slots), and
+    /// Released after the index, by the role the block was made with ([`Role::slot`]), and
     /// blocks made before the trace (the last slot).
     released: [ByCause; ROLES + 1],
     /// Live at the index and at the end, by role.
@@ -310,43 +310,7 @@ struct HeldWalk {
     graph_drops: Vec<u64>,
 }
 
-const ROLES: usize = 6;
-
-fn role_slot(r: Role) -> usize {
-    match r {
-        Role::Parameter => 0,
-        Role::OptimizerState => 1,
-        Role::Activation => 2,
-        Role::Backward => 3,
-        Role::CommunicationBuffer => 4,
-        Role::Unknown => 5,
-    }
-}
-
-/// The memo of held walks; compares equal and clones empty (it is a cache).
-#[derive(Default)]
-struct HeldMemo(std::sync::Mutex<Vec<HeldEntry>>);
-
-/// (device, index) and its walk.
-type HeldEntry = ((i64, u64), std::sync::Arc<HeldWalk>);
-
-impl Clone for HeldMemo {
-    fn clone(&self) -> Self {
-        HeldMemo::default()
-    }
-}
-
-impl PartialEq for HeldMemo {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-
-impl std::fmt::Debug for HeldMemo {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("HeldMemo")
-    }
-}
+const ROLES: usize = Role::ALL.len();
 
 /// Bytes live at one trace index, split by what later released them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -383,7 +347,7 @@ impl Releases {
             decorated_alloc_bytes: 0,
             alloc_bytes: 0,
             flags,
-            held: HeldMemo::default(),
+            held: Default::default(),
         };
         let Some(traces) = &snap.device_traces else {
             return out;
@@ -535,8 +499,8 @@ impl Releases {
                     }),
                 },
                 Some(r) => HeldAt {
-                    released: w.released[role_slot(*r)].clone(),
-                    kept: w.kept[role_slot(*r)],
+                    released: w.released[r.slot()].clone(),
+                    kept: w.kept[r.slot()],
                 },
             })
             .collect()
@@ -551,17 +515,9 @@ impl Releases {
         device: i64,
         index: u64,
     ) -> std::sync::Arc<HeldWalk> {
-        let key = (device, index);
-        if let Ok(m) = self.held.0.lock()
-            && let Some((_, w)) = m.iter().find(|(k, _)| *k == key)
-        {
-            return w.clone();
-        }
-        let w = std::sync::Arc::new(self.walk_held(snap, stacks, device, index));
-        if let Ok(mut m) = self.held.0.lock() {
-            m.push((key, w.clone()));
-        }
-        w
+        self.held.get_or((device, index), || {
+            self.walk_held(snap, stacks, device, index)
+        })
     }
 
     /// The one walk: blocks live just before `index` and what released them, by the role they
@@ -592,7 +548,7 @@ impl Releases {
                 let cause = self.cause(e.stack());
                 // Made before the index (or before the trace) and released after it.
                 if i >= index && made.is_none_or(|m| m.0 < index) {
-                    let slot = made.map_or(ROLES, |m| role_slot(m.1));
+                    let slot = made.map_or(ROLES, |m| m.1.slot());
                     out.released[slot].add(cause, e.size);
                 }
                 // Consecutive graph-release frees with no allocation between them: one drop.
@@ -617,7 +573,7 @@ impl Releases {
         // Live at the index and never freed in the trace.
         for (at, made, size) in live.into_values() {
             if at < index {
-                let k = &mut out.kept[role_slot(made)];
+                let k = &mut out.kept[made.slot()];
                 k.count += 1;
                 k.bytes = k.bytes.wrapping_add(size);
             }

@@ -21,23 +21,15 @@ pub struct SiteStat {
     pub stack: Option<StackId>,
     largest_block: u64,
     /// Bytes per guessed role; the site's role is the one holding most bytes.
-    role_bytes: [u64; 6],
+    role_bytes: [u64; Role::ALL.len()],
 }
 
 impl SiteStat {
     pub fn role(&self) -> Role {
-        const ROLES: [Role; 6] = [
-            Role::Parameter,
-            Role::OptimizerState,
-            Role::Activation,
-            Role::Backward,
-            Role::CommunicationBuffer,
-            Role::Unknown,
-        ];
         let mut best = (0u64, Role::Unknown);
         for (i, b) in self.role_bytes.iter().enumerate() {
             if *b > best.0 {
-                best = (*b, ROLES[i]);
+                best = (*b, Role::ALL[i]);
             }
         }
         best.1
@@ -55,17 +47,6 @@ pub fn percent(part: u64, whole: u64) -> Option<f64> {
         return None;
     }
     Some(part as f64 * 100.0 / whole as f64)
-}
-
-fn role_slot(r: Role) -> usize {
-    match r {
-        Role::Parameter => 0,
-        Role::OptimizerState => 1,
-        Role::Activation => 2,
-        Role::Backward => 3,
-        Role::CommunicationBuffer => 4,
-        Role::Unknown => 5,
-    }
 }
 
 /// All sites, sorted by bytes desc, blocks desc, site asc.
@@ -118,12 +99,12 @@ pub fn compute(snap: &Snapshot, stacks: &StackIndex, device: Option<i64>) -> Sit
                 blocks: 0,
                 stack: b.stack,
                 largest_block: 0,
-                role_bytes: [0; 6],
+                role_bytes: [0; Role::ALL.len()],
             });
             s.bytes = s.bytes.saturating_add(b.size);
             s.requested_bytes = s.requested_bytes.saturating_add(b.requested_size);
             s.blocks += 1;
-            s.role_bytes[role_slot(role)] = s.role_bytes[role_slot(role)].saturating_add(b.size);
+            s.role_bytes[role.slot()] = s.role_bytes[role.slot()].saturating_add(b.size);
             if b.size > s.largest_block {
                 s.largest_block = b.size;
                 s.stack = b.stack;

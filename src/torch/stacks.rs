@@ -48,6 +48,28 @@ pub enum Role {
 }
 
 impl Role {
+    /// Every role, in slot order ([`Role::slot`]): per-role tallies are arrays indexed by it.
+    pub const ALL: [Role; 6] = [
+        Role::Parameter,
+        Role::OptimizerState,
+        Role::Activation,
+        Role::Backward,
+        Role::CommunicationBuffer,
+        Role::Unknown,
+    ];
+
+    /// This role's index in [`Role::ALL`].
+    pub fn slot(self) -> usize {
+        match self {
+            Role::Parameter => 0,
+            Role::OptimizerState => 1,
+            Role::Activation => 2,
+            Role::Backward => 3,
+            Role::CommunicationBuffer => 4,
+            Role::Unknown => 5,
+        }
+    }
+
     /// The shared site role this stack role is.
     pub fn site_role(self) -> crate::site::SiteRole {
         use crate::site::SiteRole;
@@ -285,6 +307,13 @@ pub fn site_string(snap: &Snapshot, key: SiteKey) -> String {
 pub(crate) mod tests {
     use super::*;
     use crate::torch::model::Frame;
+
+    #[test]
+    fn every_role_has_its_own_slot_in_role_order() {
+        for (i, r) in Role::ALL.iter().enumerate() {
+            assert_eq!(r.slot(), i, "{r:?}");
+        }
+    }
 
     /// Build a snapshot's frame/stack tables from `(filename, line, name)` lists, innermost first.
     pub fn intern(snap: &mut Snapshot, frames: &[(&str, u64, &str)]) -> StackId {
