@@ -170,6 +170,23 @@ impl StackIndex {
             .unwrap_or((None, SiteKind::Empty))
     }
 
+    /// The site keys some stack is attributed to, each once (in stack order).
+    pub fn site_keys(&self) -> impl Iterator<Item = FrameId> + '_ {
+        let mut seen = rustc_hash::FxHashSet::default();
+        self.picks
+            .iter()
+            .filter_map(|p| p.0)
+            .filter(move |&k| seen.insert(k))
+    }
+
+    /// By `StackId`: is the stack attributed to one of `keys`?
+    pub fn stacks_at(&self, keys: &rustc_hash::FxHashSet<FrameId>) -> Vec<bool> {
+        self.picks
+            .iter()
+            .map(|p| p.0.is_some_and(|k| keys.contains(&k)))
+            .collect()
+    }
+
     pub fn role(&self, stack: Option<StackId>) -> Role {
         stack
             .and_then(|s| self.roles.get(s as usize).copied())
