@@ -34,7 +34,12 @@ pub(crate) enum Release {
 /// it visits out, so each cached block is visited by releases at most once.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct FreeLists {
-    pools: FxHashMap<(bool, u64), Pool>,
+    pools: Vec<Pool>,
+    /// Pool index by (small, stream).
+    pool_of: FxHashMap<(bool, u64), u32>,
+    /// The pool last looked up, and its index: a trace runs on one stream at a time, so most
+    /// lookups are answered without hashing.
+    last: std::cell::Cell<Option<((bool, u64), u32)>>,
     segments: BTreeSet<FreeKey>,
     pages: BTreeSet<FreeKey>,
 }
@@ -45,11 +50,42 @@ fn size_addr(size: u64, addr: u64) -> u128 {
 }
 
 impl FreeLists {
+    /// The index of the pool of (small, stream), if it has one.
+    #[inline]
+    fn pool_index(&self, key: (bool, u64)) -> Option<usize> {
+        if let Some((k, i)) = self.last.get()
+            && k == key
+        {
+            return Some(i as usize);
+        }
+        let i = *self.pool_of.get(&key)?;
+        self.last.set(Some((key, i)));
+        Some(i as usize)
+    }
+
+    #[inline]
+    fn pool(&self, key: (bool, u64)) -> Option<&Pool> {
+        self.pool_index(key).map(|i| &self.pools[i])
+    }
+
+    #[inline]
+    fn pool_mut(&mut self, key: (bool, u64)) -> &mut Pool {
+        let i = match self.pool_index(key) {
+            Some(i) => i,
+            None => {
+                let i = self.pools.len();
+                self.pools.push(Pool::default());
+                // More pools than `u32` counts cannot be: each holds a block of a segment.
+                self.pool_of.insert(key, i as u32);
+                self.last.set(Some((key, i as u32)));
+                i
+            }
+        };
+        &mut self.pools[i]
+    }
+
     pub fn insert(&mut self, k: FreeKey, release: Release) {
-        self.pools
-            .entry((k.0, k.1))
-            .or_default()
-            .insert(size_addr(k.2, k.3));
+        self.pool_mut((k.0, k.1)).insert(size_addr(k.2, k.3));
         match release {
             Release::Keep => {}
             Release::Segment => {
@@ -62,8 +98,8 @@ impl FreeLists {
     }
 
     pub fn remove(&mut self, k: &FreeKey, release: Release) {
-        if let Some(p) = self.pools.get_mut(&(k.0, k.1)) {
-            p.remove(&size_addr(k.2, k.3));
+        if let Some(i) = self.pool_index((k.0, k.1)) {
+            self.pools[i].remove(&size_addr(k.2, k.3));
         }
         match release {
             Release::Keep => {}
@@ -91,8 +127,7 @@ impl FreeLists {
 
     /// The blocks of a pool from `size` up, in order.
     pub fn from(&self, small: bool, stream: u64, size: u64) -> impl Iterator<Item = FreeKey> + '_ {
-        self.pools
-            .get(&(small, stream))
+        self.pool((small, stream))
             .into_iter()
             .flat_map(move |p| p.from(size_addr(size, 0)))
             .map(move |k| (small, stream, (k >> 64) as u64, k as u64))
@@ -101,10 +136,7 @@ impl FreeLists {
     /// The first block of a pool from `size` up (`from(..).next()`).
     #[inline]
     pub fn first_from(&self, small: bool, stream: u64, size: u64) -> Option<FreeKey> {
-        let k = self
-            .pools
-            .get(&(small, stream))?
-            .first_from(size_addr(size, 0))?;
+        let k = self.pool((small, stream))?.first_from(size_addr(size, 0))?;
         Some((small, stream, (k >> 64) as u64, k as u64))
     }
 
