@@ -707,8 +707,12 @@ impl Model {
     /// when the rest is worth keeping; returns the block's size.
     fn alloc_found_block(&mut self, addr: u64, b: Blk, size: u64) -> u64 {
         let small = self.segs[b.seg as usize].small;
-        let mut bsize = b.size;
-        if self.settings.should_split(small, b.size, size) && size < b.size {
+        let split = self.settings.should_split(small, b.size, size) && size < b.size;
+        let bsize = if split { size } else { b.size };
+        // The block shrinks first, so that its end entry is its own when it is moved (the rest
+        // then takes the old end: two hash probes fewer than the other way round).
+        self.blocks.update(addr, bsize, St::Alloc);
+        if split {
             // Saturating, as every end here: a block ending past 2^64 is not from a CUDA device
             // (a corrupt or hostile snapshot), and must not bring the replay down.
             let rest = addr.saturating_add(size);
@@ -721,9 +725,7 @@ impl Model {
             if let Some((k, r)) = self.free_entry_of(rest, rb) {
                 self.free.insert(k, r);
             }
-            bsize = size;
         }
-        self.blocks.update(addr, bsize, St::Alloc);
         self.allocated = self.allocated.saturating_add(bsize);
         self.bump_peaks();
         bsize

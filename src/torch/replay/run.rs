@@ -93,63 +93,66 @@ impl Plan {
         let mut side = self.side.iter().peekable();
         let mut i = 0usize;
         let n = self.aref_at.len().min(trace.len());
-        std::iter::from_fn(move || {
-            loop {
-                // Side ops sit on release entries, where the trace makes no op of its own.
-                if let Some(sop) = side.next_if(|o| o.pos as usize <= i) {
-                    match sop.probe {
-                        Some(releases) => {
-                            if !as_recorded {
-                                continue;
+        std::iter::from_fn(
+            #[inline(always)]
+            move || {
+                loop {
+                    // Side ops sit on release entries, where the trace makes no op of its own.
+                    if let Some(sop) = side.next_if(|o| o.pos as usize <= i) {
+                        match sop.probe {
+                            Some(releases) => {
+                                if !as_recorded {
+                                    continue;
+                                }
+                                return Some(Op {
+                                    pos: sop.pos as usize,
+                                    step: sop.step as usize,
+                                    kind: OpKind::Probe {
+                                        entry: sop.step as usize,
+                                        releases,
+                                    },
+                                    aref: sop.aref,
+                                });
                             }
-                            return Some(Op {
-                                pos: sop.pos as usize,
-                                step: sop.step as usize,
-                                kind: OpKind::Probe {
-                                    entry: sop.step as usize,
-                                    releases,
-                                },
-                                aref: sop.aref,
-                            });
-                        }
-                        None => {
-                            return Some(Op {
-                                pos: sop.pos as usize,
-                                step: sop.step as usize,
-                                kind: OpKind::EmptyCache,
-                                aref: NONE,
-                            });
+                            None => {
+                                return Some(Op {
+                                    pos: sop.pos as usize,
+                                    step: sop.step as usize,
+                                    kind: OpKind::EmptyCache,
+                                    aref: NONE,
+                                });
+                            }
                         }
                     }
-                }
-                if i >= n {
-                    return None;
-                }
-                let at = i;
-                i += 1;
-                let aref = self.aref_at[at];
-                let kind = match trace[at].action {
-                    Action::Alloc | Action::Oom => {
-                        let oom = trace[at].action == Action::Oom;
-                        OpKind::Malloc {
-                            entry: at,
-                            oom,
-                            refused: oom,
-                            releases: 0,
-                        }
+                    if i >= n {
+                        return None;
                     }
-                    Action::FreeRequested if aref != NONE => OpKind::FreeRequested,
-                    Action::FreeCompleted if aref != NONE => OpKind::FreeCompleted,
-                    _ => continue,
-                };
-                return Some(Op {
-                    pos: at,
-                    step: at,
-                    kind,
-                    aref,
-                });
-            }
-        })
+                    let at = i;
+                    i += 1;
+                    let aref = self.aref_at[at];
+                    let kind = match trace[at].action {
+                        Action::Alloc | Action::Oom => {
+                            let oom = trace[at].action == Action::Oom;
+                            OpKind::Malloc {
+                                entry: at,
+                                oom,
+                                refused: oom,
+                                releases: 0,
+                            }
+                        }
+                        Action::FreeRequested if aref != NONE => OpKind::FreeRequested,
+                        Action::FreeCompleted if aref != NONE => OpKind::FreeCompleted,
+                        _ => continue,
+                    };
+                    return Some(Op {
+                        pos: at,
+                        step: at,
+                        kind,
+                        aref,
+                    });
+                }
+            },
+        )
     }
 
     /// The aref of the `alloc` at trace entry `entry`.
@@ -520,7 +523,7 @@ impl AddrOf {
     }
 
     /// The address of `aref`'s block while it is live.
-    #[inline]
+    #[inline(always)]
     pub fn get(&self, aref: u32) -> Option<u64> {
         if aref >= self.arefs {
             return None;
@@ -535,7 +538,7 @@ impl AddrOf {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn set(&mut self, aref: u32, addr: u64) {
         // `u64::MAX` is the "not live" of the replay's bookkeeping.
         if aref >= self.arefs || addr == u64::MAX {
@@ -554,7 +557,7 @@ impl AddrOf {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn clear(&mut self, aref: u32) {
         if aref >= self.arefs {
             return;
@@ -635,6 +638,24 @@ pub(crate) fn replay<O: Observer + ?Sized>(
     // Early frees (and rematerialisation drops) sorted by position, then the re-allocations.
     let (early, again) = schedule(edits);
     let (mut ei, mut ai) = (0usize, 0usize);
+    // The references `free_at` moves, as bits: most requests are not about one, and a bit
+    // answers without hashing.
+    let top = edits
+        .free_at
+        .keys()
+        .max()
+        .map_or(0, |&a| a as usize / 64 + 1);
+    let mut moved = vec![0u64; top];
+    for &a in edits.free_at.keys() {
+        if let Some(w) = moved.get_mut(a as usize / 64) {
+            *w |= 1 << (a % 64);
+        }
+    }
+    let is_moved = |a: u32| {
+        moved
+            .get(a as usize / 64)
+            .is_some_and(|w| w & (1 << (a % 64)) != 0)
+    };
     let mut capacity_dev = Capacity(capacity);
     // Mallocs a probe already ran.
     let mut ran_early: FxHashMap<usize, ()> = FxHashMap::default();
@@ -723,7 +744,7 @@ pub(crate) fn replay<O: Observer + ?Sized>(
                     continue;
                 }
                 if !oom
-                    && !edits.free_at.is_empty()
+                    && is_moved(op.aref)
                     && edits.free_at.get(&op.aref).is_some_and(|&p| p <= entry)
                 {
                     continue; // never allocated
@@ -767,7 +788,7 @@ pub(crate) fn replay<O: Observer + ?Sized>(
                 }
             }
             OpKind::FreeRequested | OpKind::FreeCompleted => {
-                if !edits.free_at.is_empty() && edits.free_at.contains_key(&op.aref) {
+                if is_moved(op.aref) {
                     continue;
                 }
                 let Some(addr) = addr_of.get(op.aref) else {
