@@ -638,24 +638,7 @@ pub(crate) fn replay<O: Observer + ?Sized>(
     // Early frees (and rematerialisation drops) sorted by position, then the re-allocations.
     let (early, again) = schedule(edits);
     let (mut ei, mut ai) = (0usize, 0usize);
-    // The references `free_at` moves, as bits: most requests are not about one, and a bit
-    // answers without hashing.
-    let top = edits
-        .free_at
-        .keys()
-        .max()
-        .map_or(0, |&a| a as usize / 64 + 1);
-    let mut moved = vec![0u64; top];
-    for &a in edits.free_at.keys() {
-        if let Some(w) = moved.get_mut(a as usize / 64) {
-            *w |= 1 << (a % 64);
-        }
-    }
-    let is_moved = |a: u32| {
-        moved
-            .get(a as usize / 64)
-            .is_some_and(|w| w & (1 << (a % 64)) != 0)
-    };
+    let moved = Moved::of(edits);
     let mut capacity_dev = Capacity(capacity);
     // Mallocs a probe already ran.
     let mut ran_early: FxHashMap<usize, ()> = FxHashMap::default();
@@ -744,7 +727,7 @@ pub(crate) fn replay<O: Observer + ?Sized>(
                     continue;
                 }
                 if !oom
-                    && is_moved(op.aref)
+                    && moved.has(op.aref)
                     && edits.free_at.get(&op.aref).is_some_and(|&p| p <= entry)
                 {
                     continue; // never allocated
@@ -788,7 +771,7 @@ pub(crate) fn replay<O: Observer + ?Sized>(
                 }
             }
             OpKind::FreeRequested | OpKind::FreeCompleted => {
-                if is_moved(op.aref) {
+                if moved.has(op.aref) {
                     continue;
                 }
                 let Some(addr) = addr_of.get(op.aref) else {
@@ -886,6 +869,32 @@ fn schedule(edits: &Edits) -> (Vec<(usize, u32)>, Vec<(usize, u32, usize)>) {
         .collect();
     again.sort_unstable();
     (early, again)
+}
+
+/// The references a what-if's `free_at` moves, as bits: most requests are not about one, and
+/// a bit answers without hashing.
+struct Moved(Vec<u64>);
+
+impl Moved {
+    fn of(edits: &Edits) -> Moved {
+        let top = edits
+            .free_at
+            .keys()
+            .max()
+            .map_or(0, |&a| a as usize / 64 + 1);
+        let mut bits = vec![0u64; top];
+        for &a in edits.free_at.keys() {
+            bits[a as usize / 64] |= 1 << (a % 64);
+        }
+        Moved(bits)
+    }
+
+    #[inline(always)]
+    fn has(&self, a: u32) -> bool {
+        self.0
+            .get(a as usize / 64)
+            .is_some_and(|w| w & (1 << (a % 64)) != 0)
+    }
 }
 
 /// Book a malloc's result.
