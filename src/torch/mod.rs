@@ -126,16 +126,30 @@ pub fn analyse_staged(
     // what-if starts from) runs on a second thread from the start, beside the other analyses.
     let entries: usize = snap.device_traces.iter().flatten().map(Vec::len).sum();
     let replays = replay::Replays::new();
+    // The timeline, the longest walk before the detectors: the replay thread computes it when
+    // it is done before the main thread gets there (a trace that does not validate, whose
+    // replay stops at once), and the main thread meanwhile does what does not need it.
+    let timeline_claim = memo::Claim::default();
     std::thread::scope(|sc| {
         if entries >= PARALLEL_FROM && parallel() {
             let r = replays.clone();
+            let claim = &timeline_claim;
             let _ = std::thread::Builder::new()
                 .name("memlsp-replay".into())
-                .spawn_scoped(sc, move || r.warm(snap));
+                .spawn_scoped(sc, move || {
+                    r.warm(snap);
+                    claim.help(|| {
+                        time("timeline", || {
+                            // Its own index of the stacks: the main thread's goes into the analysis.
+                            timeline::compute(snap, &StackIndex::new(snap, &opts.frames))
+                        })
+                    });
+                });
         }
         let (totals, all_sites, device_sites) = others(&stacks);
-        let timeline = time("timeline", || timeline::compute(snap, &stacks));
         let releases = time("releases", || release::Releases::compute(snap));
+        let timeline =
+            timeline_claim.take(|| time("timeline", || timeline::compute(snap, &stacks)));
         let stages = time("stages", || {
             stages::compute(snap, &stacks, &timeline, &releases)
         });

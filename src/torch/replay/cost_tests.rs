@@ -226,3 +226,19 @@ fn an_inconsistent_trace_is_not_replayed_and_says_where() {
     assert!(!w.simulated);
     assert!(w.note.is_some_and(|n| n.starts_with("not simulated")));
 }
+
+/// On a trace large enough for the replay thread, whose replay stops at once (it does not fit
+/// its segments), that thread computes the timeline while the main thread does the totals: the
+/// analysis has the timeline a walk of its own gives.
+#[test]
+fn the_timeline_made_beside_a_failed_replay_is_the_timeline() {
+    let snap = inconsistent(crate::torch::PARALLEL_FROM + 20_000);
+    let opts = crate::torch::AnalysisOptions::default();
+    let a = crate::torch::analyse(&snap, &opts);
+    let alone = crate::torch::timeline::compute(
+        &snap,
+        &crate::torch::stacks::StackIndex::new(&snap, &opts.frames),
+    );
+    assert!(!alone.devices.is_empty());
+    assert_eq!(a.timeline, alone);
+}
