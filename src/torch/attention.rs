@@ -44,7 +44,11 @@ pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
 
 /// PT018's numbers (`torch.attention` in the JSON): the attention whose score-sized blocks hold
 /// the most of a device's peak, when they hold at least [`MIN_SHARE`] percent of it.
-pub fn scores(snap: &Snapshot, a: &Analysis) -> Option<Attention> {
+pub fn scores(
+    snap: &Snapshot,
+    timeline: &crate::torch::timeline::Timeline,
+    peak_live: &PeakLive,
+) -> Option<Attention> {
     // Only blocks of stacks through a softmax can name an attention: without one, there is no
     // live set to walk.
     let softmax: Vec<bool> = snap.frames.iter().map(|f| is_softmax(&f.name)).collect();
@@ -53,13 +57,13 @@ pub fn scores(snap: &Snapshot, a: &Analysis) -> Option<Attention> {
     }
     let flags = FrameFlags::of(snap, &FrameFilter::default(), softmax);
     let mut best: Option<Attention> = None;
-    for t in &a.timeline.devices {
+    for t in &timeline.devices {
         let Some(set) = &t.peak_set else {
             continue;
         };
         if let Some(g) = group_at_peak(
             snap,
-            &a.peak_live,
+            peak_live,
             &flags,
             t.device,
             set.index as usize,

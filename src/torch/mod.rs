@@ -130,10 +130,12 @@ pub fn analyse_staged(
     // it is done before the main thread gets there (a trace that does not validate, whose
     // replay stops at once), and the main thread meanwhile does what does not need it.
     let timeline_claim = memo::Claim::default();
+    // The replay thread has nothing left to do: a second core is free for the analyses.
+    let idle = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|sc| {
         if entries >= PARALLEL_FROM && parallel() {
             let r = replays.clone();
-            let claim = &timeline_claim;
+            let (claim, idle) = (&timeline_claim, &idle);
             let _ = std::thread::Builder::new()
                 .name("memlsp-replay".into())
                 .spawn_scoped(sc, move || {
@@ -144,15 +146,30 @@ pub fn analyse_staged(
                             timeline::compute(snap, &StackIndex::new(snap, &opts.frames))
                         })
                     });
+                    idle.store(true, std::sync::atomic::Ordering::Release);
                 });
         }
         let (totals, all_sites, device_sites) = others(&stacks);
         let releases = time("releases", || release::Releases::compute(snap));
         let timeline =
             timeline_claim.take(|| time("timeline", || timeline::compute(snap, &stacks)));
-        let stages = time("stages", || {
-            stages::compute(snap, &stacks, &timeline, &releases)
-        });
+        // PT018's grouping needs only the timeline: beside the stages when a core is free.
+        let peak_live = attention::PeakLive::default();
+        let attention_scores = || {
+            time("attention", || {
+                attention::scores(snap, &timeline, &peak_live)
+            })
+        };
+        let stages_now = || {
+            time("stages", || {
+                stages::compute(snap, &stacks, &timeline, &releases)
+            })
+        };
+        let (stages, attention) = if idle.load(std::sync::atomic::Ordering::Acquire) {
+            beside(stages_now, attention_scores)
+        } else {
+            (stages_now(), attention_scores())
+        };
         let fragmentation = time("fragmentation", || {
             fragmentation::diagnose(snap, &totals, &timeline)
         });
@@ -168,10 +185,9 @@ pub fn analyse_staged(
             releases,
             replays,
             simulated: false,
-            attention: None,
-            peak_live: attention::PeakLive::default(),
+            attention,
+            peak_live,
         };
-        a.attention = time("attention", || attention::scores(snap, &a));
         let mut found = time("patterns", || patterns::detect(snap, &a));
         a.peak_live.clear();
         if let Some(recorded) = recorded {
@@ -195,6 +211,30 @@ pub fn analyse_staged(
     })
 }
 
+/// `a` here and `b` on a thread of its own (both here if the thread cannot start).
+fn beside<A: Send, B: Send>(a: impl FnOnce() -> A, b: impl FnOnce() -> B + Send) -> (A, B) {
+    let b = std::sync::Mutex::new(Some(b));
+    let run_b = || {
+        let f = b.lock().ok().and_then(|mut f| f.take());
+        f.map(|f| f())
+    };
+    std::thread::scope(|s| {
+        let h = std::thread::Builder::new()
+            .name("memlsp-beside".into())
+            .spawn_scoped(s, run_b);
+        let a = a();
+        let done = h
+            .ok()
+            .and_then(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)));
+        // Not started (or handed nothing): here, after `a`.
+        let b = match done {
+            Some(v) => v,
+            None => run_b().expect("the closure is run once"),
+        };
+        (a, b)
+    })
+}
+
 /// More than one core to run on.
 pub(crate) fn parallel() -> bool {
     std::thread::available_parallelism().is_ok_and(|n| n.get() > 1)
@@ -206,14 +246,26 @@ pub(crate) const PARALLEL_FROM: usize = 200_000;
 /// The engine's output: the typed summary, the first `opts.top` sites, the findings.
 pub fn output(snap: &Snapshot, a: &Analysis, opts: &AnalysisOptions) -> Output {
     use crate::timings::time;
-    let mut summary = time("summary", || summary::summarize(snap, a, opts.top));
+    let summarize = || time("summary", || summary::summarize(snap, a, opts.top));
+    let walks = || {
+        let categories = time("categories", || {
+            categories::compute(snap, &a.stacks, &a.timeline, &opts.categories)
+        });
+        let compile_contexts = time("compile contexts", || {
+            compile_regions::compute(snap, &a.timeline)
+        });
+        (categories, compile_contexts)
+    };
+    // Each walks a long trace on its own: on both cores when there are two.
+    let entries: usize = snap.device_traces.iter().flatten().map(Vec::len).sum();
+    let (mut summary, (categories, compile_contexts)) = if entries >= PARALLEL_FROM && parallel() {
+        beside(summarize, walks)
+    } else {
+        (summarize(), walks())
+    };
     summary.rank_summary = time("rank summary", || ranks::RankSummary::of(snap, a));
-    summary.categories = time("categories", || {
-        categories::compute(snap, &a.stacks, &a.timeline, &opts.categories)
-    });
-    summary.compile_contexts = time("compile contexts", || {
-        compile_regions::compute(snap, &a.timeline)
-    });
+    summary.categories = categories;
+    summary.compile_contexts = compile_contexts;
     if opts.pictures {
         time("pictures", || pictures(snap, a, &mut summary));
     }
@@ -364,6 +416,18 @@ fn same_site(l: &crate::findings::Location, s: &sites::SiteStat) -> bool {
 mod tests {
     use super::*;
     use crate::torch::model::{Action, Block, BlockState, Frame, Segment, TraceEntry};
+
+    /// `beside` gives each closure's value in its place, the second made on its own thread.
+    #[test]
+    fn beside_runs_the_second_closure_on_its_own_thread() {
+        let here = std::thread::current().id();
+        let (a, b) = beside(
+            || (std::thread::current().id(), "a"),
+            || (std::thread::current().id(), "b"),
+        );
+        assert_eq!((a.0 == here, a.1), (true, "a"));
+        assert_eq!((b.0 == here, b.1), (false, "b"));
+    }
 
     #[test]
     fn a_large_trace_analysed_on_two_threads_matches_one_thread() {

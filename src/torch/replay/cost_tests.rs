@@ -241,4 +241,8 @@ fn the_timeline_made_beside_a_failed_replay_is_the_timeline() {
     );
     assert!(!alone.devices.is_empty());
     assert_eq!(a.timeline, alone);
+    // And the stages, made beside PT018's grouping once that thread is idle.
+    let releases = crate::torch::release::Releases::compute(&snap);
+    let stages = crate::torch::stages::compute(&snap, &a.stacks, &alone, &releases);
+    assert_eq!(a.stages, stages);
 }
