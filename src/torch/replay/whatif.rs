@@ -22,6 +22,7 @@ use crate::torch::Analysis;
 use crate::torch::model::{Action, FrameId, Snapshot, TraceEntry};
 use crate::torch::replay::{self, Change, WhatIf};
 use crate::torch::stacks::{Role, SiteKey};
+use crate::torch::timeline::DeviceTimeline;
 
 /// One allocation of a device trace: its `alloc` entry and the entries that freed it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,6 +83,14 @@ fn lives(
     out
 }
 
+/// PT002's change frees these sites' kept allocations: activations retained three times or more.
+fn kept_activations(t: &DeviceTimeline) -> impl Iterator<Item = FrameId> + '_ {
+    t.sites
+        .iter()
+        .filter(|s| s.role == Role::Activation && s.retained >= 3)
+        .filter_map(|s| s.key)
+}
+
 /// The sites a finding's change reads the lives of (`None`: every site's).
 ///
 /// A finding names its site by place (`key_of`), which the whole map answers with the first of
@@ -103,12 +112,7 @@ fn sites_read(f: &Finding, snap: &Snapshot, a: &Analysis, device: i64) -> Option
         Code::PT002 => {
             let mut keys = at_place()?;
             if let Some(t) = a.timeline.device(device) {
-                keys.extend(
-                    t.sites
-                        .iter()
-                        .filter(|s| s.role == Role::Activation && s.retained >= 3)
-                        .filter_map(|s| s.key),
-                );
+                keys.extend(kept_activations(t));
             }
             Some(keys)
         }
@@ -205,12 +209,7 @@ fn changes_for(
     let t = a.timeline.device(device)?;
     match f.code {
         Code::PT002 => {
-            let mut sites: Vec<SiteKey> = t
-                .sites
-                .iter()
-                .filter(|s| s.key.is_some() && s.role == Role::Activation && s.retained >= 3)
-                .map(|s| s.key)
-                .collect();
+            let mut sites: Vec<SiteKey> = kept_activations(t).map(Some).collect();
             let lead = key_of(f);
             // The kept loss lives one step: until the next one is made.
             let step = lead
