@@ -140,13 +140,17 @@ pub fn analyse_staged(
                 .name("memlsp-replay".into())
                 .spawn_scoped(sc, move || {
                     r.warm(snap);
+                    let done = || idle.store(true, std::sync::atomic::Ordering::Release);
                     claim.help(|| {
-                        time("timeline", || {
+                        let t = time("timeline", || {
                             // Its own index of the stacks: the main thread's goes into the analysis.
                             timeline::compute(snap, &StackIndex::new(snap, &opts.frames))
-                        })
+                        });
+                        // Idle before the main thread, woken by the value, asks.
+                        done();
+                        t
                     });
-                    idle.store(true, std::sync::atomic::Ordering::Release);
+                    done();
                 });
         }
         let (totals, all_sites, device_sites) = others(&stacks);
