@@ -53,15 +53,6 @@ fn part(name: &str, pattern: Option<&str>, (bytes, blocks): (u64, u64), total: u
     }
 }
 
-const ROLES: [Role; 6] = [
-    Role::Parameter,
-    Role::OptimizerState,
-    Role::Activation,
-    Role::Backward,
-    Role::CommunicationBuffer,
-    Role::Unknown,
-];
-
 /// Live bytes and blocks of one stack.
 type Live = (Option<StackId>, u64, u64);
 
@@ -122,16 +113,13 @@ fn breakdown(
     live: &[(Option<StackId>, u64, u64)],
     categories: &[Category],
 ) -> DeviceCategories {
-    let mut roles = [(0u64, 0u64); ROLES.len()];
+    let mut roles = [(0u64, 0u64); Role::ALL.len()];
     let mut custom = vec![(0u64, 0u64); categories.len() + 1];
     let (mut total, mut blocks) = (0u64, 0u64);
     for &(stack, bytes, n) in live {
         total = total.saturating_add(bytes);
         blocks += n;
-        let r = ROLES
-            .iter()
-            .position(|r| *r == stacks.role(stack))
-            .unwrap_or(ROLES.len() - 1);
+        let r = stacks.role(stack).slot();
         roles[r].0 = roles[r].0.saturating_add(bytes);
         roles[r].1 += n;
         if categories.is_empty() {
@@ -148,7 +136,7 @@ fn breakdown(
         custom[c].0 = custom[c].0.saturating_add(bytes);
         custom[c].1 += n;
     }
-    let mut by_role: Vec<Part> = ROLES
+    let mut by_role: Vec<Part> = Role::ALL
         .iter()
         .zip(roles)
         .filter(|(_, v)| v.1 > 0)
