@@ -1,6 +1,7 @@
-//! A small cache of values computed once per key and shared between threads (the analyses of one
-//! snapshot ask for the same walk at the same peak; see `Releases`'s held walks and
-//! `Analysis::peak_live`).
+//! Values computed once and shared between threads: [`Memo`], a small cache by key (the analyses
+//! of one snapshot ask for the same walk at the same peak; see `Releases`'s held walks and
+//! `Analysis::peak_live`), and [`Claim`], one value made by whichever thread gets to it first
+//! (the timeline, when the replay thread is idle before the main thread needs it).
 
 use std::sync::{Arc, Condvar, Mutex};
 
