@@ -805,6 +805,7 @@ impl<'t, 'a> Builder<'t, 'a> {
 
 mod compile_context;
 mod extras;
+mod pager;
 mod sink;
 
 use sink::{TraceSink, trace_sink};

@@ -41,6 +41,9 @@ pub(super) fn trace_sink<'m>(
         last_slots: Vec::new(),
         actions: Vec::new(),
         map,
+        pager: map
+            .filter(|_| threaded)
+            .and_then(super::pager::Pager::start),
         released: 0,
         contexts: Default::default(),
         cancel: opts.cancel.clone(),
@@ -66,7 +69,9 @@ pub(super) struct TraceSink<'m> {
     pub(super) contexts: super::compile_context::Contexts,
     cancel: crate::options::Cancel,
     progress: crate::options::Progress,
-    /// Input bytes before this offset were given back to the kernel.
+    /// Maps the input in ahead of the decoder and gives it back behind, on its own thread.
+    pager: Option<super::pager::Pager>,
+    /// Without a pager: input bytes before this offset were given back to the kernel.
     released: usize,
 }
 
@@ -211,24 +216,11 @@ impl pickle::Sink for TraceSink<'_> {
         self.progress.advance(offset as u64);
         // Give back the pages of input already decoded: the strings kept point into the map and
         // are re-read from the page cache if needed, so peak memory stays near the model's size.
-        #[cfg(unix)]
-        if let Some(map) = self.map {
-            let page = 4096;
-            let upto = (offset.saturating_sub(256 << 10)) / page * page;
-            if upto > self.released {
-                // SAFETY: the mapping is private and read-only; DONTNEED only drops clean pages.
-                let _ = unsafe {
-                    map.unchecked_advise_range(
-                        memmap2::UncheckedAdvice::DontNeed,
-                        self.released,
-                        upto - self.released,
-                    )
-                };
-                self.released = upto;
-            }
+        match (&self.pager, self.map) {
+            (Some(pager), _) => pager.advance(offset),
+            (None, Some(map)) => super::pager::give_back(map, offset, &mut self.released),
+            (None, None) => {}
         }
-        #[cfg(not(unix))]
-        let _ = (offset, self.map);
         true
     }
 }
