@@ -67,15 +67,24 @@ impl<'a> Vm<'a, '_> {
                         Some(n) if (1..=7).contains(&n) => n as usize,
                         _ => break,
                     };
-                    let Some(b) = d.get(arg + 1..arg + 1 + n) else {
-                        break;
+                    // One 8-byte load where the input goes on that far (a copy of `n` bytes
+                    // then a load of 8 stalls on store forwarding), shifted so the int's top
+                    // byte is the word's and its sign extends from there.
+                    let raw = match d.get(arg + 1..arg + 9) {
+                        Some(s) => {
+                            u64::from_le_bytes([s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]])
+                        }
+                        None => {
+                            let Some(b) = d.get(arg + 1..arg + 1 + n) else {
+                                break;
+                            };
+                            let mut buf = [0u8; 8];
+                            buf[..n].copy_from_slice(b);
+                            u64::from_le_bytes(buf)
+                        }
                     };
-                    let mut buf = [0u8; 8];
-                    buf[..n].copy_from_slice(b);
-                    let mut v = i64::from_le_bytes(buf);
-                    if b[n - 1] & 0x80 != 0 {
-                        v -= 1i64 << (8 * n);
-                    }
+                    let unused = 64 - 8 * n as u32;
+                    let v = ((raw << unused) as i64) >> unused;
                     match Val::small_int(v) {
                         Some(v) => (v, arg + 1 + n),
                         None => break,
@@ -167,5 +176,43 @@ impl<'a> Vm<'a, '_> {
             (self.op_at, self.p) = (q, q + 1);
         }
         Ok(taken)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::pickle::opcodes as op;
+
+    /// `LONG1` ints of every length the fast path takes, positive and negative, after a memo
+    /// reference (where `fast_ops` reads them), the last one too near the end for a whole word.
+    #[test]
+    fn long1_after_a_memo_reference_decodes_as_python_does() {
+        let mut want: Vec<i64> = Vec::new();
+        for n in 1..=7u32 {
+            let top = 1i64 << (8 * n - 1);
+            want.extend([top - 1, -top, -1, 0, 255 % top, -(top / 3) - 7]);
+        }
+        let mut b = vec![op::PROTO, 4, op::EMPTY_LIST, op::MEMOIZE, op::MARK];
+        b.extend([op::SHORT_BINUNICODE, 1, b'k', op::MEMOIZE]);
+        for &v in &want {
+            // The shortest two's-complement form Python's pickle writes.
+            let mut n = 1;
+            while n < 8 && !(-(1i64 << (8 * n - 1))..(1i64 << (8 * n - 1))).contains(&v) {
+                n += 1;
+            }
+            b.extend([op::BINGET, 1, op::LONG1, n as u8]);
+            b.extend_from_slice(&v.to_le_bytes()[..n]);
+        }
+        b.extend([op::APPENDS, op::STOP]);
+        let t = crate::pickle::decode(&b).unwrap();
+        // The list: the key string left on the stack, then (key, int) pairs.
+        let got: Vec<i64> = t.items(t.root)[1..]
+            .chunks(2)
+            .map(|p| {
+                t.int(p[1])
+                    .unwrap_or_else(|| panic!("{}", t.describe(p[1])))
+            })
+            .collect();
+        assert_eq!(got, want);
     }
 }
