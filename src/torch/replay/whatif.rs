@@ -314,16 +314,25 @@ pub fn simulate(snap: &Snapshot, a: &Analysis, findings: &mut [Finding]) {
         Some(t) => t,
         None => return,
     };
+    // The findings to simulate, with their device and its trace.
+    let targets: Vec<(usize, i64, &[TraceEntry])> = findings
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| wanted.contains(&f.code))
+        .filter_map(|(i, f)| {
+            let device = device_of(f, snap)?;
+            let trace = traces.get(usize::try_from(device).ok()?)?;
+            Some((i, device, &trace[..]))
+        })
+        .collect();
     // The sites each device's changes read (`None`: all): a trace of millions of allocations
     // is paired up for a few sites, not for all of them.
     let mut read: FxHashMap<i64, Option<FxHashSet<FrameId>>> = FxHashMap::default();
-    for f in findings.iter() {
-        if !wanted.contains(&f.code) || f.code == Code::PT008 {
+    for &(i, device, _) in &targets {
+        let f = &findings[i];
+        if f.code == Code::PT008 {
             continue;
         }
-        let Some(device) = device_of(f, snap) else {
-            continue;
-        };
         let sites = sites_read(f, snap, a, device);
         let r = read
             .entry(device)
@@ -336,16 +345,8 @@ pub fn simulate(snap: &Snapshot, a: &Analysis, findings: &mut [Finding]) {
     let mut cache: FxHashMap<i64, FxHashMap<SiteKey, Vec<Life>>> = FxHashMap::default();
     // The replays to run: (finding, device, changes, words).
     let mut jobs: Vec<(usize, i64, Vec<Change>, String)> = Vec::new();
-    for (i, f) in findings.iter_mut().enumerate() {
-        if !wanted.contains(&f.code) {
-            continue;
-        }
-        let Some(device) = device_of(f, snap) else {
-            continue;
-        };
-        let Some(trace) = usize::try_from(device).ok().and_then(|d| traces.get(d)) else {
-            continue;
-        };
+    for &(i, device, trace) in &targets {
+        let f = &mut findings[i];
         if f.code == Code::PT008 {
             settings_for_oom(snap, &a.replays, device, f);
             continue;
