@@ -20,8 +20,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 #[cfg(target_os = "linux")]
 const AHEAD: usize = 8 << 20;
 /// Pages kept behind the decoder (strings near the current position are read again).
-pub(super) const BEHIND: usize = 256 << 10;
+#[cfg(unix)]
+const BEHIND: usize = 256 << 10;
+#[cfg(unix)]
 const PAGE: usize = 4096;
+
+/// Where the pages to give back end when the decoder is at `offset`: [`BEHIND`] short of it,
+/// on a page boundary.
+#[cfg(unix)]
+fn behind(offset: usize) -> usize {
+    offset.saturating_sub(BEHIND) / PAGE * PAGE
+}
 
 /// The pager of one mapped capture: joined when dropped, so it never touches the map after
 /// the decoder (and the map) are done with it.
@@ -98,7 +107,7 @@ fn run(s: &Shared, base: usize, len: usize) {
         if at == usize::MAX {
             return;
         }
-        let upto = at.saturating_sub(BEHIND) / PAGE * PAGE;
+        let upto = behind(at);
         if upto > released {
             advise(base, released, upto - released, libc::MADV_DONTNEED);
             released = upto;
@@ -108,7 +117,8 @@ fn run(s: &Shared, base: usize, len: usize) {
         // Half a window at a time: the decoder is then always a few MiB short of the edge.
         if want > from && (want - from >= AHEAD / 2 || want == len) {
             if !advise(base, from, want - from, libc::MADV_POPULATE_READ) {
-                // An older kernel: nothing more to do ahead.
+                // Refused (a kernel before 5.14, or the file cut short under the map): the
+                // decoder faults its pages in itself from here on.
                 populated = len;
             } else {
                 populated = want;
@@ -134,7 +144,7 @@ fn advise(base: usize, offset: usize, len: usize, advice: libc::c_int) -> bool {
 pub(super) fn give_back(map: &memmap2::Mmap, offset: usize, released: &mut usize) {
     #[cfg(unix)]
     {
-        let upto = offset.saturating_sub(BEHIND) / PAGE * PAGE;
+        let upto = behind(offset);
         if upto > *released {
             // SAFETY: the mapping is private and read-only; DONTNEED only drops clean pages.
             let _ = unsafe {
@@ -151,14 +161,37 @@ pub(super) fn give_back(map: &memmap2::Mmap, offset: usize, released: &mut usize
     let _ = (map, offset, released);
 }
 
-#[cfg(test)]
+#[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
 
-    /// The pager maps in and gives back pages of a real file while it is read: every byte reads
-    /// the same as the file's, before, during and after.
+    /// Resident kB of the mapping that starts at `base` (`/proc/self/smaps`).
+    fn rss_kb(base: usize) -> u64 {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let head = format!("{base:x}-");
+        let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&head)).skip(1);
+        lines
+            .find_map(|l| l.strip_prefix("Rss:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("the mapping's Rss line")
+    }
+
+    /// Polls `rss_kb` until `ok` holds (the pager works on its own thread), for at most 10 s.
+    fn settles(base: usize, ok: impl Fn(u64) -> bool) -> u64 {
+        let t = std::time::Instant::now();
+        loop {
+            let r = rss_kb(base);
+            if ok(r) || t.elapsed().as_secs() >= 10 {
+                return r;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
+    /// The pager maps the window ahead of the decoder in and gives back what lies behind it,
+    /// and the map reads the file's bytes throughout.
     #[test]
-    fn the_map_reads_the_file_while_the_pager_works_on_it() {
+    fn the_pager_maps_in_ahead_and_gives_back_behind() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("capture.bin");
         let bytes: Vec<u8> = (0..(24usize << 20))
@@ -168,21 +201,48 @@ mod tests {
         let file = std::fs::File::open(&path).unwrap();
         // SAFETY: the file is this test's own and is not changed while mapped.
         let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
-        let mut sum = 0u64;
-        {
-            let pager = Pager::start(&map);
-            let mut released = 0;
-            for (i, chunk) in map.chunks(1 << 20).enumerate() {
-                assert_eq!(chunk, &bytes[i << 20..(i << 20) + chunk.len()], "chunk {i}");
-                sum += chunk.iter().map(|&b| u64::from(b)).sum::<u64>();
-                match &pager {
-                    Some(p) => p.advance((i + 1) << 20),
-                    None => give_back(&map, (i + 1) << 20, &mut released),
-                }
-            }
+        let base = map.as_ptr() as usize;
+        let pager = Pager::start(&map).expect("a pager thread");
+        assert_eq!(rss_kb(base), 0, "nothing read yet");
+        // At the start: the window ahead is mapped in without the decoder touching it.
+        pager.advance(0);
+        let ahead = settles(base, |r| r >= (AHEAD >> 10) as u64);
+        assert!(
+            ahead >= (AHEAD >> 10) as u64,
+            "the first {AHEAD} bytes mapped in: {ahead} kB"
+        );
+        for (i, chunk) in map.chunks(1 << 20).enumerate() {
+            assert_eq!(chunk, &bytes[i << 20..(i << 20) + chunk.len()], "chunk {i}");
+            pager.advance((i + 1) << 20);
         }
-        // Given back behind the reader, the pages read the file again.
+        // At the end: all but the last BEHIND bytes given back (those too, where the kernel
+        // maps the file with 2 MiB entries: dropping part of one drops all of it).
+        let kept = settles(base, |r| r <= (BEHIND >> 10) as u64);
+        assert!(
+            kept <= (BEHIND >> 10) as u64,
+            "only the last {BEHIND} bytes stay: {kept} kB"
+        );
+        drop(pager);
+        // Given back, the pages read the file again.
         assert_eq!(&map[..], &bytes[..]);
-        assert_eq!(sum, bytes.iter().map(|&b| u64::from(b)).sum::<u64>());
+    }
+
+    /// Without a pager the decoder gives back the same pages itself.
+    #[test]
+    fn without_a_pager_the_pages_behind_are_given_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("capture.bin");
+        std::fs::write(&path, vec![7u8; 4 << 20]).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        // SAFETY: the file is this test's own and is not changed while mapped.
+        let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
+        let base = map.as_ptr() as usize;
+        assert!(map.iter().all(|&b| b == 7));
+        assert_eq!(rss_kb(base), 4 << 10);
+        let mut released = 0;
+        give_back(&map, map.len(), &mut released);
+        assert_eq!(released, (4 << 20) - BEHIND);
+        let kept = rss_kb(base);
+        assert!(kept <= (BEHIND >> 10) as u64, "{kept} kB still mapped");
     }
 }
