@@ -202,8 +202,9 @@ mod tests {
         // SAFETY: the file is this test's own and is not changed while mapped.
         let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
         let base = map.as_ptr() as usize;
-        let pager = Pager::start(&map).expect("a pager thread");
+        // Measured before the pager starts: its thread maps the first window in at once.
         assert_eq!(rss_kb(base), 0, "nothing read yet");
+        let pager = Pager::start(&map).expect("a pager thread");
         // At the start: the window ahead is mapped in without the decoder touching it.
         pager.advance(0);
         let ahead = settles(base, |r| r >= (AHEAD >> 10) as u64);
