@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 mod blocks;
 mod expandable;
 
-pub(crate) use blocks::Blocks;
+pub(crate) use blocks::{Blocks, Gap};
 
 use super::free::{FreeKey, FreeLists, Release};
 use super::settings::{
@@ -240,9 +240,7 @@ impl Model {
     #[cfg(test)]
     pub fn keep_ordered(&mut self) {
         self.irregular = true;
-        if self.blocks.ordered.is_none() {
-            self.blocks.ordered = Some(self.blocks.at.keys().copied().collect());
-        }
+        self.blocks.keep_ordered();
     }
 
     /// A segment about to be added collides with what is there, or is empty.
@@ -276,12 +274,12 @@ impl Model {
         self.unmapped.remove(&(key.0, key.1, start));
         self.blocks.remove(start);
         if addr > start {
-            self.put_unmapped(start, addr - start, seg);
+            self.put_unmapped(&mut Gap::NONE.clone(), start, addr - start, seg);
         }
         let end = addr.saturating_add(size);
         let bend = start.saturating_add(b.size);
         if bend > end {
-            self.put_unmapped(end, bend - end, seg);
+            self.put_unmapped(&mut Gap::NONE.clone(), end, bend - end, seg);
         }
         self.blocks.insert(
             addr,
@@ -407,8 +405,9 @@ impl Model {
         self.visits.set(self.visits.get().saturating_add(n));
     }
 
-    fn put_unmapped(&mut self, addr: u64, size: u64, seg: u32) {
-        self.blocks.insert(
+    fn put_unmapped(&mut self, gap: &mut Gap, addr: u64, size: u64, seg: u32) {
+        self.blocks.insert_in(
+            gap,
             addr,
             Blk {
                 size,
@@ -457,45 +456,57 @@ impl Model {
     }
 
     fn merge_same(&mut self, addr: u64, state: St) -> u64 {
-        match self.blocks.get(addr).copied() {
-            Some(b) => self.merge_same_from(addr, b, state).0,
+        match self.blocks.slot(addr) {
+            Some(s) => {
+                let m = self.merge_slot(s, state);
+                self.blocks.node(m).addr
+            }
             None => addr,
         }
     }
 
-    /// [`Model::merge_same`] of the block `b` at `addr`: the merged block's address and record.
-    fn merge_same_from(&mut self, addr: u64, b: Blk, state: St) -> (u64, Blk) {
-        let mut addr = addr;
-        let mut b = b;
+    /// [`Model::merge_same`] of the block in slot `s`: the merged block's slot.
+    fn merge_slot(&mut self, s: u32, state: St) -> u32 {
+        let mut s = s;
+        let (addr, mut b) = {
+            let n = self.blocks.node(s);
+            (n.addr, n.blk)
+        };
+        let end = addr.saturating_add(b.size);
         // The block after, grown into this one.
-        if let Some((n, nb)) = self.next_of_block(addr, b)
-            && nb.state == state
-        {
-            self.detach(n, nb);
-            b.size = b.size.saturating_add(nb.size);
-            self.blocks.update(addr, b.size, b.state);
+        if let Some(n) = self.blocks.next_slot(s) {
+            let nn = *self.blocks.node(n);
+            if nn.addr == end && nn.blk.seg == b.seg && end != addr && nn.blk.state == state {
+                self.unlist(nn.addr, nn.blk);
+                self.blocks.remove_slot(n);
+                b.size = b.size.saturating_add(nn.blk.size);
+                self.blocks.update_slot(s, b.size, b.state);
+            }
         }
         // The block before grows over this one, in place.
-        if let Some((p, pb)) = self.prev_of_block(addr, b)
-            && pb.state == state
-        {
-            self.blocks.remove(addr);
-            self.unlist(p, pb);
-            b = Blk {
-                size: pb.size.saturating_add(b.size),
-                seg: pb.seg,
-                state,
-            };
-            self.blocks.update(p, b.size, state);
-            addr = p;
+        if let Some(p) = self.blocks.prev_slot(s) {
+            let pn = *self.blocks.node(p);
+            if pn.blk.seg == b.seg
+                && pn.addr.saturating_add(pn.blk.size) == addr
+                && pn.blk.state == state
+            {
+                self.blocks.remove_slot(s);
+                self.unlist(pn.addr, pn.blk);
+                self.blocks
+                    .update_slot(p, pn.blk.size.saturating_add(b.size), state);
+                s = p;
+            }
         }
-        (addr, b)
+        s
     }
 
-    /// Remove a block from the address map and its free/unmapped set.
-    fn detach(&mut self, addr: u64, b: Blk) {
+    /// Remove a block from the address map and its free/unmapped set; the gap it leaves.
+    fn detach(&mut self, addr: u64, b: Blk) -> Gap {
         self.unlist(addr, b);
-        self.blocks.remove(addr);
+        match self.blocks.slot(addr) {
+            Some(s) => self.blocks.remove_slot(s).1,
+            None => Gap::NONE,
+        }
     }
 
     /// Take a block out of its free/unmapped set (it stays in the address map).
@@ -600,11 +611,11 @@ impl Model {
                 self.release_cached_blocks();
                 block = self.alloc_block(small, stream, size, alloc_size, dev, 2);
             }
-            found = block.map(|a| (a, self.blocks.get(a).copied()));
+            found = block.map(|a| (a, self.blocks.slot(a)));
         }
         match found {
-            Some((addr, Some(b))) => {
-                let b = self.alloc_found_block(addr, b, size);
+            Some((addr, Some(s))) => {
+                let b = self.alloc_found_block(s, size);
                 Malloc::Ok { addr, block: b }
             }
             Some((addr, None)) => Malloc::Ok { addr, block: 0 },
@@ -619,35 +630,35 @@ impl Model {
     }
 
     /// `get_free_block`: take the best-fitting cached block out of its free list.
-    /// The block's address and record (`None`: a free-list key without a block, which only a
+    /// The block's address and slot (`None`: a free-list key without a block, which only a
     /// corrupt initial state leaves).
     fn get_free_block(
         &mut self,
         small: bool,
         stream: u64,
         size: u64,
-    ) -> Option<(u64, Option<Blk>)> {
-        let (key, b) = self.pick_free_block(small, stream, size)?;
-        if let Some((k, r)) = b.and_then(|b| self.free_entry_of(key.3, b)) {
+    ) -> Option<(u64, Option<u32>)> {
+        let (key, s) = self.pick_free_block(small, stream, size)?;
+        if let Some((k, r)) = s.and_then(|s| self.free_entry_of(key.3, self.blocks.node(s).blk)) {
             self.free.remove(&k, r);
         }
-        Some((key.3, b))
+        Some((key.3, s))
     }
 
-    /// The best-fitting cached block's key, and its record (`None`: a key without a block).
+    /// The best-fitting cached block's key, and its slot (`None`: a key without a block).
     fn pick_free_block(
         &self,
         small: bool,
         stream: u64,
         size: u64,
-    ) -> Option<(FreeKey, Option<Blk>)> {
+    ) -> Option<(FreeKey, Option<u32>)> {
         let (key, blk) = {
             // The best fit is the first block unless it is expandable (the common case: one
             // lookup, no walk).
             let mut cur = self.free.first_from(small, stream, size)?;
             self.visit(1);
-            let first = self.blocks.get(cur.3).copied();
-            if !first.is_some_and(|b| self.in_expandable(b)) {
+            let first = self.blocks.slot(cur.3);
+            if !first.is_some_and(|s| self.in_expandable(self.blocks.node(s).blk)) {
                 (cur, first)
             } else {
                 let mut it = self
@@ -668,7 +679,7 @@ impl Model {
                 } else {
                     cur = it.find(|k| !self.is_expandable(k.3))?;
                 }
-                (cur, self.blocks.get(cur.3).copied())
+                (cur, self.blocks.slot(cur.3))
             }
         };
         let s = &self.settings;
@@ -705,13 +716,15 @@ impl Model {
 
     /// `alloc_found_block`: hand out the block at `addr` (already out of the free list), split
     /// when the rest is worth keeping; returns the block's size.
-    fn alloc_found_block(&mut self, addr: u64, b: Blk, size: u64) -> u64 {
+    fn alloc_found_block(&mut self, s: u32, size: u64) -> u64 {
+        let (addr, b) = {
+            let n = self.blocks.node(s);
+            (n.addr, n.blk)
+        };
         let small = self.segs[b.seg as usize].small;
         let split = self.settings.should_split(small, b.size, size) && size < b.size;
         let bsize = if split { size } else { b.size };
-        // The block shrinks first, so that its end entry is its own when it is moved (the rest
-        // then takes the old end: two hash probes fewer than the other way round).
-        self.blocks.update(addr, bsize, St::Alloc);
+        self.blocks.update_slot(s, bsize, St::Alloc);
         if split {
             // Saturating, as every end here: a block ending past 2^64 is not from a CUDA device
             // (a corrupt or hostile snapshot), and must not bring the replay down.
@@ -721,7 +734,8 @@ impl Model {
                 seg: b.seg,
                 state: St::Free,
             };
-            self.blocks.insert(rest, rb);
+            let mut gap = self.blocks.gap_after(s);
+            self.blocks.insert_in(&mut gap, rest, rb);
             if let Some((k, r)) = self.free_entry_of(rest, rb) {
                 self.free.insert(k, r);
             }
@@ -776,7 +790,7 @@ impl Model {
 
     /// The program frees a block (`free_requested`): no longer allocated, not yet reusable.
     pub fn free_requested(&mut self, addr: u64) -> bool {
-        match self.blocks.at.get_mut(&addr) {
+        match self.blocks.get_mut(addr) {
             Some(b) if b.state == St::Alloc => {
                 b.state = St::Pending;
                 self.allocated = self.allocated.saturating_sub(b.size);
@@ -788,18 +802,19 @@ impl Model {
 
     /// `free_block` (`free_completed`): the block returns to the cache, merged with neighbours.
     pub fn free_completed(&mut self, addr: u64) -> bool {
-        let b = match self.blocks.at.get_mut(&addr) {
-            Some(b) if b.state == St::Pending || b.state == St::Alloc => {
-                if b.state == St::Alloc {
-                    self.allocated = self.allocated.saturating_sub(b.size);
-                }
-                b.state = St::Free;
-                *b
-            }
-            _ => return false,
+        let Some(s) = self.blocks.slot(addr) else {
+            return false;
         };
-        let (merged, mb) = self.merge_same_from(addr, b, St::Free);
-        if let Some((k, r)) = self.free_entry_of(merged, mb) {
+        let b = self.blocks.blk_mut(s);
+        match b.state {
+            St::Pending => {}
+            St::Alloc => self.allocated = self.allocated.saturating_sub(b.size),
+            _ => return false,
+        }
+        b.state = St::Free;
+        let merged = self.merge_slot(s, St::Free);
+        let n = *self.blocks.node(merged);
+        if let Some((k, r)) = self.free_entry_of(n.addr, n.blk) {
             self.free.insert(k, r);
         }
         true

@@ -724,7 +724,7 @@ impl Device for Suggest {
 /// the same allocator, request for request, over random requests on every setting, with OOM
 /// paths (a capacity), pending frees, cache releases and a carved initial state.
 #[test]
-fn hashed_blocks_answer_as_ordered_blocks_do() {
+fn linked_blocks_answer_as_ordered_blocks_do() {
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
     let mut rnd = move |n: u64| {
         seed ^= seed << 13;

@@ -1,4 +1,4 @@
-//! The model's blocks: by start address, and by end address for the neighbour below.
+//! The model's blocks: records in a slab, found by start address, linked to their neighbours.
 
 use std::collections::BTreeSet;
 
@@ -6,120 +6,276 @@ use rustc_hash::FxHashMap;
 
 use super::{Blk, St};
 
-/// The blocks of the live segments by start address, and by end address for the neighbour
-/// below. PyTorch links a segment's blocks in a list; here the blocks of a segment tile it, so
-/// the block before `a` is the one ending at `a` and the one after is the one starting at its
-/// end: both are hash lookups instead of ordered-map walks, the replay's hottest operations.
-/// Ordered questions are rare (a new segment's address, pictures): they go through the
-/// model's segments (`Model::seg_at`) or a sort.
+/// No block (an end of a segment's list).
+const NIL: u32 = u32::MAX;
+
+/// One block's record in the slab.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Node {
+    pub blk: Blk,
+    pub addr: u64,
+    /// The blocks below and above in the same segment (linked mode), or [`NIL`].
+    prev: u32,
+    next: u32,
+}
+
+/// Where in a segment's list a block goes: between `prev` and `next` (slots, or [`NIL`]).
+/// [`Blocks::remove_slot`] leaves the gap it made; [`Blocks::gap_after`] opens one after a
+/// block; inserting into a gap moves it past the new block, so that a run of pieces inserted in
+/// address order links up.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Gap {
+    prev: u32,
+    next: u32,
+}
+
+impl Gap {
+    /// A block with no neighbours (a whole new segment).
+    pub const NONE: Gap = Gap {
+        prev: NIL,
+        next: NIL,
+    };
+}
+
+/// The blocks of the live segments. PyTorch links a segment's blocks in a list; so does this
+/// (`prev`, `next` of each [`Node`]): the neighbours of a block that is being freed or split
+/// are its links, not lookups. The records live in a slab (slots reused); a hash map finds a
+/// block's slot by its start address (the requests name blocks by address).
 ///
 /// `ordered`, the block starts in order, is kept while the initial state is carved (by
 /// address), and for good when that state is irregular (segments that overlap or are empty, or
 /// blocks that do not fit: a corrupt snapshot): then the blocks need not tile disjoint
-/// segments, and every neighbour and ordered question is answered from it exactly as an
-/// ordered map of blocks answers it.
+/// segments, the links are not kept, and every neighbour and ordered question is answered from
+/// the ordered starts exactly as an ordered map of blocks answers it. Otherwise (linked mode)
+/// the blocks tile their segments and the links are made when the order is dropped
+/// ([`Blocks::unorder`]) and kept by every change after it.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Blocks {
-    pub(super) at: FxHashMap<u64, Blk>,
-    pub(super) ends: FxHashMap<u64, u64>,
+    pub(super) index: FxHashMap<u64, u32>,
+    pub(super) nodes: Vec<Node>,
+    pub(super) vacant: Vec<u32>,
     pub(super) ordered: Option<BTreeSet<u64>>,
 }
 
 impl Blocks {
+    /// The slot of the block starting at `addr`.
     #[inline]
-    pub fn get(&self, addr: u64) -> Option<&Blk> {
-        self.at.get(&addr)
+    pub fn slot(&self, addr: u64) -> Option<u32> {
+        self.index.get(&addr).copied()
     }
 
     #[inline]
-    pub(super) fn insert(&mut self, addr: u64, b: Blk) {
-        let end = addr.saturating_add(b.size);
-        if let Some(old) = self.at.insert(addr, b) {
-            self.forget_end(addr, &old);
+    pub fn node(&self, s: u32) -> &Node {
+        &self.nodes[s as usize]
+    }
+
+    #[inline]
+    pub(super) fn blk_mut(&mut self, s: u32) -> &mut Blk {
+        &mut self.nodes[s as usize].blk
+    }
+
+    #[inline]
+    pub fn get(&self, addr: u64) -> Option<&Blk> {
+        self.slot(addr).map(|s| &self.nodes[s as usize].blk)
+    }
+
+    #[inline]
+    pub(super) fn get_mut(&mut self, addr: u64) -> Option<&mut Blk> {
+        let s = self.slot(addr)?;
+        Some(self.blk_mut(s))
+    }
+
+    fn linked(&self) -> bool {
+        self.ordered.is_none()
+    }
+
+    /// Insert a block with no neighbours in its list (a new segment, or any block while the
+    /// starts are ordered).
+    #[inline]
+    pub(super) fn insert(&mut self, addr: u64, b: Blk) -> u32 {
+        let mut gap = Gap::NONE;
+        self.insert_in(&mut gap, addr, b)
+    }
+
+    /// Insert a block into `gap` (which then lies after it). A block already at `addr` is
+    /// given the new record and keeps its place.
+    #[inline]
+    pub(super) fn insert_in(&mut self, gap: &mut Gap, addr: u64, b: Blk) -> u32 {
+        if let Some(s) = self.slot(addr) {
+            self.nodes[s as usize].blk = b;
+            return s;
         }
-        self.ends.insert(end, addr);
+        let (prev, next) = if self.linked() {
+            (gap.prev, gap.next)
+        } else {
+            (NIL, NIL)
+        };
+        let node = Node {
+            blk: b,
+            addr,
+            prev,
+            next,
+        };
+        let s = match self.vacant.pop() {
+            Some(s) => {
+                self.nodes[s as usize] = node;
+                s
+            }
+            None => {
+                self.nodes.push(node);
+                (self.nodes.len() - 1) as u32
+            }
+        };
+        if prev != NIL {
+            self.nodes[prev as usize].next = s;
+        }
+        if next != NIL {
+            self.nodes[next as usize].prev = s;
+        }
+        gap.prev = s;
+        self.index.insert(addr, s);
         if let Some(o) = self.ordered.as_mut() {
             o.insert(addr);
         }
+        s
     }
 
-    /// Give the block at `addr` a new size and state in place: what `insert` of the changed
-    /// block (same segment) does, without taking it out and putting it back.
+    /// The gap right after the block in slot `s`.
     #[inline]
-    pub(super) fn update(&mut self, addr: u64, size: u64, state: St) {
-        let Some(b) = self.at.get_mut(&addr) else {
-            return;
-        };
-        let old_end = addr.saturating_add(b.size);
+    pub(super) fn gap_after(&self, s: u32) -> Gap {
+        if !self.linked() {
+            return Gap::NONE;
+        }
+        Gap {
+            prev: s,
+            next: self.nodes[s as usize].next,
+        }
+    }
+
+    /// Give the block in slot `s` a new size and state in place (its neighbours stay).
+    #[inline]
+    pub(super) fn update_slot(&mut self, s: u32, size: u64, state: St) {
+        let b = &mut self.nodes[s as usize].blk;
         b.size = size;
         b.state = state;
-        let end = addr.saturating_add(size);
-        // Unordered blocks tile their segments: each end already names its block.
-        if old_end == end && self.ordered.is_none() {
-            return;
-        }
-        if old_end != end {
-            self.forget_end_at(old_end, addr);
-        }
-        self.ends.insert(end, addr);
     }
 
     #[inline]
     pub(super) fn remove(&mut self, addr: u64) -> Option<Blk> {
-        let b = self.at.remove(&addr)?;
-        self.forget_end(addr, &b);
+        let s = self.slot(addr)?;
+        Some(self.remove_slot(s).0)
+    }
+
+    /// Take the block in slot `s` out; its neighbours are linked to each other, and the gap
+    /// between them is returned.
+    #[inline]
+    pub(super) fn remove_slot(&mut self, s: u32) -> (Blk, Gap) {
+        let Node {
+            blk,
+            addr,
+            prev,
+            next,
+        } = self.nodes[s as usize];
+        if prev != NIL {
+            self.nodes[prev as usize].next = next;
+        }
+        if next != NIL {
+            self.nodes[next as usize].prev = prev;
+        }
+        self.index.remove(&addr);
+        self.vacant.push(s);
         if let Some(o) = self.ordered.as_mut() {
             o.remove(&addr);
         }
-        Some(b)
+        (blk, Gap { prev, next })
     }
 
+    /// The block below the one in slot `s`: its link (with `ordered`: the block with the
+    /// highest start below it, wherever it ends).
     #[inline]
-    pub(super) fn forget_end(&mut self, addr: u64, b: &Blk) {
-        self.forget_end_at(addr.saturating_add(b.size), addr);
-    }
-
-    /// Drop `end` from the end index if it names the block at `addr`: one probe in the usual
-    /// case (the entry is ours), an entry of another block put back otherwise.
-    #[inline]
-    fn forget_end_at(&mut self, end: u64, addr: u64) {
-        if let Some(other) = self.ends.remove(&end)
-            && other != addr
-        {
-            self.ends.insert(end, other);
+    pub(super) fn prev_slot(&self, s: u32) -> Option<u32> {
+        match &self.ordered {
+            Some(o) => {
+                let addr = self.nodes[s as usize].addr;
+                self.slot(*o.range(..addr).next_back()?)
+            }
+            None => Some(self.nodes[s as usize].prev).filter(|&p| p != NIL),
         }
     }
 
-    /// The block just below `addr`: the one ending at `addr` (with `ordered`: the one with the
-    /// highest start below `addr`, wherever it ends).
+    /// The block above the one in slot `s`: its link (with `ordered`: the block starting where
+    /// it ends).
+    #[inline]
+    pub(super) fn next_slot(&self, s: u32) -> Option<u32> {
+        match &self.ordered {
+            Some(_) => {
+                let n = &self.nodes[s as usize];
+                self.slot(n.addr.saturating_add(n.blk.size))
+            }
+            None => Some(self.nodes[s as usize].next).filter(|&n| n != NIL),
+        }
+    }
+
+    /// The block just below the block at `addr` (see [`Blocks::prev_slot`]; with `ordered`,
+    /// `addr` need not start a block).
     #[inline]
     pub(super) fn below(&self, addr: u64) -> Option<(u64, Blk)> {
         let p = match &self.ordered {
-            Some(o) => *o.range(..addr).next_back()?,
-            None => *self.ends.get(&addr).filter(|&&p| p != addr)?,
+            Some(o) => self.slot(*o.range(..addr).next_back()?)?,
+            None => self.prev_slot(self.slot(addr)?)?,
         };
-        self.at.get(&p).map(|b| (p, *b))
+        let n = &self.nodes[p as usize];
+        Some((n.addr, n.blk))
     }
 
     /// The block starting at or below `addr` with the highest start (ordered index).
     pub(super) fn floor(&mut self, addr: u64) -> Option<(u64, Blk)> {
-        let at = &self.at;
+        let index = &self.index;
         let o = self
             .ordered
-            .get_or_insert_with(|| at.keys().copied().collect());
+            .get_or_insert_with(|| index.keys().copied().collect());
         let &a = o.range(..=addr).next_back()?;
-        self.at.get(&a).map(|b| (a, *b))
+        self.get(a).map(|b| (a, *b))
     }
 
-    /// Stop keeping block starts in order.
+    /// Stop keeping block starts in order: link each block to the one that starts where it
+    /// ends in its segment (the blocks tile their segments).
     pub(super) fn unorder(&mut self) {
-        self.ordered = None;
+        let Some(o) = self.ordered.take() else {
+            return;
+        };
+        for n in &mut self.nodes {
+            n.prev = NIL;
+            n.next = NIL;
+        }
+        let mut last: Option<u32> = None;
+        for a in o {
+            let Some(s) = self.slot(a) else { continue };
+            if let Some(p) = last {
+                let pn = self.nodes[p as usize];
+                if pn.blk.seg == self.nodes[s as usize].blk.seg
+                    && pn.addr.saturating_add(pn.blk.size) == a
+                {
+                    self.nodes[p as usize].next = s;
+                    self.nodes[s as usize].prev = p;
+                }
+            }
+            last = Some(s);
+        }
+    }
+
+    /// Keep the block starts in order from now on (tests compare both ways of answering).
+    #[cfg(test)]
+    pub(super) fn keep_ordered(&mut self) {
+        if self.ordered.is_none() {
+            self.ordered = Some(self.index.keys().copied().collect());
+        }
     }
 
     /// The block with the highest start (`ordered` only).
     pub(super) fn last(&self) -> Option<Option<(u64, Blk)>> {
         let o = self.ordered.as_ref()?;
-        Some(o.last().and_then(|&a| self.at.get(&a).map(|b| (a, *b))))
+        Some(o.last().and_then(|&a| self.get(a).map(|b| (a, *b))))
     }
 
     /// The lowest block start at or above `from` and below `to` (`ordered` only).
@@ -136,13 +292,15 @@ impl Blocks {
 
     /// Every block, by address.
     pub fn sorted(&self) -> Vec<(u64, Blk)> {
-        let mut v: Vec<(u64, Blk)> = self.at.iter().map(|(&a, &b)| (a, b)).collect();
+        let mut v: Vec<(u64, Blk)> = self.iter().map(|(a, &b)| (a, b)).collect();
         v.sort_unstable_by_key(|x| x.0);
         v
     }
 
     /// Every block, in no order.
     pub fn iter(&self) -> impl Iterator<Item = (u64, &Blk)> {
-        self.at.iter().map(|(&a, b)| (a, b))
+        self.index
+            .iter()
+            .map(|(&a, &s)| (a, &self.nodes[s as usize].blk))
     }
 }

@@ -146,7 +146,8 @@ impl Model {
             return None;
         }
         self.unmapped.remove(&(seg.small, seg.stream, addr));
-        self.blocks.insert(
+        // The unmapped block's record becomes the mapped one's (its place in the list stays).
+        let s = self.blocks.insert(
             addr,
             Blk {
                 size: mapped,
@@ -155,7 +156,13 @@ impl Model {
             },
         );
         if mapped < b.size {
-            self.put_unmapped(addr.saturating_add(mapped), b.size - mapped, b.seg);
+            let mut gap = self.blocks.gap_after(s);
+            self.put_unmapped(
+                &mut gap,
+                addr.saturating_add(mapped),
+                b.size - mapped,
+                b.seg,
+            );
         }
         let merged = self.merge_free(addr);
         self.insert_free(merged);
@@ -182,9 +189,11 @@ impl Model {
         }
         let u_start = seg.addr.saturating_add(begin.saturating_mul(page));
         let u_size = (end - begin) * page;
-        self.detach(addr, b);
+        // The pieces go into the detached block's place in address order, each after the last.
+        let mut gap = self.detach(addr, b);
         if u_start > addr {
-            self.blocks.insert(
+            self.blocks.insert_in(
+                &mut gap,
                 addr,
                 Blk {
                     size: u_start - addr,
@@ -194,11 +203,21 @@ impl Model {
             );
             self.insert_free(addr);
         }
+        self.blocks.insert_in(
+            &mut gap,
+            u_start,
+            Blk {
+                size: u_size,
+                seg: b.seg,
+                state: St::Unmapped,
+            },
+        );
         let u_end = u_start.saturating_add(u_size);
         let after = addr.saturating_add(b.size).saturating_sub(u_end);
         if after > 0 {
             let a = u_end;
-            self.blocks.insert(
+            self.blocks.insert_in(
+                &mut gap,
                 a,
                 Blk {
                     size: after,
@@ -208,14 +227,6 @@ impl Model {
             );
             self.insert_free(a);
         }
-        self.blocks.insert(
-            u_start,
-            Blk {
-                size: u_size,
-                seg: b.seg,
-                state: St::Unmapped,
-            },
-        );
         let merged = self.merge_same(u_start, St::Unmapped);
         self.unmapped.insert((seg.small, seg.stream, merged));
         self.reserved = self.reserved.saturating_sub(u_size);
