@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 mod blocks;
 mod expandable;
 
-pub(crate) use blocks::{Blocks, Gap};
+pub(crate) use blocks::{Blocks, Gap, NIL};
 
 use super::free::{FreeKey, FreeLists, Release};
 use super::settings::{
@@ -146,6 +146,8 @@ pub(crate) struct Model {
     /// The step new events are tagged with.
     pub step: usize,
     next_synthetic: u64,
+    /// The slot of the block the last successful malloc handed out (a hint for its frees).
+    pub handed: u32,
     /// Releases (`segment_free`, `segment_unmap`) made so far, and when the current malloc began.
     released: u64,
     call_start: u64,
@@ -174,6 +176,7 @@ impl Model {
             events: Vec::new(),
             step: 0,
             next_synthetic: SYNTHETIC_BASE,
+            handed: NIL,
             released: 0,
             call_start: 0,
             visits: std::cell::Cell::new(0),
@@ -616,9 +619,13 @@ impl Model {
         match found {
             Some((addr, Some(s))) => {
                 let b = self.alloc_found_block(s, size);
+                self.handed = s;
                 Malloc::Ok { addr, block: b }
             }
-            Some((addr, None)) => Malloc::Ok { addr, block: 0 },
+            Some((addr, None)) => {
+                self.handed = NIL;
+                Malloc::Ok { addr, block: 0 }
+            }
             None => Malloc::Oom,
         }
     }
@@ -790,19 +797,33 @@ impl Model {
 
     /// The program frees a block (`free_requested`): no longer allocated, not yet reusable.
     pub fn free_requested(&mut self, addr: u64) -> bool {
-        match self.blocks.get_mut(addr) {
-            Some(b) if b.state == St::Alloc => {
-                b.state = St::Pending;
-                self.allocated = self.allocated.saturating_sub(b.size);
-                true
-            }
-            _ => false,
+        self.free_requested_at(addr, NIL)
+    }
+
+    /// [`Model::free_requested`] of the block handed out in slot `hint` ([`Model::handed`]).
+    #[inline]
+    pub fn free_requested_at(&mut self, addr: u64, hint: u32) -> bool {
+        let Some(s) = self.blocks.slot_hinted(addr, hint) else {
+            return false;
+        };
+        let b = self.blocks.blk_mut(s);
+        if b.state != St::Alloc {
+            return false;
         }
+        b.state = St::Pending;
+        self.allocated = self.allocated.saturating_sub(b.size);
+        true
     }
 
     /// `free_block` (`free_completed`): the block returns to the cache, merged with neighbours.
     pub fn free_completed(&mut self, addr: u64) -> bool {
-        let Some(s) = self.blocks.slot(addr) else {
+        self.free_completed_at(addr, NIL)
+    }
+
+    /// [`Model::free_completed`] of the block handed out in slot `hint` ([`Model::handed`]).
+    #[inline]
+    pub fn free_completed_at(&mut self, addr: u64, hint: u32) -> bool {
+        let Some(s) = self.blocks.slot_hinted(addr, hint) else {
             return false;
         };
         let b = self.blocks.blk_mut(s);

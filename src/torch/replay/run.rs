@@ -8,7 +8,7 @@
 use rustc_hash::FxHashMap;
 
 use super::initial::InitialState;
-use super::model::{Device, Malloc, Model, SegEvent, SegKind};
+use super::model::{Device, Malloc, Model, NIL, SegEvent, SegKind};
 use super::settings::Settings;
 use crate::torch::model::{Action, TraceEntry};
 
@@ -491,9 +491,9 @@ pub(crate) enum Done {
 /// allocation, the replay loop's own largest cost).
 #[derive(Clone, Debug)]
 pub(crate) struct AddrOf {
-    /// (aref, address); `NONE`: an empty slot.
-    slots: Vec<(u32, u64)>,
-    spill: FxHashMap<u32, u64>,
+    /// (aref, the model's slot of its block as a hint, address); `NONE`: an empty slot.
+    slots: Vec<(u32, u32, u64)>,
+    spill: FxHashMap<u32, (u64, u32)>,
     /// Allocation references are below this.
     arefs: u32,
 }
@@ -511,7 +511,7 @@ impl AddrOf {
     fn new(arefs: usize) -> AddrOf {
         let n = arefs.clamp(1, Self::SLOTS).next_power_of_two();
         AddrOf {
-            slots: vec![(NONE, 0); n],
+            slots: vec![(NONE, NIL, 0); n],
             spill: FxHashMap::default(),
             arefs: u32::try_from(arefs).unwrap_or(u32::MAX),
         }
@@ -525,12 +525,19 @@ impl AddrOf {
     /// The address of `aref`'s block while it is live.
     #[inline(always)]
     pub fn get(&self, aref: u32) -> Option<u64> {
+        self.get_hinted(aref).map(|(a, _)| a)
+    }
+
+    /// The address of `aref`'s block while it is live, and the model's slot it was handed out
+    /// in ([`NIL`]: not known), a hint for its frees.
+    #[inline(always)]
+    pub fn get_hinted(&self, aref: u32) -> Option<(u64, u32)> {
         if aref >= self.arefs {
             return None;
         }
-        let (r, a) = self.slots[self.slot(aref)];
+        let (r, h, a) = self.slots[self.slot(aref)];
         if r == aref {
-            Some(a)
+            Some((a, h))
         } else if self.spill.is_empty() {
             None
         } else {
@@ -540,6 +547,11 @@ impl AddrOf {
 
     #[inline(always)]
     fn set(&mut self, aref: u32, addr: u64) {
+        self.set_hinted(aref, addr, NIL);
+    }
+
+    #[inline(always)]
+    fn set_hinted(&mut self, aref: u32, addr: u64, hint: u32) {
         // `u64::MAX` is the "not live" of the replay's bookkeeping.
         if aref >= self.arefs || addr == u64::MAX {
             self.clear(aref);
@@ -548,12 +560,12 @@ impl AddrOf {
         let i = self.slot(aref);
         let r = self.slots[i].0;
         if r == aref || r == NONE {
-            self.slots[i] = (aref, addr);
+            self.slots[i] = (aref, hint, addr);
             if r == NONE && !self.spill.is_empty() {
                 self.spill.remove(&aref);
             }
         } else {
-            self.spill.insert(aref, addr);
+            self.spill.insert(aref, (addr, hint));
         }
     }
 
@@ -564,7 +576,7 @@ impl AddrOf {
         }
         let i = self.slot(aref);
         if self.slots[i].0 == aref {
-            self.slots[i] = (NONE, 0);
+            self.slots[i] = (NONE, NIL, 0);
         } else if !self.spill.is_empty() {
             self.spill.remove(&aref);
         }
@@ -575,9 +587,9 @@ impl AddrOf {
         let mut v: Vec<(u32, u64)> = self
             .slots
             .iter()
-            .copied()
             .filter(|s| s.0 != NONE)
-            .chain(self.spill.iter().map(|(&r, &a)| (r, a)))
+            .map(|&(r, _, a)| (r, a))
+            .chain(self.spill.iter().map(|(&r, &(a, _))| (r, a)))
             .collect();
         v.sort_unstable();
         v
@@ -774,13 +786,13 @@ pub(crate) fn replay<O: Observer + ?Sized>(
                 if moved.has(op.aref) {
                     continue;
                 }
-                let Some(addr) = addr_of.get(op.aref) else {
+                let Some((addr, hint)) = addr_of.get_hinted(op.aref) else {
                     continue;
                 };
                 if op.kind == OpKind::FreeRequested {
-                    m.free_requested(addr);
+                    m.free_requested_at(addr, hint);
                 } else {
-                    m.free_completed(addr);
+                    m.free_completed_at(addr, hint);
                     addr_of.clear(op.aref);
                 }
                 Done::Free { addr }
@@ -917,7 +929,7 @@ fn settle(
             } else {
                 out.first_address_mismatch.get_or_insert(entry);
             }
-            addr_of.set(aref, addr);
+            addr_of.set_hinted(aref, addr, m.handed);
         }
         (Malloc::Oom, false) => {
             out.unexpected_ooms += 1;

@@ -759,8 +759,11 @@ fn linked_blocks_answer_as_ordered_blocks_do() {
             m.finish_init();
         }
         let cap = Some(400 * MB + rnd(400) * MB);
-        let mut live: Vec<u64> = Vec::new();
-        let mut pending: Vec<u64> = Vec::new();
+        // (address, the fast model's slot hint); frees of the fast model go through the hints,
+        // sometimes wrong ones (a slot since reused or vacated, a freed block freed again).
+        let mut live: Vec<(u64, u32)> = Vec::new();
+        let mut pending: Vec<(u64, u32)> = Vec::new();
+        let mut gone: Vec<(u64, u32)> = Vec::new();
         for step in 0..600 {
             let what = rnd(100);
             if what < 50 || live.is_empty() {
@@ -779,19 +782,28 @@ fn linked_blocks_answer_as_ordered_blocks_do() {
                 let b = exact.malloc(size, stream, &mut Suggest { cap, addrs, k: 0 });
                 assert_eq!(a, b, "case {case} step {step}: malloc {size} on {stream}");
                 if let Malloc::Ok { addr, .. } = a {
-                    live.push(addr);
+                    live.push((addr, fast.handed));
                 }
             } else if what < 80 {
-                let addr = live.swap_remove(rnd(live.len() as u64) as usize);
-                assert_eq!(fast.free_requested(addr), exact.free_requested(addr));
+                let (addr, h) = live.swap_remove(rnd(live.len() as u64) as usize);
+                let h = if rnd(8) == 0 { rnd(64) as u32 } else { h };
+                assert_eq!(fast.free_requested_at(addr, h), exact.free_requested(addr));
                 if rnd(3) == 0 {
-                    pending.push(addr);
+                    pending.push((addr, h));
                 } else {
-                    assert_eq!(fast.free_completed(addr), exact.free_completed(addr));
+                    let h = if rnd(8) == 0 { rnd(64) as u32 } else { h };
+                    assert_eq!(fast.free_completed_at(addr, h), exact.free_completed(addr));
+                    gone.push((addr, h));
                 }
             } else if what < 95 && !pending.is_empty() {
-                let addr = pending.swap_remove(rnd(pending.len() as u64) as usize);
-                assert_eq!(fast.free_completed(addr), exact.free_completed(addr));
+                let (addr, h) = pending.swap_remove(rnd(pending.len() as u64) as usize);
+                let h = if rnd(8) == 0 { rnd(64) as u32 } else { h };
+                assert_eq!(fast.free_completed_at(addr, h), exact.free_completed(addr));
+                gone.push((addr, h));
+            } else if what < 97 && !gone.is_empty() {
+                let (addr, h) = gone[rnd(gone.len() as u64) as usize];
+                assert_eq!(fast.free_requested_at(addr, h), exact.free_requested(addr));
+                assert_eq!(fast.free_completed_at(addr, h), exact.free_completed(addr));
             } else {
                 fast.release_cached_blocks();
                 exact.release_cached_blocks();

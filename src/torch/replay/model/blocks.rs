@@ -6,8 +6,10 @@ use rustc_hash::FxHashMap;
 
 use super::{Blk, St};
 
-/// No block (an end of a segment's list).
-const NIL: u32 = u32::MAX;
+/// No block (an end of a segment's list; no slot).
+pub(crate) const NIL: u32 = u32::MAX;
+/// The address of a vacant slot's record (which no hint then matches).
+const VACANT: u64 = u64::MAX;
 
 /// One block's record in the slab.
 #[derive(Clone, Copy, Debug)]
@@ -64,6 +66,16 @@ impl Blocks {
         self.index.get(&addr).copied()
     }
 
+    /// [`Blocks::slot`], tried first at `hint` (where the block was handed out: a block keeps
+    /// its slot while it is allocated), without a lookup when the hint holds.
+    #[inline]
+    pub fn slot_hinted(&self, addr: u64, hint: u32) -> Option<u32> {
+        match self.nodes.get(hint as usize) {
+            Some(n) if n.addr == addr && addr != VACANT => Some(hint),
+            _ => self.slot(addr),
+        }
+    }
+
     #[inline]
     pub fn node(&self, s: u32) -> &Node {
         &self.nodes[s as usize]
@@ -77,12 +89,6 @@ impl Blocks {
     #[inline]
     pub fn get(&self, addr: u64) -> Option<&Blk> {
         self.slot(addr).map(|s| &self.nodes[s as usize].blk)
-    }
-
-    #[inline]
-    pub(super) fn get_mut(&mut self, addr: u64) -> Option<&mut Blk> {
-        let s = self.slot(addr)?;
-        Some(self.blk_mut(s))
     }
 
     fn linked(&self) -> bool {
@@ -183,6 +189,7 @@ impl Blocks {
             self.nodes[next as usize].prev = prev;
         }
         self.index.remove(&addr);
+        self.nodes[s as usize].addr = VACANT;
         self.vacant.push(s);
         if let Some(o) = self.ordered.as_mut() {
             o.remove(&addr);
