@@ -530,8 +530,10 @@ impl Releases {
         } else {
             Action::FreeCompleted
         };
-        // address → (alloc index, the allocation's role, its size)
-        let mut live: FxHashMap<u64, (u64, Role, u64)> = FxHashMap::default();
+        // address → alloc index (its role and size are read from the trace when needed: the
+        // map stays small per entry, and on a trace that frees little it holds every block)
+        let mut live: FxHashMap<u64, u64> = FxHashMap::default();
+        let role_of = |at: u64| stacks.role(list[at as usize].stack());
         let mut out = HeldWalk {
             released: Default::default(),
             kept: [Tally::default(); ROLES],
@@ -541,14 +543,14 @@ impl Releases {
         for (i, e) in list.iter().enumerate() {
             let i = i as u64;
             if e.action == Action::Alloc {
-                live.insert(e.addr, (i, stacks.role(e.stack()), e.size));
+                live.insert(e.addr, i);
                 in_drop = false;
             } else if e.action == free {
                 let made = live.remove(&e.addr);
                 let cause = self.cause(e.stack());
                 // Made before the index (or before the trace) and released after it.
-                if i >= index && made.is_none_or(|m| m.0 < index) {
-                    let slot = made.map_or(ROLES, |m| m.1.slot());
+                if i >= index && made.is_none_or(|m| m < index) {
+                    let slot = made.map_or(ROLES, |m| role_of(m).slot());
                     out.released[slot].add(cause, e.size);
                 }
                 // Consecutive graph-release frees with no allocation between them: one drop.
@@ -562,7 +564,7 @@ impl Releases {
                     }
                 }
                 if i >= index
-                    && made.is_none_or(|m| m.0 < index)
+                    && made.is_none_or(|m| m < index)
                     && let Some(last) = out.graph_drops.last_mut()
                 {
                     *last = last.saturating_add(e.size);
@@ -570,12 +572,22 @@ impl Releases {
             }
         }
         out.graph_drops.retain(|b| *b > 0);
-        // Live at the index and never freed in the trace.
-        for (at, made, size) in live.into_values() {
+        // Live at the index and never freed in the trace: marked, then read in trace order.
+        let mut kept = vec![0u64; (index as usize).min(list.len()).div_ceil(64)];
+        for at in live.into_values() {
             if at < index {
-                let k = &mut out.kept[made.slot()];
+                kept[at as usize / 64] |= 1 << (at % 64);
+            }
+        }
+        for (w, &bits) in kept.iter().enumerate() {
+            let mut b = bits;
+            while b != 0 {
+                let at = w * 64 + b.trailing_zeros() as usize;
+                b &= b - 1;
+                let e = &list[at];
+                let k = &mut out.kept[stacks.role(e.stack()).slot()];
                 k.count += 1;
-                k.bytes = k.bytes.wrapping_add(size);
+                k.bytes = k.bytes.wrapping_add(e.size);
             }
         }
         out
