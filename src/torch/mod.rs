@@ -170,7 +170,14 @@ pub fn analyse_staged(
             })
         };
         let (stages, attention) = if idle.load(std::sync::atomic::Ordering::Acquire) {
-            beside(stages_now, attention_scores)
+            // The summary's release walks too: the detectors seldom need them on such a trace.
+            beside(stages_now, || {
+                let scores = attention_scores();
+                time("release walks", || {
+                    release_summary::warm(snap, &releases, &stacks, &timeline)
+                });
+                scores
+            })
         } else {
             (stages_now(), attention_scores())
         };

@@ -6,8 +6,9 @@ use serde::Serialize;
 
 use crate::torch::Analysis;
 use crate::torch::model::Snapshot;
-use crate::torch::release::{ByCause, GraphSeen, HeldAt};
-use crate::torch::stacks::Role;
+use crate::torch::release::{ByCause, GraphSeen, HeldAt, Releases};
+use crate::torch::stacks::{Role, StackIndex};
+use crate::torch::timeline::Timeline;
 
 /// Releases of one cause.
 #[derive(Clone, Debug, Serialize)]
@@ -108,6 +109,21 @@ fn held(snap: &Snapshot, a: &Analysis, device: i64, index: u64) -> HeldRow {
 }
 
 /// The summary of `a.releases`; `None` for a capture with no trace.
+/// Make the walks [`summarize`] reads (what later released the blocks live at each device's
+/// peak and first OOM) ahead of it, on a thread that has nothing else to do: they are kept by
+/// `releases`, and the summary then finds them made.
+pub fn warm(snap: &Snapshot, releases: &Releases, stacks: &StackIndex, timeline: &Timeline) {
+    for d in &releases.devices {
+        let Some(t) = timeline.device(d.device) else {
+            continue;
+        };
+        let peak = t.peak_set.as_ref().map(|p| p.index);
+        for index in peak.into_iter().chain(t.oom_sets.first().map(|p| p.index)) {
+            releases.held_at_roles(snap, stacks, d.device, index, &[]);
+        }
+    }
+}
+
 pub fn summarize(snap: &Snapshot, a: &Analysis) -> Option<ReleaseSummary> {
     if a.releases.devices.is_empty() {
         return None;
