@@ -170,14 +170,28 @@ pub fn analyse_staged(
             })
         };
         let (stages, attention) = if idle.load(std::sync::atomic::Ordering::Acquire) {
-            // The summary's release walks too: the detectors seldom need them on such a trace.
-            beside(stages_now, || {
-                let scores = attention_scores();
-                time("release walks", || {
-                    release_summary::warm(snap, &releases, &stacks, &timeline)
-                });
-                scores
-            })
+            // The summary's release walks too (the detectors seldom need them on such a trace),
+            // by whichever side is done first.
+            let walks_taken = std::sync::atomic::AtomicBool::new(false);
+            let walks = || {
+                if !walks_taken.swap(true, std::sync::atomic::Ordering::AcqRel) {
+                    time("release walks", || {
+                        release_summary::warm(snap, &releases, &stacks, &timeline)
+                    });
+                }
+            };
+            beside(
+                || {
+                    let s = stages_now();
+                    walks();
+                    s
+                },
+                || {
+                    let a = attention_scores();
+                    walks();
+                    a
+                },
+            )
         } else {
             (stages_now(), attention_scores())
         };
