@@ -276,13 +276,14 @@ impl Model {
         let key = (s.small, s.stream);
         self.unmapped.remove(&(key.0, key.1, start));
         self.blocks.remove(start);
+        // Carved while the block starts are ordered: no list to place the pieces in.
         if addr > start {
-            self.put_unmapped(&mut Gap::NONE.clone(), start, addr - start, seg);
+            self.put_unmapped(&mut Gap::none(), start, addr - start, seg);
         }
         let end = addr.saturating_add(size);
         let bend = start.saturating_add(b.size);
         if bend > end {
-            self.put_unmapped(&mut Gap::NONE.clone(), end, bend - end, seg);
+            self.put_unmapped(&mut Gap::none(), end, bend - end, seg);
         }
         self.blocks.insert(
             addr,
@@ -508,7 +509,7 @@ impl Model {
         self.unlist(addr, b);
         match self.blocks.slot(addr) {
             Some(s) => self.blocks.remove_slot(s).1,
-            None => Gap::NONE,
+            None => Gap::none(),
         }
     }
 

@@ -32,11 +32,14 @@ pub(crate) struct Gap {
 }
 
 impl Gap {
-    /// A block with no neighbours (a whole new segment).
-    pub const NONE: Gap = Gap {
-        prev: NIL,
-        next: NIL,
-    };
+    /// A block with no neighbours (a whole new segment, or any block while the starts are
+    /// ordered).
+    pub const fn none() -> Gap {
+        Gap {
+            prev: NIL,
+            next: NIL,
+        }
+    }
 }
 
 /// The blocks of the live segments. PyTorch links a segment's blocks in a list; so does this
@@ -99,8 +102,7 @@ impl Blocks {
     /// starts are ordered).
     #[inline]
     pub(super) fn insert(&mut self, addr: u64, b: Blk) -> u32 {
-        let mut gap = Gap::NONE;
-        self.insert_in(&mut gap, addr, b)
+        self.insert_in(&mut Gap::none(), addr, b)
     }
 
     /// Insert a block into `gap` (which then lies after it). A block already at `addr` is
@@ -150,7 +152,7 @@ impl Blocks {
     #[inline]
     pub(super) fn gap_after(&self, s: u32) -> Gap {
         if !self.linked() {
-            return Gap::NONE;
+            return Gap::none();
         }
         Gap {
             prev: s,
