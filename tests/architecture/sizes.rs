@@ -256,3 +256,70 @@ fn the_size_check_catches_a_long_function() {
     let over = "fn f() {\n".to_string() + &"    g();\n".repeat(199) + "}\n";
     assert_eq!(long_functions(&code_only(&over), MAX_FN_LINES).len(), 1);
 }
+
+/// Largest file the repository may track. Real captures stay in `../shared`; generated bench
+/// inputs go under `target/`. A 218 MB generated snapshot once landed by accident as `./--help`
+/// (a generator given `--help` as its output path).
+const MAX_TRACKED_BYTES: u64 = 4 << 20;
+
+/// Tracked files over `max` bytes: (path, bytes).
+fn oversized_tracked(root: &Path, max: u64) -> Result<Vec<(String, u64)>, String> {
+    let out = std::process::Command::new("git")
+        .args(["ls-files", "-z"])
+        .current_dir(root)
+        .output()
+        .map_err(|e| format!("cannot run git: {e}"))?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+    }
+    let mut big = Vec::new();
+    for name in out.stdout.split(|b| *b == 0).filter(|n| !n.is_empty()) {
+        let name = String::from_utf8_lossy(name).into_owned();
+        // A tracked file deleted in the work tree is not a file to weigh.
+        if let Ok(meta) = std::fs::metadata(root.join(&name)) {
+            if meta.len() > max {
+                big.push((name, meta.len()));
+            }
+        }
+    }
+    Ok(big)
+}
+
+#[test]
+fn no_tracked_file_is_a_capture_sized_blob() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    match oversized_tracked(root, MAX_TRACKED_BYTES) {
+        Ok(big) => assert!(
+            big.is_empty(),
+            "tracked files over {MAX_TRACKED_BYTES} bytes (captures belong in ../shared, bench \
+             inputs under target/): {big:?}"
+        ),
+        Err(e) if std::env::var_os("MEMLSP_REQUIRE_SHARED").is_some() => {
+            panic!("cannot list tracked files: {e}")
+        }
+        Err(e) => eprintln!("skipped: cannot list tracked files ({e})"),
+    }
+}
+
+#[test]
+fn the_blob_check_names_a_big_tracked_file() {
+    let dir = std::env::temp_dir().join(format!("memlsp-blob-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let git = |args: &[&str]| {
+        let ok = std::process::Command::new("git")
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false);
+        assert!(ok, "git {args:?} failed");
+    };
+    git(&["init", "-q"]);
+    std::fs::write(dir.join("--help"), vec![0u8; 2048]).unwrap();
+    std::fs::write(dir.join("small"), b"x").unwrap();
+    git(&["add", "--", "--help", "small"]);
+    let big = oversized_tracked(&dir, 1024).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(big, vec![("--help".to_string(), 2048)]);
+}
