@@ -1,31 +1,12 @@
-//! Transparent huge pages for the few large buffers a big capture fills.
+//! The process's memory: glibc's heap given back between snapshots and its mmap threshold, and
+//! whether the address space is capped.
 //!
-//! Decoding a 200 MB snapshot writes ~100 MB of fresh memory (the trace entries, the pickle
-//! memo); with 4 KiB pages that is ~25,000 page faults, a tenth of the load time. Where the
-//! kernel offers transparent huge pages on request (`madvise` mode, the common default), asking
-//! for them turns those into a few dozen 2 MiB faults. A hint only: nothing changes if the
-//! kernel declines.
-
-/// Ask for huge pages over the spare capacity of `v` (only worth it from a few MiB).
-pub fn advise_spare<T>(v: &Vec<T>) {
-    let bytes = v.capacity().saturating_sub(v.len()) * std::mem::size_of::<T>();
-    if bytes < (8 << 20) {
-        return;
-    }
-    #[cfg(target_os = "linux")]
-    {
-        const HUGE: usize = 2 << 20;
-        let start = v.as_ptr() as usize + v.len() * std::mem::size_of::<T>();
-        let (lo, hi) = (start.div_ceil(HUGE) * HUGE, (start + bytes) / HUGE * HUGE);
-        if hi > lo {
-            // SAFETY: the range lies inside the vector's own allocation; MADV_HUGEPAGE only
-            // changes how the kernel backs it, never its contents.
-            unsafe {
-                libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_HUGEPAGE);
-            }
-        }
-    }
-}
+//! No transparent huge pages. The big buffers (the trace entries, the pickle memo) once asked
+//! for them with `MADV_HUGEPAGE`. On the project's VM, 6 interleaved runs per file showed it
+//! slower. The fresh 2 MiB pages the kernel hands out cost more to fault in than 4 KiB pages
+//! (sys time 2.6 s against 1.0 s on `1G-shared`, 0.75 s against 0.55 s on `1G`). Report time
+//! was 11 % slower on `1G-shared` and 4 % on `1G`, and no faster on `250M` or
+//! `3M-inconsistent` (`benches/records/2026-12-06-ninth-session.md`).
 
 /// Give the heap's free memory back to the system (glibc keeps what a finished analysis freed
 /// in its arenas, so the next snapshot's peak would sit on top of it). Called between the

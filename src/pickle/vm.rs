@@ -119,7 +119,6 @@ pub fn decode_streaming<'a>(
         open_entry: None,
         limits: limits.clone(),
     };
-    crate::hugepages::advise_spare(&vm.memo);
     vm.run()?;
     crate::timings::count("pickle memo slots", vm.memo.len() as u64);
     crate::timings::count("pickle nodes", vm.tree.nodes.len() as u64);

@@ -367,7 +367,6 @@ impl Worker {
                 }
                 crate::timings::count("trace entries reserved", buf.capacity() as u64);
             }
-            crate::hugepages::advise_spare(&buf);
             self.traces.push((buf.into(), 0));
         }
         let (deque, dropped) = &mut self.traces[list];
