@@ -109,11 +109,16 @@ impl Blocks {
     /// given the new record and keeps its place.
     #[inline]
     pub(super) fn insert_in(&mut self, gap: &mut Gap, addr: u64, b: Blk) -> u32 {
-        if let Some(s) = self.slot(addr) {
-            self.nodes[s as usize].blk = b;
-            return s;
-        }
-        let (prev, next) = if self.linked() {
+        // One probe of the index: the block already there, or the place for the new slot.
+        let place = match self.index.entry(addr) {
+            std::collections::hash_map::Entry::Occupied(o) => {
+                let s = *o.get();
+                self.nodes[s as usize].blk = b;
+                return s;
+            }
+            std::collections::hash_map::Entry::Vacant(v) => v,
+        };
+        let (prev, next) = if self.ordered.is_none() {
             (gap.prev, gap.next)
         } else {
             (NIL, NIL)
@@ -141,7 +146,7 @@ impl Blocks {
             self.nodes[next as usize].prev = s;
         }
         gap.prev = s;
-        self.index.insert(addr, s);
+        place.insert(s);
         if let Some(o) = self.ordered.as_mut() {
             o.insert(addr);
         }
