@@ -156,6 +156,21 @@ pub(crate) fn peak_live(
     memo.get_or((device, k), || live_in_window(trace, k))
 }
 
+/// [`peak_live`] at each `(device, k)` of `peaks`, made ahead (while another thread walks the
+/// timeline) when PT018 or PT019 will group the blocks there: a stack through a softmax or a
+/// loss.
+pub(crate) fn warm_peak_live(snap: &Snapshot, memo: &PeakLive, peaks: &[(i64, usize)]) {
+    let softmax: Vec<bool> = snap.frames.iter().map(|f| is_softmax(&f.name)).collect();
+    if !snap.any_stack_through(&softmax)
+        && !snap.any_stack_has(|f| crate::torch::logits::is_loss(&f.name))
+    {
+        return;
+    }
+    for &(device, k) in peaks {
+        peak_live(memo, snap.trace(device), device, k);
+    }
+}
+
 /// Blocks allocated in the window and live just before entry `k`: address → `alloc` index (the
 /// activations a forward makes are all in the window; blocks from before it are not needed here).
 fn live_in_window(trace: &[TraceEntry], k: usize) -> FxHashMap<u64, usize> {

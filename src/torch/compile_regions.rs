@@ -41,6 +41,17 @@ pub struct Region {
 
 /// The breakdown at each traced device's peak (devices without a peak are left out).
 pub fn compute(snap: &Snapshot, timeline: &Timeline) -> CompileRegions {
+    compute_at(snap, |d| {
+        timeline
+            .device(d)
+            .and_then(|t| t.peak_set.as_ref())
+            .map(|s| s.index)
+    })
+}
+
+/// [`compute`] at the peak indices `peak_of` gives per device (its timeline's `peak_set`
+/// index: `timeline::set_indices` knows it before the timeline is walked).
+pub fn compute_at(snap: &Snapshot, peak_of: impl Fn(i64) -> Option<u64>) -> CompileRegions {
     let cc = &snap.compile_contexts;
     let mut out = CompileRegions {
         recorded: cc.recorded,
@@ -54,10 +65,10 @@ pub fn compute(snap: &Snapshot, timeline: &Timeline) -> CompileRegions {
         return out;
     };
     for (d, list) in traces.iter().enumerate() {
-        let Some(set) = timeline.device(d as i64).and_then(|t| t.peak_set.as_ref()) else {
+        let Some(index) = peak_of(d as i64) else {
             continue;
         };
-        let k = (set.index as usize).min(list.len());
+        let k = (index as usize).min(list.len());
         // Live after entries 0..k: addr → (requested bytes, alloc index).
         let mut live: FxHashMap<u64, (u64, usize)> = FxHashMap::default();
         for (i, e) in list[..k].iter().enumerate() {
@@ -103,7 +114,7 @@ pub fn compute(snap: &Snapshot, timeline: &Timeline) -> CompileRegions {
         });
         out.devices.push(DeviceRegions {
             device: d as i64,
-            peak_index: set.index.saturating_sub(1),
+            peak_index: index.saturating_sub(1),
             traced_bytes: traced,
             regions,
             outside_bytes: outside,

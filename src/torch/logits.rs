@@ -23,7 +23,7 @@ use crate::torch::stacks::culprit;
 /// The group must hold at least this share of the peak (percent).
 const MIN_SHARE: u64 = 10;
 
-fn is_loss(name: &str) -> bool {
+pub(crate) fn is_loss(name: &str) -> bool {
     let n = name.to_ascii_lowercase();
     ["cross_entropy", "log_softmax", "nll_loss", "logsumexp"]
         .iter()

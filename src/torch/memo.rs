@@ -114,6 +114,13 @@ impl<T> Claim<T> {
         reset.1 = Some(make());
     }
 
+    /// Is a helper computing the value right now (so that `take` would wait for it)?
+    pub fn helping(&self) -> bool {
+        self.state
+            .lock()
+            .is_ok_and(|st| matches!(*st, ClaimState::Helping))
+    }
+
     /// The value: the helper's (waiting while it computes it), else computed here with `make`.
     pub fn take(&self, make: impl FnOnce() -> T) -> T {
         let mut st = match self.state.lock() {

@@ -80,6 +80,9 @@ pub struct Analysis {
     /// The window's live blocks at each device's peak, shared by PT018 and PT019 while the
     /// detectors run.
     pub peak_live: attention::PeakLive,
+    /// The compile regions, when made while another thread walked the timeline; `None`: the
+    /// output makes them.
+    pub compile_regions: Option<compile_regions::CompileRegions>,
 }
 
 /// What the engine hands to the pipeline for one snapshot: no text, no JSON, nothing that
@@ -155,10 +158,17 @@ pub fn analyse_staged(
         }
         let (totals, all_sites, device_sites) = others(&stacks);
         let releases = time("releases", || release::Releases::compute(snap));
+        let peak_live = attention::PeakLive::default();
+        // While the replay thread walks the timeline, what needs only its peak and first OOM
+        // indices is made here instead of waiting for it.
+        let compile_regions = timeline_claim.helping().then(|| {
+            time("ahead of the timeline", || {
+                ahead(snap, &stacks, &releases, &peak_live)
+            })
+        });
         let timeline =
             timeline_claim.take(|| time("timeline", || timeline::compute(snap, &stacks)));
         // PT018's grouping needs only the timeline: beside the stages when a core is free.
-        let peak_live = attention::PeakLive::default();
         let attention_scores = || {
             time("attention", || {
                 attention::scores(snap, &timeline, &peak_live)
@@ -212,6 +222,7 @@ pub fn analyse_staged(
             simulated: false,
             attention,
             peak_live,
+            compile_regions,
         };
         let mut found = time("patterns", || patterns::detect(snap, &a));
         a.peak_live.clear();
@@ -234,6 +245,30 @@ pub fn analyse_staged(
         a.findings = found;
         a
     })
+}
+
+/// The analyses that need only the indices of a trace's peak and first OOM (which
+/// `timeline::set_indices` finds without the timeline's address map), made while another thread
+/// walks the timeline: the release walks, the window's live blocks at the peak (PT018, PT019),
+/// and the compile regions, returned.
+fn ahead(
+    snap: &Snapshot,
+    stacks: &StackIndex,
+    releases: &release::Releases,
+    peak_live: &attention::PeakLive,
+) -> compile_regions::CompileRegions {
+    release_summary::warm_ahead(snap, releases, stacks);
+    let peaks: Vec<(i64, u64)> = snap
+        .device_traces
+        .iter()
+        .flatten()
+        .enumerate()
+        .filter(|(_, list)| !list.is_empty())
+        .filter_map(|(d, list)| Some((d as i64, timeline::set_indices(list).0?)))
+        .collect();
+    let at: Vec<(i64, usize)> = peaks.iter().map(|&(d, k)| (d, k as usize)).collect();
+    attention::warm_peak_live(snap, peak_live, &at);
+    compile_regions::compute_at(snap, |d| peaks.iter().find(|p| p.0 == d).map(|p| p.1))
 }
 
 /// `a` here and `b` on a thread of its own (both here if the thread cannot start).
@@ -276,9 +311,12 @@ pub fn output(snap: &Snapshot, a: &Analysis, opts: &AnalysisOptions) -> Output {
         let categories = time("categories", || {
             categories::compute(snap, &a.stacks, &a.timeline, &opts.categories)
         });
-        let compile_contexts = time("compile contexts", || {
-            compile_regions::compute(snap, &a.timeline)
-        });
+        let compile_contexts = match &a.compile_regions {
+            Some(c) => c.clone(),
+            None => time("compile contexts", || {
+                compile_regions::compute(snap, &a.timeline)
+            }),
+        };
         (categories, compile_contexts)
     };
     // Each walks a long trace on its own: on both cores when there are two.

@@ -108,7 +108,21 @@ fn held(snap: &Snapshot, a: &Analysis, device: i64, index: u64) -> HeldRow {
     }
 }
 
-/// The summary of `a.releases`; `None` for a capture with no trace.
+/// [`warm`] before the timeline is known: at the indices `timeline::set_indices` finds for it.
+pub fn warm_ahead(snap: &Snapshot, releases: &Releases, stacks: &StackIndex) {
+    for d in &releases.devices {
+        let list = snap.trace(d.device);
+        // The timeline leaves out an empty trace, and with it the walks.
+        if list.is_empty() {
+            continue;
+        }
+        let (peak, oom) = crate::torch::timeline::set_indices(list);
+        for index in peak.into_iter().chain(oom) {
+            releases.held_at_roles(snap, stacks, d.device, index, &[]);
+        }
+    }
+}
+
 /// Make the walks [`summarize`] reads (what later released the blocks live at each device's
 /// peak and first OOM) ahead of it, on a thread that has nothing else to do: they are kept by
 /// `releases`, and the summary then finds them made.
@@ -124,6 +138,7 @@ pub fn warm(snap: &Snapshot, releases: &Releases, stacks: &StackIndex, timeline:
     }
 }
 
+/// The summary of `a.releases`; `None` for a capture with no trace.
 pub fn summarize(snap: &Snapshot, a: &Analysis) -> Option<ReleaseSummary> {
     if a.releases.devices.is_empty() {
         return None;

@@ -311,6 +311,31 @@ fn device_timeline(
     t
 }
 
+/// The indices a device's timeline takes its live sets at, from one pass that only sums sizes
+/// (no address map): its peak set's (`peak_set.index`, live after entries `0..k`) and its first
+/// OOM set's. The same numbers [`compute`] gives, known before it: the analyses that need only
+/// these indices (the release walks, the window's live blocks at the peak) can start while
+/// another thread walks the timeline.
+pub fn set_indices(list: &[TraceEntry]) -> (Option<u64>, Option<u64>) {
+    let mut running = 0i64;
+    let mut peak: Option<(i64, usize)> = None;
+    let mut oom = None;
+    for (i, e) in list.iter().enumerate() {
+        match e.action {
+            Action::Alloc => running = running.saturating_add(signed(e.size)),
+            Action::FreeCompleted => running = running.saturating_sub(signed(e.size)),
+            Action::Oom if oom.is_none() => oom = Some(i as u64),
+            _ => {}
+        }
+        // As `Walk::track_level`: the first index where the level is highest.
+        if peak.is_none_or(|(b, _)| running > b) {
+            peak = Some((running, i));
+        }
+    }
+    let peak_k = peak.filter(|&(b, _)| b > 0).map(|(_, i)| i as u64 + 1);
+    (peak_k, oom)
+}
+
 /// The state of the one forward pass over a device's trace.
 struct Walk {
     t: DeviceTimeline,
@@ -971,6 +996,58 @@ mod tests {
                 .iter()
                 .any(|s| site_string(&snap, s.0) == "/u/train.py:10:main" && s.1 == 4096 + 512)
         );
+    }
+
+    /// The pre-pass names the indices the timeline takes its peak and first OOM sets at, on
+    /// random traces: frees of blocks never allocated (a level below the start), sizes past
+    /// `i64`, OOMs, and traces whose level never rises above the start (no peak set).
+    #[test]
+    fn set_indices_are_the_timelines_own() {
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut with_peak = 0;
+        for case in 0..300 {
+            let mut snap = Snapshot::default();
+            let st = intern(&mut snap, &[("/u/train.py", 10, "main")]);
+            let n = (next() % 60) as usize;
+            let mut list = Vec::new();
+            for _ in 0..n {
+                let r = next();
+                let action = match r % 7 {
+                    0 | 1 => Action::Alloc,
+                    2 => Action::FreeRequested,
+                    3 | 4 => Action::FreeCompleted,
+                    5 => Action::Oom,
+                    _ => Action::SegmentAlloc,
+                };
+                let size = match (r >> 8) % 9 {
+                    0 => u64::MAX - (r >> 20) % 3,
+                    1 => 0,
+                    _ => 512 * ((r >> 12) % 8 + 1),
+                };
+                let mut e = entry(action, 0x1000 * ((r >> 16) % 6), size);
+                e.set_stack(Some(st));
+                list.push(e);
+            }
+            snap.device_traces = Some(vec![list.clone()]);
+            let idx = StackIndex::new(&snap, &FrameFilter::default());
+            let t = compute(&snap, &idx);
+            let (peak, oom) = match t.devices.first() {
+                Some(d) => (
+                    d.peak_set.as_ref().map(|p| p.index),
+                    d.oom_sets.first().map(|p| p.index),
+                ),
+                None => (None, None),
+            };
+            with_peak += usize::from(peak.is_some());
+            assert_eq!(set_indices(&list), (peak, oom), "case {case}: {list:?}");
+        }
+        assert!(with_peak > 100, "most cases rise to a peak ({with_peak})");
     }
 
     #[test]
