@@ -239,7 +239,7 @@ fn group_at_peak(
     // The largest group; of equal ones the first candidate.
     let mut best: Option<(usize, Attention)> = None;
     for (c, ((scope, s), group)) in candidates.iter().zip(groups).enumerate() {
-        let g = group.attention(device, k, peak, scope, *s);
+        let g = group.attention(snap, device, k, peak, scope, *s);
         if best.as_ref().is_none_or(|(_, b)| g.bytes > b.bytes) {
             best = Some((c, g));
         }
@@ -325,7 +325,9 @@ fn candidates(
 struct Group {
     bytes: u64,
     blocks: u64,
-    lines: FxHashMap<(u64, String), (u64, u64)>,
+    /// By (line in the function, innermost user frame): the frame's `file:line` is written
+    /// once per frame when the group is done, not once per block.
+    lines: FxHashMap<(u64, Option<FrameId>), (u64, u64)>,
     callers: FxHashMap<FrameId, (u64, Option<StackId>)>,
 }
 
@@ -342,13 +344,7 @@ impl Group {
         self.bytes = self.bytes.saturating_add(e.size);
         self.blocks += 1;
         let line = snap.frames.get(ids[at] as usize).map_or(0, |f| f.line);
-        let inner = ids
-            .iter()
-            .copied()
-            .find(|&f| flags.user(f))
-            .and_then(|f| snap.frames.get(f as usize))
-            .map(|f| format!("{}:{}", short(&f.filename), f.line))
-            .unwrap_or_default();
+        let inner = ids.iter().copied().find(|&f| flags.user(f));
         let l = self.lines.entry((line, inner)).or_default();
         l.0 = l.0.saturating_add(e.size);
         l.1 += 1;
@@ -359,9 +355,27 @@ impl Group {
     }
 
     /// The group as PT018's numbers (its trace allocations are added by the caller).
-    fn attention(self, device: i64, k: usize, peak: u64, scope: &Scope, largest: u64) -> Attention {
-        let mut lines: Vec<AttentionLine> = self
-            .lines
+    fn attention(
+        self,
+        snap: &Snapshot,
+        device: i64,
+        k: usize,
+        peak: u64,
+        scope: &Scope,
+        largest: u64,
+    ) -> Attention {
+        // Frames that read the same (`file:line` of two functions on one line) are one line.
+        let mut merged: FxHashMap<(u64, String), (u64, u64)> = FxHashMap::default();
+        for ((line, inner), (bytes, blocks)) in self.lines {
+            let via = inner
+                .and_then(|f| snap.frames.get(f as usize))
+                .map(|f| format!("{}:{}", short(&f.filename), f.line))
+                .unwrap_or_default();
+            let m = merged.entry((line, via)).or_default();
+            m.0 = m.0.saturating_add(bytes);
+            m.1 += blocks;
+        }
+        let mut lines: Vec<AttentionLine> = merged
             .into_iter()
             .map(|((line, via), (bytes, blocks))| AttentionLine {
                 line,
@@ -624,5 +638,42 @@ mod tests {
         );
         assert_eq!((g.trace_allocs, g.trace_alloc_bytes), (6, 24 * MIB));
         assert_eq!(g.peak_bytes, 40 * MIB);
+    }
+
+    /// Two innermost user frames that read the same (`file:line`: a lambda and the function
+    /// it sits in, on one line) are one line of the group, their blocks added.
+    #[test]
+    fn frames_that_read_the_same_are_one_line() {
+        let mut snap = Snapshot::default();
+        let softmax = ("/v/site-packages/torch/nn/functional.py", 2140, "softmax");
+        let outer = ("/u/model.py", 21, "attention_outer");
+        let train = ("/u/train.py", 5, "train");
+        let via_lambda = intern(
+            &mut snap,
+            &[softmax, ("/u/model.py", 21, "<lambda>"), outer, train],
+        );
+        let direct = intern(&mut snap, &[softmax, outer, train]);
+        const MIB: u64 = 1 << 20;
+        let mut list = Vec::new();
+        for (i, st) in [via_lambda, via_lambda, direct].into_iter().enumerate() {
+            let mut e = entry(Action::Alloc, 0x10_0000 * (i as u64 + 1), 4 * MIB);
+            e.set_stack(Some(st));
+            list.push(e);
+        }
+        snap.device_traces = Some(vec![list]);
+        snap.segments = vec![segment(
+            0,
+            1 << 30,
+            vec![block(1 << 30, 1 << 30, BlockState::Inactive)],
+        )];
+        let g = analyse(&snap, &AnalysisOptions::default())
+            .attention
+            .expect("an attention group");
+        let lines: Vec<(u64, &str, u64, u64)> = g
+            .lines
+            .iter()
+            .map(|l| (l.line, l.via.as_str(), l.blocks, l.bytes))
+            .collect();
+        assert_eq!(lines, vec![(21, "u/model.py:21", 3, 12 * MIB)]);
     }
 }
