@@ -1,6 +1,7 @@
 //! What the analysis makes ahead of the timeline, while another thread walks it (a trace whose
-//! replay stops at once): the peak and first-OOM indices from `timeline::set_indices`, and the
-//! compile regions at that peak. On every real capture they are the timeline's own.
+//! replay stops at once): the peak and first-OOM indices from `timeline::set_indices`, the
+//! timeline's live sets there, and the compile regions at that peak. On every real capture
+//! they are the timeline's own.
 
 mod common;
 
@@ -40,6 +41,23 @@ fn indices_and_compile_regions_ahead_of_the_timeline_are_its_own_on_real_capture
             ooms += usize::from(got.1.is_some());
             ahead.extend(got.0.map(|k| (d.device, k)));
         }
+        // The timeline's own live sets, made ahead: where it takes them, they are the ones
+        // it would make.
+        for (d, ks, sets) in timeline::sets_ahead(&snap, &stacks) {
+            let t = t.device(d).expect("a timeline for each traced device");
+            let mut want: Vec<&timeline::LiveSet> = t.peak_set.iter().collect();
+            want.extend(&t.oom_sets);
+            assert_eq!(
+                sets.iter().collect::<Vec<_>>(),
+                want,
+                "{} device {d}",
+                f.display()
+            );
+            assert_eq!(ks.len(), want.len());
+        }
+        let claim = timeline::SetsAhead::default();
+        claim.help(|| timeline::sets_ahead(&snap, &stacks));
+        assert_eq!(timeline::compute_with(&snap, &stacks, &claim), t);
         let early =
             compile_regions::compute_at(&snap, |d| ahead.iter().find(|p| p.0 == d).map(|p| p.1));
         let late = compile_regions::compute(&snap, &t);

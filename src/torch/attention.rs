@@ -157,13 +157,11 @@ pub(crate) fn peak_live(
 }
 
 /// [`peak_live`] at each `(device, k)` of `peaks`, made ahead (while another thread walks the
-/// timeline) when PT018 or PT019 will group the blocks there: a stack through a softmax or a
-/// loss.
-pub(crate) fn warm_peak_live(snap: &Snapshot, memo: &PeakLive, peaks: &[(i64, usize)]) {
+/// timeline) when PT018 will group the blocks there (a stack through a softmax) or `also`
+/// (PT019 will: a stack through a loss).
+pub(crate) fn warm_peak_live(snap: &Snapshot, memo: &PeakLive, peaks: &[(i64, usize)], also: bool) {
     let softmax: Vec<bool> = snap.frames.iter().map(|f| is_softmax(&f.name)).collect();
-    if !snap.any_stack_through(&softmax)
-        && !snap.any_stack_has(|f| crate::torch::logits::is_loss(&f.name))
-    {
+    if !also && !snap.any_stack_through(&softmax) {
         return;
     }
     for &(device, k) in peaks {

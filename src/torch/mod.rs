@@ -133,12 +133,14 @@ pub fn analyse_staged(
     // it is done before the main thread gets there (a trace that does not validate, whose
     // replay stops at once), and the main thread meanwhile does what does not need it.
     let timeline_claim = memo::Claim::default();
+    // Its live sets (peak, first OOMs), which the main thread may make while it is walked.
+    let sets_ahead = timeline::SetsAhead::default();
     // The replay thread has nothing left to do: a second core is free for the analyses.
     let idle = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|sc| {
         if entries >= PARALLEL_FROM && parallel() {
             let r = replays.clone();
-            let (claim, idle) = (&timeline_claim, &idle);
+            let (claim, idle, sets) = (&timeline_claim, &idle, &sets_ahead);
             let _ = std::thread::Builder::new()
                 .name("memlsp-replay".into())
                 .spawn_scoped(sc, move || {
@@ -147,7 +149,8 @@ pub fn analyse_staged(
                     claim.help(|| {
                         let t = time("timeline", || {
                             // Its own index of the stacks: the main thread's goes into the analysis.
-                            timeline::compute(snap, &StackIndex::new(snap, &opts.frames))
+                            let stacks = StackIndex::new(snap, &opts.frames);
+                            timeline::compute_with(snap, &stacks, sets)
                         });
                         // Idle before the main thread, woken by the value, asks.
                         done();
@@ -163,11 +166,14 @@ pub fn analyse_staged(
         // indices is made here instead of waiting for it.
         let compile_regions = timeline_claim.helping().then(|| {
             time("ahead of the timeline", || {
-                ahead(snap, &stacks, &releases, &peak_live)
+                ahead(snap, &stacks, &releases, &peak_live, &sets_ahead)
             })
         });
-        let timeline =
-            timeline_claim.take(|| time("timeline", || timeline::compute(snap, &stacks)));
+        let timeline = timeline_claim.take(|| {
+            time("timeline", || {
+                timeline::compute_with(snap, &stacks, &sets_ahead)
+            })
+        });
         // PT018's grouping needs only the timeline: beside the stages when a core is free.
         let attention_scores = || {
             time("attention", || {
@@ -249,14 +255,17 @@ pub fn analyse_staged(
 
 /// The analyses that need only the indices of a trace's peak and first OOM (which
 /// `timeline::set_indices` finds without the timeline's address map), made while another thread
-/// walks the timeline: the release walks, the window's live blocks at the peak (PT018, PT019),
+/// walks the timeline: first the timeline's own live sets there (which it then takes instead of
+/// making them), then the release walks, the window's live blocks at the peak (PT018, PT019),
 /// and the compile regions, returned.
 fn ahead(
     snap: &Snapshot,
     stacks: &StackIndex,
     releases: &release::Releases,
     peak_live: &attention::PeakLive,
+    sets: &timeline::SetsAhead,
 ) -> compile_regions::CompileRegions {
+    sets.help(|| timeline::sets_ahead(snap, stacks));
     release_summary::warm_ahead(snap, releases, stacks);
     let peaks: Vec<(i64, u64)> = snap
         .device_traces
@@ -267,7 +276,8 @@ fn ahead(
         .filter_map(|(d, list)| Some((d as i64, timeline::set_indices(list).0?)))
         .collect();
     let at: Vec<(i64, usize)> = peaks.iter().map(|&(d, k)| (d, k as usize)).collect();
-    attention::warm_peak_live(snap, peak_live, &at);
+    let loss = snap.any_stack_has(|f| logits::is_loss(&f.name));
+    attention::warm_peak_live(snap, peak_live, &at, loss);
     compile_regions::compute_at(snap, |d| peaks.iter().find(|p| p.0 == d).map(|p| p.1))
 }
 

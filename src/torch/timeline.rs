@@ -195,18 +195,63 @@ fn signed(v: u64) -> i64 {
 
 /// Analyse every device trace of the snapshot.
 pub fn compute(snap: &Snapshot, stacks: &StackIndex) -> Timeline {
+    compute_with(snap, stacks, &SetsAhead::default())
+}
+
+/// The live sets the timeline takes on each device (at its peak and first OOMs), made ahead of
+/// its walk by another thread ([`sets_ahead`]): by device, with the indices they were taken at.
+pub type SetsAhead = crate::torch::memo::Claim<Vec<(i64, Vec<usize>, Vec<LiveSet>)>>;
+
+/// [`compute`], taking the live sets from `ahead` where another thread made them (waiting while
+/// it does); where their indices are not the ones the walk finds, it makes its own.
+pub fn compute_with(snap: &Snapshot, stacks: &StackIndex, ahead: &SetsAhead) -> Timeline {
     let mut out = Timeline::default();
     let Some(traces) = &snap.device_traces else {
         return out;
     };
+    let mut pre = None;
     for (d, list) in traces.iter().enumerate() {
         if list.is_empty() {
             continue;
         }
         out.devices
-            .push(device_timeline(snap, stacks, d as i64, list));
+            .push(device_timeline(snap, stacks, d as i64, list, &mut || {
+                pre.get_or_insert_with(|| ahead.take(Vec::new)).clone()
+            }));
     }
     out
+}
+
+/// The indices a device's timeline takes its live sets at: after its peak entry (when its level
+/// rises above the start), then its first four OOMs. `peak_k` as [`set_indices`] finds it.
+fn set_ks(list: &[TraceEntry], peak_k: Option<usize>) -> Vec<usize> {
+    let mut ks: Vec<usize> = peak_k.into_iter().collect();
+    ks.extend(
+        list.iter()
+            .enumerate()
+            .filter(|(_, e)| e.action == Action::Oom)
+            .map(|(i, _)| i)
+            .take(4),
+    );
+    ks
+}
+
+/// The live sets [`compute`] takes on every device, made without its walk (for [`SetsAhead`]).
+pub fn sets_ahead(snap: &Snapshot, stacks: &StackIndex) -> Vec<(i64, Vec<usize>, Vec<LiveSet>)> {
+    let Some(traces) = &snap.device_traces else {
+        return Vec::new();
+    };
+    traces
+        .iter()
+        .enumerate()
+        .filter(|(_, list)| !list.is_empty())
+        .map(|(d, list)| {
+            let peak_k = set_indices(list).0.map(|k| k as usize);
+            let ks = set_ks(list, peak_k);
+            let sets = live_at_many(snap, stacks, d as i64, list, &ks);
+            (d as i64, ks, sets)
+        })
+        .collect()
 }
 
 fn device_timeline(
@@ -214,6 +259,7 @@ fn device_timeline(
     stacks: &StackIndex,
     device: i64,
     list: &[TraceEntry],
+    ahead: &mut dyn FnMut() -> Vec<(i64, Vec<usize>, Vec<LiveSet>)>,
 ) -> DeviceTimeline {
     let n = list.len();
     let mut w = Walk::new(DeviceTimeline {
@@ -294,16 +340,19 @@ fn device_timeline(
             t.live_peak = offset;
         }
     }
-    // The live sets at the peak and at the first OOMs, from one walk.
-    let mut ks: Vec<usize> = peak_k.into_iter().collect();
-    ks.extend(
-        list.iter()
-            .enumerate()
-            .filter(|(_, e)| e.action == Action::Oom)
-            .map(|(i, _)| i)
-            .take(4),
-    );
-    let mut sets = live_at_many(snap, stacks, device, list, &ks).into_iter();
+    // The live sets at the peak and at the first OOMs, from one walk (made ahead, if another
+    // thread did, at the same indices).
+    let ks = set_ks(list, peak_k);
+    let made = ahead()
+        .into_iter()
+        .find(|(d, at, _)| *d == device && *at == ks)
+        .map(|(_, _, sets)| sets);
+    if made.is_some() {
+        crate::timings::count("timeline live sets made ahead", 1);
+    }
+    let mut sets = made
+        .unwrap_or_else(|| live_at_many(snap, stacks, device, list, &ks))
+        .into_iter();
     if peak_k.is_some() {
         t.peak_set = sets.next();
     }
@@ -1048,6 +1097,31 @@ mod tests {
             assert_eq!(set_indices(&list), (peak, oom), "case {case}: {list:?}");
         }
         assert!(with_peak > 100, "most cases rise to a peak ({with_peak})");
+    }
+
+    /// The timeline takes live sets made ahead only at the indices it finds itself: sets made
+    /// at other indices (a wrong peak) are left, and it makes its own.
+    #[test]
+    fn sets_made_ahead_at_other_indices_are_not_taken() {
+        let mut snap = Snapshot::default();
+        let st = intern(&mut snap, &[("/u/train.py", 10, "main")]);
+        let mut list = Vec::new();
+        for i in 0..6u64 {
+            let mut e = entry(Action::Alloc, 0x1000 * (i + 1), 512 * (i + 1));
+            e.set_stack(Some(st));
+            list.push(e);
+        }
+        list.push(entry(Action::FreeCompleted, 0x1000, 512));
+        snap.device_traces = Some(vec![list.clone()]);
+        let idx = StackIndex::new(&snap, &FrameFilter::default());
+        let plain = compute(&snap, &idx);
+        assert_eq!(plain.devices[0].peak_set.as_ref().map(|s| s.index), Some(6));
+        let wrong = SetsAhead::default();
+        wrong.help(|| vec![(0, vec![3], live_at_many(&snap, &idx, 0, &list, &[3]))]);
+        assert_eq!(compute_with(&snap, &idx, &wrong), plain);
+        let right = SetsAhead::default();
+        right.help(|| sets_ahead(&snap, &idx));
+        assert_eq!(compute_with(&snap, &idx, &right), plain);
     }
 
     #[test]
