@@ -43,7 +43,9 @@ fn indices_and_compile_regions_ahead_of_the_timeline_are_its_own_on_real_capture
         }
         // The timeline's own live sets, made ahead: where it takes them, they are the ones
         // it would make.
-        for (d, ks, sets) in timeline::sets_ahead(&snap, &stacks) {
+        let at = timeline::all_set_indices(&snap);
+        assert_eq!(at.len(), t.devices.len(), "{}", f.display());
+        for (d, ks, sets) in timeline::sets_ahead(&snap, &stacks, &at) {
             let t = t.device(d).expect("a timeline for each traced device");
             let mut want: Vec<&timeline::LiveSet> = t.peak_set.iter().collect();
             want.extend(&t.oom_sets);
@@ -56,7 +58,7 @@ fn indices_and_compile_regions_ahead_of_the_timeline_are_its_own_on_real_capture
             assert_eq!(ks.len(), want.len());
         }
         let claim = timeline::SetsAhead::default();
-        claim.help(|| timeline::sets_ahead(&snap, &stacks));
+        claim.help(|| timeline::sets_ahead(&snap, &stacks, &at));
         assert_eq!(timeline::compute_with(&snap, &stacks, &claim), t);
         let early =
             compile_regions::compute_at(&snap, |d| ahead.iter().find(|p| p.0 == d).map(|p| p.1));

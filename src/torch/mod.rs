@@ -265,15 +265,12 @@ fn ahead(
     peak_live: &attention::PeakLive,
     sets: &timeline::SetsAhead,
 ) -> compile_regions::CompileRegions {
-    sets.help(|| timeline::sets_ahead(snap, stacks));
-    release_summary::warm_ahead(snap, releases, stacks);
-    let peaks: Vec<(i64, u64)> = snap
-        .device_traces
+    let indices = timeline::all_set_indices(snap);
+    sets.help(|| timeline::sets_ahead(snap, stacks, &indices));
+    release_summary::warm_ahead(snap, releases, stacks, &indices);
+    let peaks: Vec<(i64, u64)> = indices
         .iter()
-        .flatten()
-        .enumerate()
-        .filter(|(_, list)| !list.is_empty())
-        .filter_map(|(d, list)| Some((d as i64, timeline::set_indices(list).0?)))
+        .filter_map(|&(d, (peak, _))| Some((d, peak?)))
         .collect();
     let at: Vec<(i64, usize)> = peaks.iter().map(|&(d, k)| (d, k as usize)).collect();
     let loss = snap.any_stack_has(|f| logits::is_loss(&f.name));

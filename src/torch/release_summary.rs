@@ -108,15 +108,18 @@ fn held(snap: &Snapshot, a: &Analysis, device: i64, index: u64) -> HeldRow {
     }
 }
 
-/// [`warm`] before the timeline is known: at the indices `timeline::set_indices` finds for it.
-pub fn warm_ahead(snap: &Snapshot, releases: &Releases, stacks: &StackIndex) {
+/// [`warm`] before the timeline is known: at the indices `timeline::all_set_indices` gives.
+pub fn warm_ahead(
+    snap: &Snapshot,
+    releases: &Releases,
+    stacks: &StackIndex,
+    at: &[crate::torch::timeline::DeviceSetIndices],
+) {
     for d in &releases.devices {
-        let list = snap.trace(d.device);
-        // The timeline leaves out an empty trace, and with it the walks.
-        if list.is_empty() {
+        // A device without a timeline (an empty trace) has no walks either.
+        let Some(&(_, (peak, oom))) = at.iter().find(|p| p.0 == d.device) else {
             continue;
-        }
-        let (peak, oom) = crate::torch::timeline::set_indices(list);
+        };
         for index in peak.into_iter().chain(oom) {
             releases.held_at_roles(snap, stacks, d.device, index, &[]);
         }

@@ -236,20 +236,32 @@ fn set_ks(list: &[TraceEntry], peak_k: Option<usize>) -> Vec<usize> {
     ks
 }
 
-/// The live sets [`compute`] takes on every device, made without its walk (for [`SetsAhead`]).
-pub fn sets_ahead(snap: &Snapshot, stacks: &StackIndex) -> Vec<(i64, Vec<usize>, Vec<LiveSet>)> {
-    let Some(traces) = &snap.device_traces else {
-        return Vec::new();
-    };
-    traces
+/// A device and its [`set_indices`]: (peak set's index, first OOM set's index).
+pub type DeviceSetIndices = (i64, (Option<u64>, Option<u64>));
+
+/// [`set_indices`] of every traced device (the devices [`compute`] has a timeline for).
+pub fn all_set_indices(snap: &Snapshot) -> Vec<DeviceSetIndices> {
+    snap.device_traces
         .iter()
+        .flatten()
         .enumerate()
         .filter(|(_, list)| !list.is_empty())
-        .map(|(d, list)| {
-            let peak_k = set_indices(list).0.map(|k| k as usize);
-            let ks = set_ks(list, peak_k);
-            let sets = live_at_many(snap, stacks, d as i64, list, &ks);
-            (d as i64, ks, sets)
+        .map(|(d, list)| (d as i64, set_indices(list)))
+        .collect()
+}
+
+/// The live sets [`compute`] takes on every device, made without its walk (for [`SetsAhead`]),
+/// at the indices `at` ([`all_set_indices`]) names.
+pub fn sets_ahead(
+    snap: &Snapshot,
+    stacks: &StackIndex,
+    at: &[DeviceSetIndices],
+) -> Vec<(i64, Vec<usize>, Vec<LiveSet>)> {
+    at.iter()
+        .map(|&(d, (peak, _))| {
+            let list = snap.trace(d);
+            let ks = set_ks(list, peak.map(|k| k as usize));
+            (d, ks.clone(), live_at_many(snap, stacks, d, list, &ks))
         })
         .collect()
 }
@@ -1120,7 +1132,7 @@ mod tests {
         wrong.help(|| vec![(0, vec![3], live_at_many(&snap, &idx, 0, &list, &[3]))]);
         assert_eq!(compute_with(&snap, &idx, &wrong), plain);
         let right = SetsAhead::default();
-        right.help(|| sets_ahead(&snap, &idx));
+        right.help(|| sets_ahead(&snap, &idx, &all_set_indices(&snap)));
         assert_eq!(compute_with(&snap, &idx, &right), plain);
     }
 
