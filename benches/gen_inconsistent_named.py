@@ -10,6 +10,12 @@ segments still has such frames. This runs the generator's own text with that one
 changed (and fails if the expression is not there), so both files share everything else."""
 import sys
 
+if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help"):
+    print(__doc__)
+    sys.exit(0)
+if len(sys.argv) != 4 or any(a.startswith("-") for a in sys.argv[1:]):
+    # An option taken for the output path once wrote a 218 MB file named `--help`.
+    sys.exit(f"gen_inconsistent_named.py: expected GENERATOR N_ENTRIES OUT.pickle\n{__doc__}")
 gen, n, out = sys.argv[1], sys.argv[2], sys.argv[3]
 src = open(gen).read()
 old = '"name": f"fn_{i}"'

@@ -165,7 +165,20 @@ def scale(src, out, target, shared_lists, unshared_frames=False, as_json=False):
     print(f"{out}: {reps} repetitions of {src}, {entries} trace entries", file=sys.stderr)
 
 
-if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "--scale":
+def refuse(msg):
+    """A wrong command line: say so, with the usage, and write nothing (an option taken for the
+    output path once wrote a 218 MB file named `--help` into the checkout)."""
+    sys.exit(f"gen_snapshot.py: {msg}\n{__doc__}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        refuse("no output path")
+    if sys.argv[1] in ("-h", "--help"):
+        print(__doc__)
+        sys.exit(0)
+
+if __name__ == "__main__" and sys.argv[1] == "--scale":
     args = sys.argv[2:]
     shared_lists = "--shared-lists" in args
     unshared_frames = "--unshared-frames" in args
@@ -176,11 +189,15 @@ if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "--scale":
         i = args.index("--target-bytes")
         target = parse_bytes(args[i + 1])
         del args[i : i + 2]
+    if len(args) != 2 or any(a.startswith("-") for a in args):
+        refuse(f"--scale takes SRC.pickle OUT.pickle and the options above, not {args}")
     scale(args[0], args[1], target, shared_lists, unshared_frames, as_json)
     sys.exit(0)
 
 
 out = sys.argv[1]
+if out.startswith("-"):
+    refuse(f"unknown option {out}")
 n = int(sys.argv[2]) if len(sys.argv) > 2 else 1_000_000
 rng = random.Random(7)
 
