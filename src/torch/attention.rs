@@ -159,13 +159,13 @@ pub(crate) fn peak_live(
 /// [`peak_live`] at each `(device, k)` of `peaks`, made ahead (while another thread walks the
 /// timeline) when PT018 will group the blocks there (a stack through a softmax) or `also`
 /// (PT019 will: a stack through a loss).
-pub(crate) fn warm_peak_live(snap: &Snapshot, memo: &PeakLive, peaks: &[(i64, usize)], also: bool) {
+pub(crate) fn warm_peak_live(snap: &Snapshot, memo: &PeakLive, peaks: &[(i64, u64)], also: bool) {
     let softmax: Vec<bool> = snap.frames.iter().map(|f| is_softmax(&f.name)).collect();
     if !also && !snap.any_stack_through(&softmax) {
         return;
     }
     for &(device, k) in peaks {
-        peak_live(memo, snap.trace(device), device, k);
+        peak_live(memo, snap.trace(device), device, k as usize);
     }
 }
 

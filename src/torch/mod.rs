@@ -267,14 +267,13 @@ fn ahead(
 ) -> compile_regions::CompileRegions {
     let indices = timeline::all_set_indices(snap);
     sets.help(|| timeline::sets_ahead(snap, stacks, &indices));
-    release_summary::warm_ahead(snap, releases, stacks, &indices);
+    release_summary::warm_at(snap, releases, stacks, &indices);
     let peaks: Vec<(i64, u64)> = indices
         .iter()
         .filter_map(|&(d, (peak, _))| Some((d, peak?)))
         .collect();
-    let at: Vec<(i64, usize)> = peaks.iter().map(|&(d, k)| (d, k as usize)).collect();
     let loss = snap.any_stack_has(|f| logits::is_loss(&f.name));
-    attention::warm_peak_live(snap, peak_live, &at, loss);
+    attention::warm_peak_live(snap, peak_live, &peaks, loss);
     compile_regions::compute_at(snap, |d| peaks.iter().find(|p| p.0 == d).map(|p| p.1))
 }
 

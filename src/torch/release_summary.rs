@@ -8,7 +8,7 @@ use crate::torch::Analysis;
 use crate::torch::model::Snapshot;
 use crate::torch::release::{ByCause, GraphSeen, HeldAt, Releases};
 use crate::torch::stacks::{Role, StackIndex};
-use crate::torch::timeline::Timeline;
+use crate::torch::timeline::{DeviceSetIndices, Timeline};
 
 /// Releases of one cause.
 #[derive(Clone, Debug, Serialize)]
@@ -108,34 +108,22 @@ fn held(snap: &Snapshot, a: &Analysis, device: i64, index: u64) -> HeldRow {
     }
 }
 
-/// [`warm`] before the timeline is known: at the indices `timeline::all_set_indices` gives.
-pub fn warm_ahead(
-    snap: &Snapshot,
-    releases: &Releases,
-    stacks: &StackIndex,
-    at: &[crate::torch::timeline::DeviceSetIndices],
-) {
+/// Make the walks [`summarize`] reads (what later released the blocks live at each device's
+/// peak and first OOM) ahead of it, on a thread that has nothing else to do: they are kept by
+/// `releases`, and the summary then finds them made.
+pub fn warm(snap: &Snapshot, releases: &Releases, stacks: &StackIndex, timeline: &Timeline) {
+    warm_at(snap, releases, stacks, &timeline.set_indices());
+}
+
+/// [`warm`] at the indices `at` (the timeline's, or `timeline::all_set_indices` before it is
+/// known).
+pub fn warm_at(snap: &Snapshot, releases: &Releases, stacks: &StackIndex, at: &[DeviceSetIndices]) {
     for d in &releases.devices {
         // A device without a timeline (an empty trace) has no walks either.
         let Some(&(_, (peak, oom))) = at.iter().find(|p| p.0 == d.device) else {
             continue;
         };
         for index in peak.into_iter().chain(oom) {
-            releases.held_at_roles(snap, stacks, d.device, index, &[]);
-        }
-    }
-}
-
-/// Make the walks [`summarize`] reads (what later released the blocks live at each device's
-/// peak and first OOM) ahead of it, on a thread that has nothing else to do: they are kept by
-/// `releases`, and the summary then finds them made.
-pub fn warm(snap: &Snapshot, releases: &Releases, stacks: &StackIndex, timeline: &Timeline) {
-    for d in &releases.devices {
-        let Some(t) = timeline.device(d.device) else {
-            continue;
-        };
-        let peak = t.peak_set.as_ref().map(|p| p.index);
-        for index in peak.into_iter().chain(t.oom_sets.first().map(|p| p.index)) {
             releases.held_at_roles(snap, stacks, d.device, index, &[]);
         }
     }

@@ -181,6 +181,18 @@ impl Timeline {
         let i = self.devices.binary_search_by_key(&d, |t| t.device).ok()?;
         self.devices.get(i)
     }
+
+    /// Each device's peak set and first OOM set indices, as [`all_set_indices`] finds them
+    /// before the timeline is walked.
+    pub fn set_indices(&self) -> Vec<DeviceSetIndices> {
+        self.devices
+            .iter()
+            .map(|t| {
+                let peak = t.peak_set.as_ref().map(|p| p.index);
+                (t.device, (peak, t.oom_sets.first().map(|p| p.index)))
+            })
+            .collect()
+    }
 }
 
 fn part(i: usize, n: usize) -> usize {
@@ -200,7 +212,10 @@ pub fn compute(snap: &Snapshot, stacks: &StackIndex) -> Timeline {
 
 /// The live sets the timeline takes on each device (at its peak and first OOMs), made ahead of
 /// its walk by another thread ([`sets_ahead`]): by device, with the indices they were taken at.
-pub type SetsAhead = crate::torch::memo::Claim<Vec<(i64, Vec<usize>, Vec<LiveSet>)>>;
+pub type SetsAhead = crate::torch::memo::Claim<SetsMade>;
+
+/// Live sets made ahead: by device, the indices they were taken at and the sets.
+pub type SetsMade = Vec<(i64, Vec<usize>, Vec<LiveSet>)>;
 
 /// [`compute`], taking the live sets from `ahead` where another thread made them (waiting while
 /// it does); where their indices are not the ones the walk finds, it makes its own.
@@ -209,17 +224,38 @@ pub fn compute_with(snap: &Snapshot, stacks: &StackIndex, ahead: &SetsAhead) -> 
     let Some(traces) = &snap.device_traces else {
         return out;
     };
-    let mut pre = None;
+    let mut ahead = Ahead {
+        claim: ahead,
+        taken: None,
+    };
     for (d, list) in traces.iter().enumerate() {
         if list.is_empty() {
             continue;
         }
         out.devices
-            .push(device_timeline(snap, stacks, d as i64, list, &mut || {
-                pre.get_or_insert_with(|| ahead.take(Vec::new)).clone()
-            }));
+            .push(device_timeline(snap, stacks, d as i64, list, &mut ahead));
     }
     out
+}
+
+/// The live sets made ahead, as the walks ask for them.
+struct Ahead<'a> {
+    claim: &'a SetsAhead,
+    /// Taken from the claim when the first device's walk is done (not before: the other thread
+    /// may still be making them).
+    taken: Option<SetsMade>,
+}
+
+impl Ahead<'_> {
+    /// The sets made ahead for `device` at exactly the indices `ks`, moved out.
+    fn take(&mut self, device: i64, ks: &[usize]) -> Option<Vec<LiveSet>> {
+        let claim = self.claim;
+        let made = self.taken.get_or_insert_with(|| claim.take(Vec::new));
+        let i = made
+            .iter()
+            .position(|(d, at, _)| *d == device && at == ks)?;
+        Some(made.swap_remove(i).2)
+    }
 }
 
 /// The indices a device's timeline takes its live sets at: after its peak entry (when its level
@@ -252,11 +288,7 @@ pub fn all_set_indices(snap: &Snapshot) -> Vec<DeviceSetIndices> {
 
 /// The live sets [`compute`] takes on every device, made without its walk (for [`SetsAhead`]),
 /// at the indices `at` ([`all_set_indices`]) names.
-pub fn sets_ahead(
-    snap: &Snapshot,
-    stacks: &StackIndex,
-    at: &[DeviceSetIndices],
-) -> Vec<(i64, Vec<usize>, Vec<LiveSet>)> {
+pub fn sets_ahead(snap: &Snapshot, stacks: &StackIndex, at: &[DeviceSetIndices]) -> SetsMade {
     at.iter()
         .map(|&(d, (peak, _))| {
             let list = snap.trace(d);
@@ -271,7 +303,7 @@ fn device_timeline(
     stacks: &StackIndex,
     device: i64,
     list: &[TraceEntry],
-    ahead: &mut dyn FnMut() -> Vec<(i64, Vec<usize>, Vec<LiveSet>)>,
+    ahead: &mut Ahead<'_>,
 ) -> DeviceTimeline {
     let n = list.len();
     let mut w = Walk::new(DeviceTimeline {
@@ -355,10 +387,7 @@ fn device_timeline(
     // The live sets at the peak and at the first OOMs, from one walk (made ahead, if another
     // thread did, at the same indices).
     let ks = set_ks(list, peak_k);
-    let made = ahead()
-        .into_iter()
-        .find(|(d, at, _)| *d == device && *at == ks)
-        .map(|(_, _, sets)| sets);
+    let made = ahead.take(device, &ks);
     if made.is_some() {
         crate::timings::count("timeline live sets made ahead", 1);
     }
