@@ -14,15 +14,9 @@ use memlsp::torch::timeline;
 
 #[test]
 fn indices_and_compile_regions_ahead_of_the_timeline_are_its_own_on_real_captures() {
-    let Some(dir) = common::shared("torch_snapshots/real") else {
+    let Some(files) = common::real_snapshots() else {
         return;
     };
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.is_file())
-        .collect();
-    files.sort();
     let (mut peaks, mut ooms, mut regions) = (0, 0, 0);
     for f in &files {
         let snap = load_snapshot(f, &DecodeOptions::default())

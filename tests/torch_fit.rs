@@ -65,15 +65,9 @@ fn constructor_sun_fails_on_its_recorded_request_at_its_recorded_capacity() {
 /// a replay at `needs` fits and one 2 MiB below does not.
 #[test]
 fn needs_lies_between_peak_allocated_and_peak_reserved_on_every_validated_trace() {
-    let Some(dir) = common::shared("torch_snapshots/real") else {
+    let Some(files) = common::real_snapshots() else {
         return;
     };
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .collect();
-    files.sort();
     let (mut checked, mut broken) = (0, 0);
     println!(
         "| file | device | peak allocated | needs | peak reserved | expandable | best max_split | monotonic |"

@@ -60,6 +60,19 @@ impl Run {
     }
 }
 
+/// The real snapshots of `../shared/torch_snapshots/real`, sorted; `None` (after [`skip`]) when
+/// the folder is missing.
+pub fn real_snapshots() -> Option<Vec<std::path::PathBuf>> {
+    let dir = shared("torch_snapshots/real")?;
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    Some(files)
+}
+
 /// `python3 -c SCRIPT ARGS…`'s standard output. The test fails when CPython is missing (CI
 /// installs it) or the script fails (its standard error in the message).
 pub fn python(script: &str, args: &[&str]) -> Vec<u8> {
