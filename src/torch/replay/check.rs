@@ -12,8 +12,9 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use super::addr_of::AddrOf;
 use super::model::{Model, SegEvent, SegKind};
-use super::run::{AddrOf, Done, Observer, Op};
+use super::run::{Done, Observer, Op};
 
 /// Compares a validation replay's segment events with the recorded ones as it runs; raises
 /// `invalid` at the first difference.

@@ -15,9 +15,10 @@
 
 use serde::Serialize;
 
+use super::addr_of::AddrOf;
 use super::initial::InitialState;
 use super::model::{Malloc, Model};
-use super::run::{self, AddrOf, Done, Edits, Observer, Op, Plan};
+use super::run::{self, Done, Edits, Observer, Op, Plan};
 use super::settings::Settings;
 use crate::torch::model::{StackId, TraceEntry};
 

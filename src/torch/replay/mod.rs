@@ -12,6 +12,7 @@
 //!
 //! Plain data in, plain data out: no IO, no rendering.
 
+mod addr_of;
 mod check;
 #[cfg(test)]
 mod cost_tests;

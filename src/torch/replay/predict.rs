@@ -634,7 +634,7 @@ impl run::Observer for CurveObs {
         op: &run::Op,
         _done: run::Done,
         m: &super::model::Model,
-        _addr_of: &run::AddrOf,
+        _addr_of: &super::addr_of::AddrOf,
     ) -> bool {
         if op.pos >= self.offset && self.n > 0 {
             let k = (op.pos - self.offset) * self.top.len() / self.n;

@@ -7,12 +7,13 @@
 
 use rustc_hash::FxHashMap;
 
+use super::addr_of::AddrOf;
 use super::initial::InitialState;
-use super::model::{Device, Malloc, Model, NIL, SegEvent, SegKind};
+use super::model::{Device, Malloc, Model, SegEvent, SegKind};
 use super::settings::Settings;
 use crate::torch::model::{Action, TraceEntry};
 
-pub(crate) const NONE: u32 = u32::MAX;
+pub(crate) use super::addr_of::NONE;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum OpKind {
@@ -481,121 +482,6 @@ pub(crate) enum Done {
     EmptyCache { events: usize },
 }
 
-/// The model's address of each live allocation reference: only the live ones are kept (a
-/// few thousand, where a trace makes millions), so the replays running at once stay small.
-///
-/// A reference lives in its slot of a direct-mapped table (`aref` modulo its size: references
-/// are numbered in allocation order and most die young, so the live ones rarely share a slot)
-/// or, when another live reference holds that slot, in a spill map: a lookup is one load and
-/// a compare in the common case instead of a hash probe (three or four of them per
-/// allocation, the replay loop's own largest cost).
-#[derive(Clone, Debug)]
-pub(crate) struct AddrOf {
-    /// (aref, the model's slot of its block as a hint, address); `NONE`: an empty slot.
-    slots: Vec<(u32, u32, u64)>,
-    spill: FxHashMap<u32, (u64, u32)>,
-    /// Allocation references are below this.
-    arefs: u32,
-}
-
-impl Default for AddrOf {
-    fn default() -> AddrOf {
-        AddrOf::new(0)
-    }
-}
-
-impl AddrOf {
-    /// At most this many slots (1 MiB).
-    const SLOTS: usize = 1 << 16;
-
-    fn new(arefs: usize) -> AddrOf {
-        let n = arefs.clamp(1, Self::SLOTS).next_power_of_two();
-        AddrOf {
-            slots: vec![(NONE, NIL, 0); n],
-            spill: FxHashMap::default(),
-            arefs: u32::try_from(arefs).unwrap_or(u32::MAX),
-        }
-    }
-
-    #[inline]
-    fn slot(&self, aref: u32) -> usize {
-        aref as usize & (self.slots.len() - 1)
-    }
-
-    /// The address of `aref`'s block while it is live.
-    #[inline(always)]
-    pub fn get(&self, aref: u32) -> Option<u64> {
-        self.get_hinted(aref).map(|(a, _)| a)
-    }
-
-    /// The address of `aref`'s block while it is live, and the model's slot it was handed out
-    /// in ([`NIL`]: not known), a hint for its frees.
-    #[inline(always)]
-    pub fn get_hinted(&self, aref: u32) -> Option<(u64, u32)> {
-        if aref >= self.arefs {
-            return None;
-        }
-        let (r, h, a) = self.slots[self.slot(aref)];
-        if r == aref {
-            Some((a, h))
-        } else if self.spill.is_empty() {
-            None
-        } else {
-            self.spill.get(&aref).copied()
-        }
-    }
-
-    #[inline(always)]
-    fn set(&mut self, aref: u32, addr: u64) {
-        self.set_hinted(aref, addr, NIL);
-    }
-
-    #[inline(always)]
-    fn set_hinted(&mut self, aref: u32, addr: u64, hint: u32) {
-        // `u64::MAX` is the "not live" of the replay's bookkeeping.
-        if aref >= self.arefs || addr == u64::MAX {
-            self.clear(aref);
-            return;
-        }
-        let i = self.slot(aref);
-        let r = self.slots[i].0;
-        if r == aref || r == NONE {
-            self.slots[i] = (aref, hint, addr);
-            if r == NONE && !self.spill.is_empty() {
-                self.spill.remove(&aref);
-            }
-        } else {
-            self.spill.insert(aref, (addr, hint));
-        }
-    }
-
-    #[inline(always)]
-    fn clear(&mut self, aref: u32) {
-        if aref >= self.arefs {
-            return;
-        }
-        let i = self.slot(aref);
-        if self.slots[i].0 == aref {
-            self.slots[i] = (NONE, NIL, 0);
-        } else if !self.spill.is_empty() {
-            self.spill.remove(&aref);
-        }
-    }
-
-    /// Every live reference with its address, by reference.
-    pub fn sorted(&self) -> Vec<(u32, u64)> {
-        let mut v: Vec<(u32, u64)> = self
-            .slots
-            .iter()
-            .filter(|s| s.0 != NONE)
-            .map(|&(r, _, a)| (r, a))
-            .chain(self.spill.iter().map(|(&r, &(a, _))| (r, a)))
-            .collect();
-        v.sort_unstable();
-        v
-    }
-}
-
 /// Watches a replay request by request. `addr_of` has the model's address of the block of each
 /// live allocation reference. Returning `false` stops the replay there.
 pub(crate) trait Observer {
@@ -646,7 +532,7 @@ pub(crate) fn replay<O: Observer + ?Sized>(
     let mut out = Outcome::default();
     let ops = plan.ops(trace, as_recorded);
     // Recorded growth events by step, for recorded addresses.
-    let (growth, growth_by_step) = growth_by_step(plan);
+    let (growth, mut growth_by_step) = growth_by_step(plan);
     // Early frees (and rematerialisation drops) sorted by position, then the re-allocations.
     let (early, again) = schedule(edits);
     let (mut ei, mut ai) = (0usize, 0usize);
@@ -701,7 +587,7 @@ pub(crate) fn replay<O: Observer + ?Sized>(
                     Done::EmptyCache { events }
                 } else {
                     ran_early.insert(entry, ());
-                    let (lo, hi) = growth_by_step.get(&op.step).copied().unwrap_or((1, 0));
+                    let (lo, hi) = growth_by_step.range(op.step);
                     let g: &[SegEvent] = if lo <= hi { &growth[lo..=hi] } else { &[] };
                     let mut dev = Recorded {
                         refused: true,
@@ -746,7 +632,7 @@ pub(crate) fn replay<O: Observer + ?Sized>(
                 }
                 let e = &trace[entry];
                 let result = if as_recorded {
-                    let (lo, hi) = growth_by_step.get(&op.step).copied().unwrap_or((1, 0));
+                    let (lo, hi) = growth_by_step.range(op.step);
                     let g: &[SegEvent] = if lo <= hi { &growth[lo..=hi] } else { &[] };
                     let mut dev = Recorded {
                         refused,
@@ -842,9 +728,7 @@ fn finish(mut out: Outcome, mut m: Model) -> Outcome {
 
 /// The recorded growth events (`segment_alloc`/`segment_map`) in trace order, and the range of
 /// them each step holds.
-#[allow(clippy::type_complexity)]
-fn growth_by_step(plan: &Plan) -> (Vec<SegEvent>, FxHashMap<usize, (usize, usize)>) {
-    let mut growth_by_step: FxHashMap<usize, (usize, usize)> = FxHashMap::default();
+fn growth_by_step(plan: &Plan) -> (Vec<SegEvent>, GrowthSteps) {
     let growth: Vec<SegEvent> = plan
         .recorded
         .iter()
@@ -857,14 +741,49 @@ fn growth_by_step(plan: &Plan) -> (Vec<SegEvent>, FxHashMap<usize, (usize, usize
         .map(|(k, e)| (e.step, k))
         .collect();
     sorted.sort_unstable();
-    // growth is in trace order; steps of growth events are non-decreasing in practice, but
-    // index by range only when contiguous.
+    // growth is in trace order; steps of growth events are non-decreasing in practice. A step's
+    // range runs from its first event to its last.
+    let mut ranges: Vec<(usize, usize, usize)> = Vec::new();
     for (step, k) in sorted {
-        let r = growth_by_step.entry(step).or_insert((k, k));
-        r.0 = r.0.min(k);
-        r.1 = r.1.max(k);
+        match ranges.last_mut() {
+            Some(r) if r.0 == step => r.2 = k,
+            _ => ranges.push((step, k, k)),
+        }
     }
-    (growth, growth_by_step)
+    (growth, GrowthSteps { ranges, cur: 0 })
+}
+
+/// The range of recorded growth events each step holds, looked up by a cursor: the replay asks
+/// for the steps of its mallocs in trace order, so a lookup is a step or two forward in a sorted
+/// list instead of a hash probe (a trace has tens of thousands of growth events, a hash table of
+/// them does not stay in cache, and every malloc of the validation asked it). A step behind the
+/// cursor (a probe runs its malloc early) is found by a binary search.
+struct GrowthSteps {
+    /// (step, first event, last event), by step.
+    ranges: Vec<(usize, usize, usize)>,
+    /// No range before it has a step at or above the last step asked for in order.
+    cur: usize,
+}
+
+impl GrowthSteps {
+    /// The (first, last) growth event of `step`; (1, 0) when it has none.
+    #[inline]
+    fn range(&mut self, step: usize) -> (usize, usize) {
+        let r = &self.ranges;
+        if self.cur > 0 && r[self.cur - 1].0 >= step {
+            return match r[..self.cur].binary_search_by_key(&step, |x| x.0) {
+                Ok(k) => (r[k].1, r[k].2),
+                Err(_) => (1, 0),
+            };
+        }
+        while self.cur < r.len() && r[self.cur].0 < step {
+            self.cur += 1;
+        }
+        match r.get(self.cur) {
+            Some(&(s, lo, hi)) if s == step => (lo, hi),
+            _ => (1, 0),
+        }
+    }
 }
 
 /// A what-if's early frees (and rematerialisation drops) by position, and its re-allocations
@@ -946,43 +865,62 @@ fn settle(
 }
 
 #[cfg(test)]
-mod addr_of_tests {
-    use super::AddrOf;
+mod tests {
+    use super::{Plan, SegEvent, SegKind, growth_by_step};
     use rustc_hash::FxHashMap;
 
-    /// References that share a slot (a long-lived one holding it) answer as a map would.
+    /// The cursor answers as the step's (first, last) event would, for steps asked in order,
+    /// steps asked again, and steps behind the cursor (a probe's malloc run early).
     #[test]
-    fn addr_of_answers_as_a_map_when_references_share_slots() {
-        let mut a = AddrOf::new(1 << 20);
-        let mut m: FxHashMap<u32, u64> = FxHashMap::default();
-        let slots = a.slots.len() as u32;
-        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-        for step in 0..200_000u32 {
+    fn growth_steps_answer_every_step_as_a_map_would() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move || {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            // References whole tables apart share a slot.
-            let r = (x % 8) as u32 * slots + (x >> 40) as u32 % 4 + (step % 3) * 7;
-            match x % 5 {
-                0 | 1 => {
-                    a.set(r, x >> 8);
-                    m.insert(r, x >> 8);
-                }
-                2 => {
-                    a.set(r, u64::MAX);
-                    m.remove(&r);
-                }
-                _ => {
-                    a.clear(r);
-                    m.remove(&r);
-                }
+            x
+        };
+        for _ in 0..50 {
+            // Events by step, non-decreasing, several a step at times.
+            let mut steps: Vec<usize> = Vec::new();
+            let mut s = 0usize;
+            for _ in 0..(next() % 60) {
+                s += (next() % 4) as usize;
+                steps.push(s);
             }
-            assert_eq!(a.get(r), m.get(&r).copied(), "step {step}, aref {r}");
+            let mut want: FxHashMap<usize, (usize, usize)> = FxHashMap::default();
+            for (k, &st) in steps.iter().enumerate() {
+                let r = want.entry(st).or_insert((k, k));
+                r.1 = k;
+            }
+            let plan = Plan {
+                recorded: steps
+                    .iter()
+                    .map(|&step| SegEvent {
+                        step,
+                        kind: SegKind::SegmentAlloc,
+                        addr: 0,
+                        size: 0,
+                    })
+                    .collect(),
+                ..Plan::default()
+            };
+            let (growth, mut g) = growth_by_step(&plan);
+            assert_eq!(growth.len(), steps.len());
+            let mut at = 0usize;
+            for _ in 0..300 {
+                let ask = match next() % 6 {
+                    // Behind (a probe's step ahead was asked first) or again.
+                    0 => at.saturating_sub((next() % 10) as usize),
+                    1 => at + (next() % 20) as usize,
+                    _ => {
+                        at += (next() % 3) as usize;
+                        at
+                    }
+                };
+                let got = g.range(ask);
+                assert_eq!(got, want.get(&ask).copied().unwrap_or((1, 0)), "step {ask}");
+            }
         }
-        let mut want: Vec<(u32, u64)> = m.into_iter().collect();
-        want.sort_unstable();
-        assert_eq!(a.sorted(), want);
-        assert!(!a.spill.is_empty(), "the test made references share slots");
-        assert_eq!(a.get(super::NONE), None);
     }
 }

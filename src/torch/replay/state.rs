@@ -8,8 +8,9 @@
 
 use rustc_hash::FxHashMap;
 
+use super::addr_of::AddrOf;
 use super::model::{Malloc, Model, SegEvent, SegKind, St};
-use super::run::{AddrOf, Done, NONE, Observer, Op, OpKind};
+use super::run::{Done, NONE, Observer, Op, OpKind};
 use super::{Prepared, Replays};
 use crate::torch::model::{Action, Block, BlockState, Segment, Snapshot, StackId, TraceEntry};
 
