@@ -320,7 +320,14 @@ fn map_extents(trace: &[TraceEntry], settings: &Settings, es: &mut Vec<EsInfo>) 
     // (on the same stream), found for every map in one backward pass (a forward search from
     // each map made a trace of maps without requests quadratic).
     let mut next_small: FxHashMap<usize, bool> = FxHashMap::default();
-    if trace.iter().any(|e| e.action == Action::SegmentMap) {
+    // The entries that map or unmap, found in one pass (most traces have none).
+    let maps: Vec<usize> = trace
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap))
+        .map(|(i, _)| i)
+        .collect();
+    if maps.iter().any(|&i| trace[i].action == Action::SegmentMap) {
         let mut latest: FxHashMap<u64, bool> = FxHashMap::default();
         for (i, n) in trace.iter().enumerate().rev() {
             match n.action {
@@ -341,10 +348,8 @@ fn map_extents(trace: &[TraceEntry], settings: &Settings, es: &mut Vec<EsInfo>) 
             }
         }
     }
-    for (i, e) in trace.iter().enumerate() {
-        if !matches!(e.action, Action::SegmentMap | Action::SegmentUnmap) {
-            continue;
-        }
+    for i in maps {
+        let e = &trace[i];
         let end = e.addr.saturating_add(e.size);
         let known = es.iter().position(|x| {
             x.stream == e.stream && x.lo <= e.addr && e.addr < x.hi.max(x.lo.saturating_add(1))

@@ -278,7 +278,12 @@ fn prepare(snap: &Snapshot, device: i64) -> Prepared {
     live_recorded.sort_unstable();
     Prepared {
         device,
-        has_oom: trace.iter().any(|e| e.action == Action::Oom),
+        // The plan saw every entry; only a trace too long or contradicted is looked at again.
+        has_oom: if plan.too_long || init.contradicted_at.is_some() {
+            trace.iter().any(|e| e.action == Action::Oom)
+        } else {
+            plan.has_oom
+        },
         settings,
         init,
         plan,

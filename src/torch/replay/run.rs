@@ -81,6 +81,8 @@ pub(crate) struct Plan {
     pub unmatched_frees: u64,
     /// The trace was too long to plan (more than `u32::MAX - 1` entries): no ops.
     pub too_long: bool,
+    /// The trace has an `oom` entry (known only where it was planned).
+    pub has_oom: bool,
 }
 
 impl Plan {
@@ -240,10 +242,14 @@ pub(crate) fn plan(trace: &[TraceEntry], init: &InitialState) -> Plan {
 
     let mut aref_at: Vec<u32> = vec![NONE; trace.len()];
     let mut side: Vec<SideOp> = Vec::new();
+    // The segment events' entries, kept in this pass (their steps are known once their window
+    // closes) so that no second pass over the trace looks for them.
+    let mut seg_entries: Vec<usize> = Vec::new();
     for (i, e) in trace.iter().enumerate() {
         match e.action {
             Action::Alloc | Action::Oom => {
                 let oom = e.action == Action::Oom;
+                p.has_oom |= oom;
                 let first_release = (ws..i).find(|&k| is_release(trace[k].action));
                 let oom_path = match first_release {
                     Some(f) => oom || (f..i).any(|k| is_growth(trace[k].action)),
@@ -305,7 +311,7 @@ pub(crate) fn plan(trace: &[TraceEntry], init: &InitialState) -> Plan {
             Action::SegmentAlloc
             | Action::SegmentFree
             | Action::SegmentMap
-            | Action::SegmentUnmap => {}
+            | Action::SegmentUnmap => seg_entries.push(i),
             _ => {
                 empty_cache_runs(trace, ws, i, &mut step_of, &mut side);
                 ws = i + 1;
@@ -313,7 +319,9 @@ pub(crate) fn plan(trace: &[TraceEntry], init: &InitialState) -> Plan {
         }
     }
     empty_cache_runs(trace, ws, trace.len(), &mut step_of, &mut side);
-    for (k, e) in trace.iter().enumerate() {
+    p.recorded.reserve_exact(seg_entries.len());
+    for k in seg_entries {
+        let e = &trace[k];
         if let Some(kind) = seg_kind(e.action) {
             p.recorded.push(SegEvent {
                 kind,
