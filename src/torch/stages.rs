@@ -134,8 +134,10 @@ pub fn compute(
             releases,
             requests: list.iter().any(|e| e.action == Action::FreeRequested),
         };
+        // Inferred stages so far (the recorded spans are not).
+        let mut inferred = 0;
         for (a, b) in gaps {
-            infer(&trace, a, b, &live, &mut spans);
+            infer(&trace, a, b, &live, &mut spans, &mut inferred);
         }
         // Empty spans first at their index, then outer before inner.
         spans.sort_by_key(|s| (s.start, s.end > s.start, s.depth, std::cmp::Reverse(s.end)));
@@ -192,7 +194,8 @@ fn empty_stage(name: String, source: StageSource, start: u64, end: u64) -> Stage
 /// of its name; a START never closed runs to the end of the trace).
 fn recorded_spans(notes: &[&Annotation], list: &[TraceEntry], unplaced: &mut u64) -> Vec<Stage> {
     let n = list.len() as u64;
-    let timed = list.iter().all(|e| e.time_us().is_some());
+    // Looked at only when there are annotations to place (a pass over millions of entries).
+    let timed = !notes.is_empty() && list.iter().all(|e| e.time_us().is_some());
     let at = |t: i64, inclusive: bool| -> u64 {
         list.partition_point(|e| {
             let x = e.time_us().unwrap_or(i64::MIN);
@@ -290,13 +293,11 @@ fn uncovered(spans: &[Stage], n: u64) -> Vec<(u64, u64)> {
 /// between them, `forward` up to the first allocation made by autograd's backward (or, without
 /// one, up to the part's live peak) and `backward` after it when memory falls by at least an
 /// eighth of the part's rise.
-fn infer(t: &Trace, a: u64, b: u64, live: &Live, out: &mut Vec<Stage>) {
+///
+/// `inferred`: the inferred stages in `out`, kept up to date (counting them again at each
+/// optimizer run made a trace of many steps quadratic).
+fn infer(t: &Trace, a: u64, b: u64, live: &Live, out: &mut Vec<Stage>, inferred: &mut usize) {
     let (list, stacks) = (t.list, t.stacks);
-    let inferred = |out: &Vec<Stage>| {
-        out.iter()
-            .filter(|s| s.source == StageSource::Inferred)
-            .count()
-    };
     let mut part_start = a;
     let mut i = a;
     while i < b {
@@ -315,14 +316,15 @@ fn infer(t: &Trace, a: u64, b: u64, live: &Live, out: &mut Vec<Stage>) {
                 }
                 j += 1;
             }
-            split(t, part_start, i, live, out);
-            if inferred(out) < MAX_INFERRED {
+            *inferred += split(t, part_start, i, live, out);
+            if *inferred < MAX_INFERRED {
                 out.push(empty_stage(
                     "optimizer".into(),
                     StageSource::Inferred,
                     i,
                     last + 1,
                 ));
+                *inferred += 1;
             }
             part_start = last + 1;
             i = last + 1;
@@ -330,9 +332,8 @@ fn infer(t: &Trace, a: u64, b: u64, live: &Live, out: &mut Vec<Stage>) {
         }
         i += 1;
     }
-    split(t, part_start, b, live, out);
-    let n = inferred(out);
-    if n > MAX_INFERRED {
+    *inferred += split(t, part_start, b, live, out);
+    if *inferred > MAX_INFERRED {
         // Drop the latest inferred stages beyond the cap.
         let mut seen = 0;
         out.retain(|s| {
@@ -343,6 +344,7 @@ fn infer(t: &Trace, a: u64, b: u64, live: &Live, out: &mut Vec<Stage>) {
                 true
             }
         });
+        *inferred = MAX_INFERRED;
     }
 }
 
@@ -351,16 +353,18 @@ fn infer(t: &Trace, a: u64, b: u64, live: &Live, out: &mut Vec<Stage>) {
 /// memory then falls by at least an eighth of the rise, a stage after it named by what released
 /// that memory (the release classifier's reading of the frees' own stacks): `backward` only
 /// where autograd freed it inside backward.
-fn split(t: &Trace, a: u64, b: u64, live: &Live, out: &mut Vec<Stage>) {
+///
+/// Returns how many stages it added.
+fn split(t: &Trace, a: u64, b: u64, live: &Live, out: &mut Vec<Stage>) -> usize {
     if a >= b {
-        return;
+        return 0;
     }
     let range = &t.list[a as usize..b as usize];
     if !range
         .iter()
         .any(|e| matches!(e.action, Action::Alloc | Action::FreeCompleted))
     {
-        return;
+        return 0;
     }
     let backward = range
         .iter()
@@ -382,11 +386,16 @@ fn split(t: &Trace, a: u64, b: u64, live: &Live, out: &mut Vec<Stage>) {
         Some((c, name)) if c > a && c < b => {
             out.push(empty_stage("forward".into(), StageSource::Inferred, a, c));
             out.push(empty_stage(name.into(), StageSource::Inferred, c, b));
+            2
         }
         Some((c, name)) if c <= a => {
-            out.push(empty_stage(name.into(), StageSource::Inferred, a, b))
+            out.push(empty_stage(name.into(), StageSource::Inferred, a, b));
+            1
         }
-        _ => out.push(empty_stage("forward".into(), StageSource::Inferred, a, b)),
+        _ => {
+            out.push(empty_stage("forward".into(), StageSource::Inferred, a, b));
+            1
+        }
     }
 }
 
