@@ -8,7 +8,8 @@ use super::model::NIL;
 pub(crate) const NONE: u32 = u32::MAX;
 
 /// The model's address of each live allocation reference: only the live ones are kept (a
-/// few thousand, where a trace makes millions), so the replays running at once stay small.
+/// few thousand, where a trace makes millions), beside one bit per reference (1 MiB for 8 M
+/// of them), so the replays running at once stay small.
 ///
 /// A reference lives in its slot of a direct-mapped table (`aref` modulo its size: references
 /// are numbered in allocation order and most die young) or in a spill map: a lookup is one load
@@ -20,8 +21,8 @@ pub(crate) const NONE: u32 = u32::MAX;
 /// allocations keeps tens of thousands of them live, in most slots of the table), and is looked
 /// up once more, at its free; the new one is looked up twice soon (its free is requested, then
 /// completed). Kept the other way round, every young reference whose slot a long-lived one held
-/// cost four hash operations. A bit a reference says whether it is in the spill map, so that a
-/// reference not there never probes it.
+/// cost four hash operations. A bit per reference says whether it is in the spill map, so that
+/// a reference not there never probes it.
 #[derive(Clone, Debug)]
 pub(crate) struct AddrOf {
     /// (aref, the model's slot of its block as a hint, address); `NONE`: an empty slot.

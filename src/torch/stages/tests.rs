@@ -143,3 +143,49 @@ fn unmatched_ends_are_counted_and_open_starts_run_to_the_end() {
     let y = st.stages.iter().find(|s| s.name == "y").unwrap();
     assert_eq!((y.start, y.end, y.end_us), (1, 2, Some(6)));
 }
+
+/// A trace of more steps than inferred stages are kept: the first `MAX_INFERRED` stay, in
+/// order, with every step's optimizer run among them (the count of inferred stages goes along
+/// as they are made; counted too high, optimizer runs would go missing before the cap).
+#[test]
+fn inferred_stages_stop_at_the_cap_with_every_optimizer_run_before_it() {
+    let mut snap = Snapshot::default();
+    let fwd = intern(&mut snap, &[("/w/model.py", 10, "forward")]);
+    let bwd = intern(
+        &mut snap,
+        &[
+            ("/w/train.py", 20, "main"),
+            ("torch/autograd/graph.py", 1, "_engine_run_backward"),
+        ],
+    );
+    let opt = intern(&mut snap, &[("torch/optim/adamw.py", 5, "step")]);
+    let steps = MAX_INFERRED as u64; // three stages a step: three times the cap
+    let mut tr = Vec::new();
+    for i in 0..steps {
+        let (a, t) = (100 * i, 100 * i as i64);
+        tr.extend([
+            alloc(a + 1, 1000, t + 1, Some(fwd)),
+            alloc(a + 2, 500, t + 2, Some(bwd)),
+            free(a + 1, 1000, t + 3),
+            free(a + 2, 500, t + 4),
+            alloc(a + 3, 4000, t + 5, Some(opt)),
+            free(a + 3, 4000, t + 6),
+        ]);
+    }
+    snap.device_traces = Some(vec![tr]);
+    let stacks = StackIndex::new(&snap, &FrameFilter::default());
+    let timeline = crate::torch::timeline::compute(&snap, &stacks);
+    let st = compute(&snap, &stacks, &timeline, &Releases::compute(&snap));
+    let names: Vec<&str> = st.stages.iter().map(|s| s.name.as_str()).collect();
+    let want: Vec<&str> = ["forward", "backward", "optimizer"]
+        .iter()
+        .copied()
+        .cycle()
+        .take(MAX_INFERRED)
+        .collect();
+    assert_eq!(names, want);
+    assert_eq!(
+        st.stages[MAX_INFERRED - 1].start,
+        6 * (MAX_INFERRED as u64 / 3 - 1) + 4
+    );
+}
