@@ -298,6 +298,9 @@ fn uncovered(spans: &[Stage], n: u64) -> Vec<(u64, u64)> {
 /// optimizer run made a trace of many steps quadratic).
 fn infer(t: &Trace, a: u64, b: u64, live: &Live, out: &mut Vec<Stage>, inferred: &mut usize) {
     let (list, stacks) = (t.list, t.stacks);
+    // What this call adds goes at the end of `out`, every one of it inferred.
+    let (base, before) = (out.len(), *inferred);
+    debug_assert!(before <= MAX_INFERRED);
     let mut part_start = a;
     let mut i = a;
     while i < b {
@@ -334,16 +337,9 @@ fn infer(t: &Trace, a: u64, b: u64, live: &Live, out: &mut Vec<Stage>, inferred:
     }
     *inferred += split(t, part_start, b, live, out);
     if *inferred > MAX_INFERRED {
-        // Drop the latest inferred stages beyond the cap.
-        let mut seen = 0;
-        out.retain(|s| {
-            if s.source == StageSource::Inferred {
-                seen += 1;
-                seen <= MAX_INFERRED
-            } else {
-                true
-            }
-        });
+        // Drop the latest inferred stages beyond the cap: all of them this call's, at the end
+        // (a pass over the whole list at each part made a trace of many parts quadratic).
+        out.truncate(base + (MAX_INFERRED - before));
         *inferred = MAX_INFERRED;
     }
 }

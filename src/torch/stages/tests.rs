@@ -189,3 +189,56 @@ fn inferred_stages_stop_at_the_cap_with_every_optimizer_run_before_it() {
         6 * (MAX_INFERRED as u64 / 3 - 1) + 4
     );
 }
+
+/// Recorded optimizer steps leave a part between each two, inferred one by one: past the cap,
+/// the latest inferred stages go and every recorded one stays.
+#[test]
+fn inferred_stages_of_many_parts_stop_at_the_cap_and_recorded_ones_stay() {
+    let mut snap = Snapshot::default();
+    let fwd = intern(&mut snap, &[("/w/model.py", 10, "forward")]);
+    let bwd = intern(
+        &mut snap,
+        &[
+            ("/w/train.py", 20, "main"),
+            ("torch/autograd/graph.py", 1, "_engine_run_backward"),
+        ],
+    );
+    let opt = intern(&mut snap, &[("torch/optim/adamw.py", 5, "step")]);
+    let steps = MAX_INFERRED as u64; // two inferred stages a part: twice the cap
+    let mut tr = Vec::new();
+    for i in 0..steps {
+        let (a, t) = (100 * i, 100 * i as i64);
+        tr.extend([
+            alloc(a + 1, 1000, t + 1, Some(fwd)),
+            alloc(a + 2, 500, t + 2, Some(bwd)),
+            free(a + 1, 1000, t + 3),
+            free(a + 2, 500, t + 4),
+            alloc(a + 3, 4000, t + 6, Some(opt)),
+            free(a + 3, 4000, t + 7),
+        ]);
+        snap.annotations
+            .push(ann("Optimizer.step#AdamW.step", true, t + 5));
+        snap.annotations
+            .push(ann("Optimizer.step#AdamW.step", false, t + 8));
+    }
+    snap.device_traces = Some(vec![tr]);
+    let stacks = StackIndex::new(&snap, &FrameFilter::default());
+    let timeline = crate::torch::timeline::compute(&snap, &stacks);
+    let st = compute(&snap, &stacks, &timeline, &Releases::compute(&snap));
+    let inferred: Vec<(&str, u64)> = st
+        .stages
+        .iter()
+        .filter(|s| s.source == StageSource::Inferred)
+        .map(|s| (s.name.as_str(), s.start))
+        .collect();
+    let want: Vec<(&str, u64)> = (0..MAX_INFERRED as u64 / 2)
+        .flat_map(|i| [("forward", 6 * i), ("backward", 6 * i + 1)])
+        .collect();
+    assert_eq!(inferred, want);
+    let recorded = st
+        .stages
+        .iter()
+        .filter(|s| s.source == StageSource::Recorded)
+        .count();
+    assert_eq!(recorded, steps as usize);
+}
