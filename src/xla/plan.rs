@@ -569,19 +569,26 @@ struct HeapReplay {
     live_ranges: FxHashMap<i64, Vec<std::ops::Range<usize>>>,
 }
 
-/// Replay (XPLANE_FORMAT.md §4). `live` holds root canonical buffers; `display` maps a root to
-/// the buffer xprof shows for it: itself, or the buffer whose SHARE_WITH revived it (the value
-/// that occupies the memory now). Shares into a buffer already live (in place) change nothing.
+/// Replay (XPLANE_FORMAT.md §4). A live root canonical buffer shows as itself, or as the
+/// buffer whose SHARE_WITH revived it (the value that occupies the memory now). Shares into a
+/// buffer already live (in place) change nothing.
+///
+/// The buffers at the peak are read off the lives once the replay is done (the roots whose life
+/// holds the peak's event, in the order they became live), not copied at each new peak nor kept
+/// in a list searched at each free: either made a heap that rises or frees one buffer at a time
+/// cost the square of its events.
 fn replay_heap(
     plan: &mut Plan,
     t: &hpb::HeapSimulatorTrace,
     bufs: &mut FxHashMap<i64, Buf>,
 ) -> HeapReplay {
     let mut out = HeapReplay::default();
-    // Root buffer -> event index at which it became live; closed into `live_ranges` when freed.
-    let mut opened: FxHashMap<i64, usize> = FxHashMap::default();
-    let mut live: Vec<i64> = Vec::new();
-    let mut display: FxHashMap<i64, i64> = FxHashMap::default();
+    // Root buffer -> (event index at which it became live, the buffer it shows); closed into
+    // `live_ranges` and `lives` when freed.
+    let mut opened: FxHashMap<i64, (usize, i64)> = FxHashMap::default();
+    // Every life: (start, end, root, shown).
+    let mut lives: Vec<(usize, usize, i64, i64)> = Vec::new();
+    let mut peak_at: Option<usize> = None;
     let mut heap: i64 = 0;
     let mut peak: i64 = 0;
     plan.heap_curve.reserve(t.events.len());
@@ -609,11 +616,10 @@ fn replay_heap(
                     continue;
                 };
                 if refs == 0 {
-                    if let Some(start) = opened.remove(&root) {
+                    if let Some((start, shown)) = opened.remove(&root) {
                         out.live_ranges.entry(root).or_default().push(start..pos);
+                        lives.push((start, pos, root, shown));
                     }
-                    live.retain(|&x| x != root);
-                    display.remove(&root);
                     heap = heap.saturating_sub(bufs.get(&root).map(|b| b.proto.size).unwrap_or(0));
                 }
             }
@@ -636,27 +642,33 @@ fn replay_heap(
             _ => {}
         }
         if let Some((root, shown)) = grew {
-            opened.insert(root, pos);
-            live.push(root);
-            display.insert(root, shown);
+            opened.insert(root, (pos, shown));
             heap = heap.saturating_add(bufs.get(&root).map(|b| b.proto.size).unwrap_or(0));
             if heap > peak {
                 peak = heap;
                 plan.peak_position = pos;
                 plan.peak_instruction = e.instruction_name.clone();
-                out.peak_ids = live
-                    .iter()
-                    .map(|r| display.get(r).copied().unwrap_or(*r))
-                    .collect();
+                peak_at = Some(pos);
             }
         }
     }
     plan.heap_curve.push(heap.max(0) as u64);
-    for (root, start) in opened.drain() {
+    for (root, (start, shown)) in opened.drain() {
         out.live_ranges
             .entry(root)
             .or_default()
             .push(start..t.events.len());
+        lives.push((start, t.events.len(), root, shown));
+    }
+    if let Some(p) = peak_at {
+        // One buffer becomes live an event: the start orders them as they became live.
+        let mut at: Vec<(usize, i64)> = lives
+            .iter()
+            .filter(|l| l.0 <= p && p < l.1)
+            .map(|l| (l.0, l.3))
+            .collect();
+        at.sort_unstable();
+        out.peak_ids = at.into_iter().map(|(_, shown)| shown).collect();
     }
     plan.heap_points += 1;
     plan.heap_peak_bytes = peak.max(0) as u64;
@@ -890,5 +902,102 @@ mod tests {
             Role::Backward
         );
         assert_eq!(role_of("", "copy", 11), Role::Other);
+    }
+
+    /// The buffers at the peak, read off the lives after the replay, are the ones a replay that
+    /// keeps the live list at each event shows there (in the order they became live), on random
+    /// traces of allocations, frees and shares that revive freed buffers.
+    #[test]
+    fn heap_replay_reads_the_peak_buffers_off_the_lives() {
+        let proto = |id: i64, size: i64| hpb::LogicalBufferProto {
+            id,
+            size,
+            ..Default::default()
+        };
+        let instr = hpb::HloInstructionProto::default();
+        fn make<'a>(
+            protos: &'a [hpb::LogicalBufferProto],
+            instr: &'a hpb::HloInstructionProto,
+        ) -> FxHashMap<i64, Buf<'a>> {
+            protos
+                .iter()
+                .map(|p| {
+                    let b = Buf {
+                        proto: p,
+                        alloc: 0,
+                        instr,
+                        canonical: None,
+                        refs: 0,
+                    };
+                    (p.id, b)
+                })
+                .collect()
+        }
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..200 {
+            let n = 2 + next() % 12;
+            let protos: Vec<hpb::LogicalBufferProto> = (0..n as i64)
+                .map(|id| proto(id, 1 + (next() % 100) as i64))
+                .collect();
+            let mut events = Vec::new();
+            for _ in 0..(next() % 60) {
+                events.push(hpb::heap_simulator_trace::Event {
+                    kind: (next() % 3) as i32,
+                    buffer_id: (next() % n) as i64,
+                    share_with_canonical_id: (next() % n) as i64,
+                    ..Default::default()
+                });
+            }
+            let t = hpb::HeapSimulatorTrace {
+                events,
+                ..Default::default()
+            };
+            let mut bufs = make(&protos, &instr);
+            let got = replay_heap(&mut Plan::default(), &t, &mut bufs).peak_ids;
+            // The list kept at each event, copied at each new peak.
+            let mut bufs = make(&protos, &instr);
+            let (mut live, mut shown): (Vec<i64>, FxHashMap<i64, i64>) = Default::default();
+            let (mut heap, mut peak, mut want) = (0i64, 0i64, Vec::new());
+            for e in &t.events {
+                let grew = match e.kind {
+                    0 | 2 => {
+                        let target = if e.kind == 0 {
+                            e.buffer_id
+                        } else {
+                            if let Some(b) = bufs.get_mut(&e.buffer_id) {
+                                b.canonical = Some(e.share_with_canonical_id);
+                            }
+                            e.share_with_canonical_id
+                        };
+                        let root = root_of(&bufs, target);
+                        (add_ref(&mut bufs, root, 1) == Some(1)).then_some((root, e.buffer_id))
+                    }
+                    _ => {
+                        let root = root_of(&bufs, e.buffer_id);
+                        if add_ref(&mut bufs, root, -1) == Some(0) {
+                            live.retain(|&r| r != root);
+                            heap -= bufs[&root].proto.size;
+                        }
+                        None
+                    }
+                };
+                if let Some((root, id)) = grew {
+                    live.push(root);
+                    shown.insert(root, id);
+                    heap += bufs[&root].proto.size;
+                    if heap > peak {
+                        peak = heap;
+                        want = live.iter().map(|r| shown[r]).collect();
+                    }
+                }
+            }
+            assert_eq!(got, want, "{:?}", t.events);
+        }
     }
 }
