@@ -1,6 +1,6 @@
 use super::*;
 use crate::frames::FrameFilter;
-use crate::torch::model::{Annotation, Snapshot, TraceEntry};
+use crate::torch::model::{Annotation, Snapshot, StackId, TraceEntry};
 use crate::torch::stacks::tests::intern;
 
 fn alloc(addr: u64, size: u64, t: i64, stack: Option<u32>) -> TraceEntry {
@@ -22,6 +22,41 @@ fn ann(name: &str, start: bool, t: i64) -> Annotation {
         device: 0,
         time_us: Some(t),
     }
+}
+
+/// Stacks of a training step: forward, autograd's backward, an AdamW step.
+fn step_stacks(snap: &mut Snapshot) -> (StackId, StackId, StackId) {
+    let fwd = intern(snap, &[("/w/model.py", 10, "forward")]);
+    let bwd = intern(
+        snap,
+        &[
+            ("/w/train.py", 20, "main"),
+            ("torch/autograd/graph.py", 1, "_engine_run_backward"),
+        ],
+    );
+    let opt = intern(snap, &[("torch/optim/adamw.py", 5, "step")]);
+    (fwd, bwd, opt)
+}
+
+/// One step at addresses and times from `at`: a forward and a backward allocation, both
+/// freed, then an optimizer allocation freed (times `at + 1..=at + 6`).
+fn step(at: u64, [fwd, bwd, opt]: [StackId; 3]) -> [TraceEntry; 6] {
+    let t = at as i64;
+    [
+        alloc(at + 1, 1000, t + 1, Some(fwd)),
+        alloc(at + 2, 500, t + 2, Some(bwd)),
+        free(at + 1, 1000, t + 3),
+        free(at + 2, 500, t + 4),
+        alloc(at + 3, 4000, t + 5, Some(opt)),
+        free(at + 3, 4000, t + 6),
+    ]
+}
+
+/// The stages of `snap`, with its stacks, timeline and releases.
+fn stages_of(snap: &Snapshot) -> Stages {
+    let stacks = StackIndex::new(snap, &FrameFilter::default());
+    let timeline = crate::torch::timeline::compute(snap, &stacks);
+    compute(snap, &stacks, &timeline, &Releases::compute(snap))
 }
 
 #[test]
@@ -69,15 +104,7 @@ fn span_maxima_match_a_plain_walk() {
 #[test]
 fn recorded_spans_hold_the_peak_and_gaps_are_inferred() {
     let mut snap = Snapshot::default();
-    let fwd = intern(&mut snap, &[("/w/model.py", 10, "forward")]);
-    let bwd = intern(
-        &mut snap,
-        &[
-            ("/w/train.py", 20, "main"),
-            ("torch/autograd/graph.py", 1, "_engine_run_backward"),
-        ],
-    );
-    let opt = intern(&mut snap, &[("torch/optim/adamw.py", 5, "step")]);
+    let (fwd, bwd, opt) = step_stacks(&mut snap);
     let mut tr = vec![
         alloc(1, 1000, 10, Some(fwd)),
         alloc(2, 1000, 11, Some(fwd)),
@@ -93,9 +120,7 @@ fn recorded_spans_hold_the_peak_and_gaps_are_inferred() {
         ann("Optimizer.step#AdamW.step", true, 30),
         ann("Optimizer.step#AdamW.step", false, 33),
     ];
-    let stacks = StackIndex::new(&snap, &FrameFilter::default());
-    let timeline = crate::torch::timeline::compute(&snap, &stacks);
-    let st = compute(&snap, &stacks, &timeline, &Releases::compute(&snap));
+    let st = stages_of(&snap);
     let names: Vec<(&str, StageSource, u64, u64, u32)> = st
         .stages
         .iter()
@@ -136,9 +161,7 @@ fn unmatched_ends_are_counted_and_open_starts_run_to_the_end() {
         ..Snapshot::default()
     };
     snap.annotations = vec![ann("x", false, 1), ann("y", true, 6)];
-    let stacks = StackIndex::new(&snap, &FrameFilter::default());
-    let timeline = crate::torch::timeline::compute(&snap, &stacks);
-    let st = compute(&snap, &stacks, &timeline, &Releases::compute(&snap));
+    let st = stages_of(&snap);
     assert_eq!(st.unplaced, 1);
     let y = st.stages.iter().find(|s| s.name == "y").unwrap();
     assert_eq!((y.start, y.end, y.end_us), (1, 2, Some(6)));
@@ -150,32 +173,13 @@ fn unmatched_ends_are_counted_and_open_starts_run_to_the_end() {
 #[test]
 fn inferred_stages_stop_at_the_cap_with_every_optimizer_run_before_it() {
     let mut snap = Snapshot::default();
-    let fwd = intern(&mut snap, &[("/w/model.py", 10, "forward")]);
-    let bwd = intern(
-        &mut snap,
-        &[
-            ("/w/train.py", 20, "main"),
-            ("torch/autograd/graph.py", 1, "_engine_run_backward"),
-        ],
-    );
-    let opt = intern(&mut snap, &[("torch/optim/adamw.py", 5, "step")]);
+    let (fwd, bwd, opt) = step_stacks(&mut snap);
     let steps = MAX_INFERRED as u64; // three stages a step: three times the cap
-    let mut tr = Vec::new();
-    for i in 0..steps {
-        let (a, t) = (100 * i, 100 * i as i64);
-        tr.extend([
-            alloc(a + 1, 1000, t + 1, Some(fwd)),
-            alloc(a + 2, 500, t + 2, Some(bwd)),
-            free(a + 1, 1000, t + 3),
-            free(a + 2, 500, t + 4),
-            alloc(a + 3, 4000, t + 5, Some(opt)),
-            free(a + 3, 4000, t + 6),
-        ]);
-    }
+    let tr: Vec<TraceEntry> = (0..steps)
+        .flat_map(|i| step(100 * i, [fwd, bwd, opt]))
+        .collect();
     snap.device_traces = Some(vec![tr]);
-    let stacks = StackIndex::new(&snap, &FrameFilter::default());
-    let timeline = crate::torch::timeline::compute(&snap, &stacks);
-    let st = compute(&snap, &stacks, &timeline, &Releases::compute(&snap));
+    let st = stages_of(&snap);
     let names: Vec<&str> = st.stages.iter().map(|s| s.name.as_str()).collect();
     let want: Vec<&str> = ["forward", "backward", "optimizer"]
         .iter()
@@ -195,36 +199,20 @@ fn inferred_stages_stop_at_the_cap_with_every_optimizer_run_before_it() {
 #[test]
 fn inferred_stages_of_many_parts_stop_at_the_cap_and_recorded_ones_stay() {
     let mut snap = Snapshot::default();
-    let fwd = intern(&mut snap, &[("/w/model.py", 10, "forward")]);
-    let bwd = intern(
-        &mut snap,
-        &[
-            ("/w/train.py", 20, "main"),
-            ("torch/autograd/graph.py", 1, "_engine_run_backward"),
-        ],
-    );
-    let opt = intern(&mut snap, &[("torch/optim/adamw.py", 5, "step")]);
+    let (fwd, bwd, opt) = step_stacks(&mut snap);
     let steps = MAX_INFERRED as u64; // two inferred stages a part: twice the cap
-    let mut tr = Vec::new();
+    let tr: Vec<TraceEntry> = (0..steps)
+        .flat_map(|i| step(100 * i, [fwd, bwd, opt]))
+        .collect();
     for i in 0..steps {
-        let (a, t) = (100 * i, 100 * i as i64);
-        tr.extend([
-            alloc(a + 1, 1000, t + 1, Some(fwd)),
-            alloc(a + 2, 500, t + 2, Some(bwd)),
-            free(a + 1, 1000, t + 3),
-            free(a + 2, 500, t + 4),
-            alloc(a + 3, 4000, t + 6, Some(opt)),
-            free(a + 3, 4000, t + 7),
-        ]);
+        let t = 100 * i as i64;
         snap.annotations
             .push(ann("Optimizer.step#AdamW.step", true, t + 5));
         snap.annotations
-            .push(ann("Optimizer.step#AdamW.step", false, t + 8));
+            .push(ann("Optimizer.step#AdamW.step", false, t + 7));
     }
     snap.device_traces = Some(vec![tr]);
-    let stacks = StackIndex::new(&snap, &FrameFilter::default());
-    let timeline = crate::torch::timeline::compute(&snap, &stacks);
-    let st = compute(&snap, &stacks, &timeline, &Releases::compute(&snap));
+    let st = stages_of(&snap);
     let inferred: Vec<(&str, u64)> = st
         .stages
         .iter()
