@@ -36,6 +36,10 @@ pub(crate) struct Interner {
     /// Key objects of frame dicts seen last, with the field each names (0 name, 1 filename,
     /// 2 line, 3 other).
     frame_keys: Vec<(Val, u8)>,
+    /// The key objects of the last frame dict whose three items named the three fields, in its
+    /// order, with the field each names: a dict with the same keys in the same order (every
+    /// dict of a pickled frames list) takes its fields without looking each key up.
+    frame_order: Option<([Val; 3], [u8; 3])>,
     /// Stack tables: on the worker while a pipeline runs, here before and after.
     pub(crate) table: StackTable,
     stack_by_val: FxHashMap<Val, Option<StackId>>,
@@ -117,7 +121,24 @@ impl Interner {
         pairs: &[Val],
     ) -> Result<FrameId, String> {
         let mut fields = [None; 3];
-        for p in pairs.chunks_exact(2) {
+        match (self.frame_order, pairs) {
+            (Some((keys, slots)), &[k0, v0, k1, v1, k2, v2]) if [k0, k1, k2] == keys => {
+                for (slot, v) in slots.into_iter().zip([v0, v1, v2]) {
+                    if let Some(f) = fields.get_mut(slot as usize) {
+                        *f = Some(v);
+                    }
+                }
+            }
+            _ => self.fields_of_pairs(t, pairs, &mut fields),
+        }
+        self.frame_of_fields(t, prev, fields)
+    }
+
+    /// The fields of a frame dict's items, each key looked up (and remembered) in `frame_keys`;
+    /// three items naming the three fields become the order [`Self::frame_of_pairs`] tries first.
+    fn fields_of_pairs(&mut self, t: &Tree<'_>, pairs: &[Val], fields: &mut [Option<Val>; 3]) {
+        let mut order = ([Val::NONE; 3], [3u8; 3]);
+        for (i, p) in pairs.chunks_exact(2).enumerate() {
             let slot = match self.frame_keys.iter().find(|(k, _)| *k == p[0]) {
                 Some(&(_, slot)) => slot,
                 None => {
@@ -137,7 +158,27 @@ impl Interner {
             if let Some(f) = fields.get_mut(slot as usize) {
                 *f = Some(p[1]);
             }
+            if let (Some(k), Some(s)) = (order.0.get_mut(i), order.1.get_mut(i)) {
+                (*k, *s) = (p[0], slot);
+            }
         }
+        let (keys, mut slots) = order;
+        if pairs.len() == 6 && {
+            slots.sort_unstable();
+            slots == [0, 1, 2]
+        } {
+            self.frame_order = Some((keys, order.1));
+        }
+    }
+
+    /// The frame id of a frame dict's fields (name, filename, line); `prev` as for
+    /// [`Self::frame_of_pairs`].
+    fn frame_of_fields(
+        &mut self,
+        t: &Tree<'_>,
+        prev: Option<FrameId>,
+        fields: [Option<Val>; 3],
+    ) -> Result<FrameId, String> {
         let key = fields.map(|f| f.unwrap_or(Val::NONE));
         if prev.is_none()
             && let Some(&id) = self.frame_by_vals.get(&key)

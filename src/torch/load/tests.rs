@@ -231,6 +231,49 @@ sys.stdout.buffer.write(pickle.dumps(snap, protocol=4))
 }
 
 #[test]
+fn unshared_frame_dicts_with_their_keys_in_other_orders_keep_each_field() {
+    // Fresh frame dicts, each with the three keys in one of the six orders (or with a fourth
+    // key, or a key that is no field), one after the other: the loader reads a dict whose keys
+    // come in the order of the dict before it without looking them up, so a dict in another
+    // order must not take that order's fields.
+    let s = load_py(
+        r#"
+import itertools, pickle, sys
+orders = list(itertools.permutations(['name', 'filename', 'line']))
+vals = {'name': lambda i: f'fn{i}', 'filename': lambda i: f'/w/m{i}.py', 'line': lambda i: 100 + i}
+tr = []
+for i in range(40):
+    frames = []
+    for j in range(5):
+        o = orders[(i * 5 + j) % 7] if (i * 5 + j) % 7 < 6 else ('name', 'filename', 'code')
+        k = i * 5 + j
+        d = {key: (vals[key](k) if key in vals else 'x') for key in o}
+        if k % 11 == 0:
+            d['column'] = 4
+        frames.append(d)
+    tr.append({'action': 'alloc', 'addr': i, 'size': 512, 'stream': 0, 'frames': frames})
+sys.stdout.buffer.write(pickle.dumps({'segments': [], 'device_traces': [tr]}, protocol=4))
+"#,
+    )
+    .unwrap();
+    let tr = &s.device_traces.as_ref().unwrap()[0];
+    for (i, e) in tr.iter().enumerate() {
+        let got: Vec<(String, String, u64)> = s
+            .stack_frames(e.stack())
+            .map(|f| (f.name.clone(), f.filename.clone(), f.line))
+            .collect();
+        let want: Vec<(String, String, u64)> = (0..5)
+            .map(|j| {
+                let k = i * 5 + j;
+                let line = if k % 7 < 6 { 100 + k as u64 } else { 0 };
+                (format!("fn{k}"), format!("/w/m{k}.py"), line)
+            })
+            .collect();
+        assert_eq!(got, want, "entry {i}");
+    }
+}
+
+#[test]
 fn repeated_frames_lists_reuse_their_stack_and_a_hash_collision_decodes_again() {
     // Three distinct stacks, each allocated many times: from the second time on, a list's
     // run of memo references is recognised and not decoded again.
