@@ -38,7 +38,7 @@ pub(super) fn trace_sink<'m>(
         )),
         list_by_val: FxHashMap::default(),
         last_keys: Vec::new(),
-        last_slots: Vec::new(),
+        gather: [usize::MAX; 7],
         actions: Vec::new(),
         map,
         pager: map
@@ -61,7 +61,9 @@ pub(super) struct TraceSink<'m> {
     list_by_val: FxHashMap<Val, Option<u32>>,
     /// Key objects of the previous entry and their field slots.
     last_keys: Vec<Val>,
-    last_slots: Vec<u8>,
+    /// For each field of [`TRACE_KEYS`], the position among `last_keys` of the last key that
+    /// names it (`usize::MAX`: none): an entry with the same keys reads its fields from there.
+    gather: [usize; 7],
     /// Action str object → action, for the last few action objects seen.
     actions: Vec<(Val, Action)>,
     map: Option<&'m memmap2::Mmap>,
@@ -124,22 +126,23 @@ impl pickle::Sink for TraceSink<'_> {
         let same_keys = super::compile_context::same_keys(pairs, &self.last_keys);
         if !same_keys {
             self.last_keys.clear();
-            self.last_slots.clear();
-            for p in pairs.chunks_exact(2) {
-                let slot = t
+            self.gather = [usize::MAX; 7];
+            for (i, p) in pairs.chunks_exact(2).enumerate() {
+                if let Some(slot) = t
                     .str(p[0])
                     .and_then(|name| TRACE_KEYS.iter().position(|w| *w == name))
-                    .map_or(u8::MAX, |i| i as u8);
+                {
+                    // A key named twice: its last value, as a dict keeps.
+                    self.gather[slot] = i;
+                }
                 self.last_keys.push(p[0]);
-                self.last_slots.push(slot);
             }
         }
-        let mut fields = [None; 7];
-        for (slot, p) in self.last_slots.iter().zip(pairs.chunks_exact(2)) {
-            if let Some(f) = fields.get_mut(*slot as usize) {
-                *f = Some(p[1]);
-            }
-        }
+        // Read, not scattered: a store per key at a position known only at run time kept the
+        // fields out of registers.
+        let fields = self
+            .gather
+            .map(|i| pairs.get(i.wrapping_mul(2).wrapping_add(1)).copied());
         let action = match fields[0] {
             // Snapshots memoize the few action strings: remember the last ones by object.
             Some(a) => match self.actions.iter().find(|(v, _)| *v == a) {

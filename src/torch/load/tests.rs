@@ -501,3 +501,59 @@ fn code_and_garbage_are_refused_with_offsets() {
     .unwrap_err();
     assert_eq!(e.kind, ErrorKind::Truncated);
 }
+
+#[test]
+fn trace_entries_read_each_field_by_its_key_when_the_keys_change_order_or_repeat() {
+    // Hand-written, keys memoized as torch's pickles have them (an entry with the key objects
+    // of the one before reads its fields from the positions found for those keys): entries in
+    // one order, then another, then with `size` named twice (a dict keeps the last value;
+    // Python never writes this, a hostile file can), each layout twice in a row.
+    use crate::pickle::opcodes as op;
+    let mut b = vec![op::PROTO, 4, op::EMPTY_DICT, op::MARK];
+    let text = |b: &mut Vec<u8>, s: &str| {
+        b.extend([op::SHORT_BINUNICODE, s.len() as u8]);
+        b.extend_from_slice(s.as_bytes());
+    };
+    text(&mut b, "segments");
+    b.push(op::EMPTY_LIST);
+    text(&mut b, "device_traces");
+    b.extend([op::EMPTY_LIST, op::MARK, op::EMPTY_LIST, op::MARK]);
+    // Memo: 0 action, 1 addr, 2 size, 3 stream, 4 "alloc".
+    for k in ["action", "addr", "size", "stream", "alloc"] {
+        text(&mut b, k);
+        b.push(op::MEMOIZE);
+        b.push(op::POP);
+    }
+    let entry = |b: &mut Vec<u8>, items: &[(u8, u8)]| {
+        b.extend([op::EMPTY_DICT, op::MARK, op::BINGET, 0, op::BINGET, 4]);
+        for &(key, v) in items {
+            b.extend([op::BINGET, key, op::BININT1, v]);
+        }
+        b.push(op::SETITEMS);
+    };
+    let (addr, size, stream) = (1, 2, 3);
+    entry(&mut b, &[(addr, 1), (size, 16), (stream, 0)]);
+    entry(&mut b, &[(addr, 2), (size, 32), (stream, 0)]);
+    entry(&mut b, &[(size, 48), (stream, 0), (addr, 3)]);
+    entry(&mut b, &[(size, 64), (stream, 0), (addr, 4)]);
+    entry(&mut b, &[(addr, 5), (size, 1), (stream, 0), (size, 80)]);
+    entry(&mut b, &[(addr, 6), (size, 2), (stream, 0), (size, 96)]);
+    entry(&mut b, &[(addr, 7), (size, 112), (stream, 0)]);
+    b.extend([op::APPENDS, op::APPENDS, op::SETITEMS, op::STOP]);
+    let s = decode_snapshot(Path::new("t.pickle"), &b, &DecodeOptions::default()).unwrap();
+    let tr = &s.device_traces.as_ref().unwrap()[0];
+    let got: Vec<(u64, u64)> = tr.iter().map(|e| (e.addr, e.size)).collect();
+    assert_eq!(
+        got,
+        [
+            (1, 16),
+            (2, 32),
+            (3, 48),
+            (4, 64),
+            (5, 80),
+            (6, 96),
+            (7, 112)
+        ]
+    );
+    assert!(tr.iter().all(|e| e.action == Action::Alloc));
+}
