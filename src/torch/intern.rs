@@ -162,12 +162,10 @@ impl Interner {
                 (*k, *s) = (p[0], slot);
             }
         }
-        let (keys, mut slots) = order;
-        if pairs.len() == 6 && {
-            slots.sort_unstable();
-            slots == [0, 1, 2]
-        } {
-            self.frame_order = Some((keys, order.1));
+        let mut fields_named = order.1;
+        fields_named.sort_unstable();
+        if pairs.len() == 6 && fields_named == [0, 1, 2] {
+            self.frame_order = Some(order);
         }
     }
 
