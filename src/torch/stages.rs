@@ -97,7 +97,7 @@ pub const SITES_FOR: usize = 8;
 /// Inferred stages per device at most (the rest of the trace stays unstaged).
 pub const MAX_INFERRED: usize = 96;
 /// Entries per block of the running-maximum index.
-const BLOCK: usize = 4096;
+const BLOCK: usize = 128;
 
 /// The stages of a snapshot's traced devices.
 pub fn compute(
