@@ -584,9 +584,9 @@ fn replay_heap(
 ) -> HeapReplay {
     let mut out = HeapReplay::default();
     // Root buffer -> (event index at which it became live, the buffer it shows); closed into
-    // `live_ranges` and `lives` when freed.
+    // `lives` when freed.
     let mut opened: FxHashMap<i64, (usize, i64)> = FxHashMap::default();
-    // Every life: (start, end, root, shown).
+    // Every life: (start, end, root, shown); `live_ranges` is made from it at the end.
     let mut lives: Vec<(usize, usize, i64, i64)> = Vec::new();
     let mut peak_at: Option<usize> = None;
     let mut heap: i64 = 0;
@@ -617,7 +617,6 @@ fn replay_heap(
                 };
                 if refs == 0 {
                     if let Some((start, shown)) = opened.remove(&root) {
-                        out.live_ranges.entry(root).or_default().push(start..pos);
                         lives.push((start, pos, root, shown));
                     }
                     heap = heap.saturating_sub(bufs.get(&root).map(|b| b.proto.size).unwrap_or(0));
@@ -654,11 +653,10 @@ fn replay_heap(
     }
     plan.heap_curve.push(heap.max(0) as u64);
     for (root, (start, shown)) in opened.drain() {
-        out.live_ranges
-            .entry(root)
-            .or_default()
-            .push(start..t.events.len());
         lives.push((start, t.events.len(), root, shown));
+    }
+    for &(start, end, root, _) in &lives {
+        out.live_ranges.entry(root).or_default().push(start..end);
     }
     if let Some(p) = peak_at {
         // One buffer becomes live an event: the start orders them as they became live.
