@@ -59,10 +59,11 @@ pub(super) struct TraceSink<'m> {
     pipeline: Option<Pipeline>,
     /// List number of frames lists that are not sunk (`None`: empty), by object.
     list_by_val: FxHashMap<Val, Option<u32>>,
-    /// Key objects of the previous entry and their field slots.
+    /// Key objects of the previous entry.
     last_keys: Vec<Val>,
-    /// For each field of [`TRACE_KEYS`], the position among `last_keys` of the last key that
-    /// names it (`usize::MAX`: none): an entry with the same keys reads its fields from there.
+    /// For each field of [`TRACE_KEYS`], where among the items its value is (after the last
+    /// key that names it; `usize::MAX`, past any slice, where no key does): an entry with the
+    /// same keys reads its fields from there.
     gather: [usize; 7],
     /// Action str object → action, for the last few action objects seen.
     actions: Vec<(Val, Action)>,
@@ -133,16 +134,14 @@ impl pickle::Sink for TraceSink<'_> {
                     .and_then(|name| TRACE_KEYS.iter().position(|w| *w == name))
                 {
                     // A key named twice: its last value, as a dict keeps.
-                    self.gather[slot] = i;
+                    self.gather[slot] = 2 * i + 1;
                 }
                 self.last_keys.push(p[0]);
             }
         }
         // Read, not scattered: a store per key at a position known only at run time kept the
         // fields out of registers.
-        let fields = self
-            .gather
-            .map(|i| pairs.get(i.wrapping_mul(2).wrapping_add(1)).copied());
+        let fields = self.gather.map(|at| pairs.get(at).copied());
         let action = match fields[0] {
             // Snapshots memoize the few action strings: remember the last ones by object.
             Some(a) => match self.actions.iter().find(|(v, _)| *v == a) {
