@@ -477,11 +477,11 @@ pub fn analyze_ranks(
             out.share_stacks(&mut set);
         }
         // What this snapshot freed goes back before the next one peaks.
-        crate::hugepages::trim_heap();
+        crate::process_memory::trim_heap();
         out
     };
     if paths.len() > 1 {
-        crate::hugepages::tune_allocator();
+        crate::process_memory::tune_allocator();
     }
     let jobs = opts.jobs().min(paths.len()).max(1);
     let mut results: Vec<Option<Result<torch::Output, CaptureError>>> =

@@ -5,11 +5,11 @@ fn main() {
         Run::Exit(code) => code,
         // A server analyses capture after capture for hours: keep its heap from fragmenting.
         Run::Lsp => {
-            memlsp::hugepages::tune_allocator();
+            memlsp::process_memory::tune_allocator();
             served(memlsp::lsp::run_stdio())
         }
         Run::Mcp(args) => {
-            memlsp::hugepages::tune_allocator();
+            memlsp::process_memory::tune_allocator();
             let config = memlsp::mcp::Config {
                 roots: args.roots,
                 allow_outside: args.allow_outside,

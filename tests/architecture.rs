@@ -21,7 +21,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "findings",
             "frames",
             "site",
-            "hugepages",
+            "process_memory",
             "sigbus",
             "timings",
         ],

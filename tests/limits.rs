@@ -296,7 +296,7 @@ fn a_capped_address_space_still_gets_the_whole_report() {
     let (plain, plain_reserved) = run("ulimit -v unlimited 2>/dev/null;");
     let (capped, capped_reserved) = run("ulimit -v 2000000 &&");
     // (Where this test itself runs under a cap that cannot be lifted, both runs are capped.)
-    let uncapped = if memlsp::hugepages::address_space_limited() {
+    let uncapped = if memlsp::process_memory::address_space_limited() {
         len / 64
     } else {
         len / 24

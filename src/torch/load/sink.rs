@@ -29,7 +29,7 @@ pub(super) fn trace_sink<'m>(
             // addr, size, stream and an empty frames list as memo references) takes more. The
             // shared-lists shape has 60 bytes an entry, the realistic one 157. Under a cap on
             // the address space, a likelier count (growing past it copies).
-            if crate::hugepages::address_space_limited() {
+            if crate::process_memory::address_space_limited() {
                 bytes.len() / 64
             } else {
                 bytes.len() / 24

@@ -1,5 +1,5 @@
 //! The process's memory: glibc's heap given back between snapshots and its mmap threshold, and
-//! whether the address space is capped.
+//! whether the address space is capped. (Named `hugepages` until the huge-page request went.)
 //!
 //! No transparent huge pages. The big buffers (the trace entries, the pickle memo) once asked
 //! for them with `MADV_HUGEPAGE`. On the project's VM, 6 interleaved runs per file showed it
