@@ -19,6 +19,8 @@ pub mod report;
 pub mod sigbus;
 pub mod site;
 pub mod source;
+#[cfg(test)]
+pub(crate) mod test_rng;
 pub mod timings;
 pub mod torch;
 pub mod xla;

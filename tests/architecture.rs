@@ -23,6 +23,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "site",
             "process_memory",
             "sigbus",
+            "test_rng",
             "timings",
         ],
     ),

@@ -1093,13 +1093,8 @@ mod tests {
     /// `i64`, OOMs, and traces whose level never rises above the start (no peak set).
     #[test]
     fn set_indices_are_the_timelines_own() {
-        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut rng = crate::test_rng::XorShift::new(0x2545_f491_4f6c_dd1d);
+        let mut next = move || rng.next_u64();
         let mut with_peak = 0;
         for case in 0..300 {
             let mut snap = Snapshot::default();

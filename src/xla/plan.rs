@@ -931,13 +931,8 @@ mod tests {
                 })
                 .collect()
         }
-        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut rng = crate::test_rng::XorShift::new(0x2545_f491_4f6c_dd1d);
+        let mut next = move || rng.next_u64();
         for _ in 0..200 {
             let n = 2 + next() % 12;
             let protos: Vec<hpb::LogicalBufferProto> = (0..n as i64)

@@ -170,11 +170,9 @@ mod tests {
         let mut a = AddrOf::new(1 << 20);
         let mut m: FxHashMap<u32, u64> = FxHashMap::default();
         let slots = a.slots.len() as u32;
-        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut rng = crate::test_rng::XorShift::new(0x2545_f491_4f6c_dd1d);
         for step in 0..200_000u32 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = rng.next_u64();
             // References whole tables apart share a slot.
             let r = (x % 8) as u32 * slots + (x >> 40) as u32 % 4 + (step % 3) * 7;
             match x % 5 {

@@ -7,27 +7,16 @@
 use super::model::{Malloc, Model, SegKind};
 use super::run::{Capacity, visits};
 use super::*;
+use crate::test_rng::XorShift;
 use crate::torch::model::{Action, Block, BlockState, Segment, Snapshot, TraceEntry};
 
 const MB: u64 = 1 << 20;
-
-/// xorshift64: the same traces on every run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
 
 /// Random actions over segments that have nothing to do with them (the generator's shape):
 /// frees of what was never allocated, segments from nowhere.
 fn inconsistent(n: usize) -> Snapshot {
     let base = 139_800_000_000_000u64;
-    let mut r = Rng(0x2545_f491_4f6c_dd1d);
+    let mut r = XorShift::new(0x2545_f491_4f6c_dd1d);
     let actions = [
         Action::Alloc,
         Action::FreeRequested,
@@ -38,8 +27,8 @@ fn inconsistent(n: usize) -> Snapshot {
     let sizes = [512, 4096, MB, 16 * MB];
     let trace: Vec<TraceEntry> = (0..n as u64)
         .map(|i| {
-            let a = actions[(r.next() % 5) as usize];
-            let s = sizes[(r.next() % 4) as usize];
+            let a = actions[(r.next_u64() % 5) as usize];
+            let s = sizes[(r.next_u64() % 4) as usize];
             TraceEntry::new(a, base + i * 512, s, 0)
         })
         .collect();
@@ -68,7 +57,7 @@ fn inconsistent(n: usize) -> Snapshot {
                         address: address + b * 4096,
                         size: 4096,
                         requested_size: 4000,
-                        state: states[(r.next() % 3) as usize].clone(),
+                        state: states[(r.next_u64() % 3) as usize].clone(),
                         stack: None,
                         history_len: 0,
                     })
@@ -89,7 +78,7 @@ fn inconsistent(n: usize) -> Snapshot {
 fn consistent(n: usize) -> Snapshot {
     let mut m = Model::new(Settings::default());
     let mut dev = Capacity(Some(4 << 30));
-    let mut r = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut r = XorShift::new(0x9e37_79b9_7f4a_7c15);
     let mut t: Vec<TraceEntry> = Vec::with_capacity(n);
     let mut live = std::collections::VecDeque::new();
     let record = |m: &mut Model, t: &mut Vec<TraceEntry>| {
@@ -114,7 +103,7 @@ fn consistent(n: usize) -> Snapshot {
             let (a, s) = live.pop_front().unwrap_or((0, 0));
             free(&mut m, &mut t, a, s);
         }
-        let size = 512u64 << (r.next() % 16);
+        let size = 512u64 << (r.next_u64() % 16);
         let Malloc::Ok { addr, .. } = m.malloc(size, 0, &mut dev) else {
             panic!("64 tensors of at most 16 MiB fit 4 GiB once the cache is released");
         };

@@ -260,11 +260,9 @@ mod pool_tests {
     fn pool_orders_as_a_btree_across_the_switch() {
         let mut p = Pool::default();
         let mut t = BTreeSet::new();
-        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut rng = crate::test_rng::XorShift::new(0x9e37_79b9_7f4a_7c15);
         for i in 0..5000u64 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = rng.next_u64();
             let k = u128::from(x % 3000) << 64 | u128::from(x % 7);
             if i % 3 == 2 {
                 p.remove(&k);

@@ -651,13 +651,8 @@ mod tests {
     /// whether the range follows 2 MiB boundaries (buckets) or cuts them (ordered index).
     #[test]
     fn live_set_ranges_answer_as_an_ordered_map() {
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut rnd = move |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n.max(1)
-        };
+        let mut rng = crate::test_rng::XorShift::new(0x2545_f491_4f6c_dd1d);
+        let mut rnd = move |n: u64| rng.below(n);
         const MB2: u64 = 2 << 20;
         for aligned in [true, false] {
             let mut set = LiveSet::default();

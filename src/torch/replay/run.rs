@@ -881,13 +881,8 @@ mod tests {
     /// steps asked again, and steps behind the cursor (a probe's malloc run early).
     #[test]
     fn growth_steps_answer_every_step_as_a_map_would() {
-        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut rng = crate::test_rng::XorShift::new(0x9e37_79b9_7f4a_7c15);
+        let mut next = move || rng.next_u64();
         for _ in 0..50 {
             // Events by step, non-decreasing, several a step at times.
             let mut steps: Vec<usize> = Vec::new();

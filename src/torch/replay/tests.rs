@@ -725,13 +725,8 @@ impl Device for Suggest {
 /// paths (a capacity), pending frees, cache releases and a carved initial state.
 #[test]
 fn linked_blocks_answer_as_ordered_blocks_do() {
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    let mut rnd = move |n: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % n.max(1)
-    };
+    let mut rng = crate::test_rng::XorShift::new(0x9e37_79b9_7f4a_7c15);
+    let mut rnd = move |n: u64| rng.below(n);
     let settings = [
         vec![],
         vec![("max_split_size_mb", "64")],
