@@ -11,6 +11,10 @@
 //! block and that block (scores kept in fp32 and their bf16 casts are both B·H·L·L). Fused attention
 //! (`F.scaled_dot_product_attention`) never writes these to memory: the fix is replayed with the
 //! group's allocations never made, else bounded ("at most", inferred).
+//!
+//! Where no attention named as one holds enough of a peak, one written inline in a module's
+//! `forward` of a `modeling_*.py` file (transformers' eager attention) is grouped the same way,
+//! that `forward` told from the file's others by the user line that calls it.
 
 use std::sync::Arc;
 
@@ -73,7 +77,24 @@ pub fn scores(
             best = Some(g);
         }
     }
-    best.filter(|g| g.bytes.saturating_mul(100) >= g.peak_bytes.saturating_mul(MIN_SHARE))
+    let held =
+        |g: &Attention| g.bytes.saturating_mul(100) >= g.peak_bytes.saturating_mul(MIN_SHARE);
+    best.filter(held).or_else(|| {
+        // No attention named as one: one written inline in a module's `forward`.
+        let mut best: Option<Attention> = None;
+        for t in &timeline.devices {
+            let Some(set) = &t.peak_set else {
+                continue;
+            };
+            let k = set.index as usize;
+            if let Some(g) = forward_group_at_peak(snap, peak_live, &flags, t.device, k, set.bytes)
+                && best.as_ref().is_none_or(|b| g.bytes > b.bytes)
+            {
+                best = Some(g);
+            }
+        }
+        best.filter(held)
+    })
 }
 
 /// One attention's score-sized blocks live at a device's peak (all measured from the trace).
@@ -96,6 +117,10 @@ pub struct Attention {
     /// Score-sized allocations of the function over the whole trace.
     pub trace_allocs: u64,
     pub trace_alloc_bytes: u64,
+    /// The attention is written inline in the `forward` of a module in a `modeling_*.py` file
+    /// (transformers' eager attention), told from the file's other `forward`s by its caller.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub module_forward: bool,
     #[serde(skip)]
     caller: Option<(FrameId, Option<StackId>)>,
     #[serde(skip)]
@@ -400,6 +425,7 @@ impl Group {
             lines,
             trace_allocs: 0,
             trace_alloc_bytes: 0,
+            module_forward: false,
             caller: self
                 .callers
                 .into_iter()
@@ -408,6 +434,140 @@ impl Group {
             allocs: Vec::new(),
         }
     }
+}
+
+/// A module's `forward` in a transformers-style modeling file (`modeling_llama.py`), where the
+/// eager attention of transformers before 4.48 runs its softmax inline (later versions name it
+/// `eager_attention_forward`, which [`names_attention`] takes).
+fn module_forward(scope: &Scope) -> bool {
+    let file = scope.0.rsplit(['/', '\\']).next().unwrap_or("");
+    scope.1 == "forward" && file.starts_with("modeling_") && file.ends_with(".py")
+}
+
+/// A frame's file and line, to compare callers by.
+type Caller = (String, u64);
+
+/// The softmax of stack `ids` in a [`module_forward`]: that function (the first user frame
+/// outside the softmax, as for a named attention) and the user line that called it.
+fn forward_softmax(
+    snap: &Snapshot,
+    flags: &FrameFlags,
+    ids: &[FrameId],
+) -> Option<(Scope, Caller)> {
+    let at = ids.iter().position(|&f| flags.softmax(f))?;
+    let j = at
+        + 1
+        + ids[at + 1..]
+            .iter()
+            .position(|&f| flags.user(f) && !flags.softmax(f))?;
+    let fr = snap.frames.get(ids[j] as usize)?;
+    let scope = (fr.filename.clone(), fr.name.clone());
+    if !module_forward(&scope) {
+        return None;
+    }
+    let c = ids[j + 1..].iter().find(|&&f| flags.user(f))?;
+    let c = snap.frames.get(*c as usize)?;
+    Some((scope, (c.filename.clone(), c.line)))
+}
+
+/// Where stack `ids` passes through the function `scope` called from `caller` (the first such
+/// frame): the file's other `forward`s are called from other lines.
+fn forward_at(
+    snap: &Snapshot,
+    flags: &FrameFlags,
+    ids: &[FrameId],
+    scope: &Scope,
+    caller: &Caller,
+) -> Option<usize> {
+    let same =
+        |f: FrameId, file: &str| snap.frames.get(f as usize).filter(|fr| fr.filename == file);
+    (0..ids.len()).find(|&j| {
+        same(ids[j], &scope.0).is_some_and(|fr| fr.name == scope.1)
+            && ids[j + 1..]
+                .iter()
+                .find(|&&f| flags.user(f))
+                .and_then(|&f| same(f, &caller.0))
+                .is_some_and(|fr| fr.line == caller.1)
+    })
+}
+
+/// PT018 for an attention written inline in a module's `forward` ([`module_forward`]), which
+/// its name does not tell from the file's other `forward`s. From the softmax allocated nearest
+/// the peak (the last before it and the first after it: a peak between the scores' matmul and
+/// the softmax holds no softmax block), the group is every score-sized block live at the peak
+/// made in that file's `forward` called from the softmax's calling line.
+fn forward_group_at_peak(
+    snap: &Snapshot,
+    memo: &PeakLive,
+    flags: &FrameFlags,
+    device: i64,
+    k: usize,
+    peak: u64,
+) -> Option<Attention> {
+    let trace = snap.trace(device);
+    let k = k.min(trace.len());
+    let mut sites: FxHashMap<StackId, Option<(Scope, Caller)>> = FxHashMap::default();
+    let mut site = |e: &TraceEntry| -> Option<(Scope, Caller)> {
+        if e.action != Action::Alloc {
+            return None;
+        }
+        let st = e.stack()?;
+        sites
+            .entry(st)
+            .or_insert_with(|| forward_softmax(snap, flags, snap.stacks.get(st as usize)?))
+            .clone()
+    };
+    let mut softmaxes: Vec<(Scope, Caller, u64)> = Vec::new();
+    let before = trace[..k]
+        .iter()
+        .rev()
+        .find_map(|e| Some((site(e)?, e.size)));
+    let after = trace[k..].iter().find_map(|e| Some((site(e)?, e.size)));
+    for ((scope, caller), size) in before.into_iter().chain(after) {
+        if size != 0
+            && !softmaxes
+                .iter()
+                .any(|s| s.0 == scope && s.1 == caller && s.2 == size)
+        {
+            softmaxes.push((scope, caller, size));
+        }
+    }
+    let live = peak_live(memo, trace, device, k);
+    let mut best: Option<Attention> = None;
+    for (scope, caller, largest) in softmaxes {
+        let mut at: FxHashMap<StackId, Option<usize>> = FxHashMap::default();
+        let mut at_of = |st: StackId| -> Option<usize> {
+            *at.entry(st).or_insert_with(|| {
+                forward_at(snap, flags, snap.stacks.get(st as usize)?, &scope, &caller)
+            })
+        };
+        let mut group = Group::default();
+        for &i in live.values() {
+            let e = &trace[i];
+            let Some(st) = e.stack().filter(|_| score_sized(e.size, largest)) else {
+                continue;
+            };
+            if let (Some(j), Some(ids)) = (at_of(st), snap.stacks.get(st as usize)) {
+                group.add(snap, flags, ids, j, e);
+            }
+        }
+        let mut g = group.attention(snap, device, k, peak, &scope, largest);
+        g.module_forward = true;
+        for (i, e) in trace.iter().enumerate() {
+            if e.action == Action::Alloc
+                && score_sized(e.size, largest)
+                && e.stack().is_some_and(|st| at_of(st).is_some())
+            {
+                g.allocs.push(i);
+                g.trace_alloc_bytes = g.trace_alloc_bytes.saturating_add(e.size);
+            }
+        }
+        g.trace_allocs = g.allocs.len() as u64;
+        if best.as_ref().is_none_or(|b| g.bytes > b.bytes) {
+            best = Some(g);
+        }
+    }
+    best
 }
 
 /// The candidates a stack passes through (`cand_of`: a frame's candidate), each with the
@@ -462,13 +622,18 @@ fn finding(snap: &Snapshot, a: &Analysis, g: Attention) -> Finding {
         })
         .collect::<Vec<_>>()
         .join("; ");
+    // An inline attention is named by its file: `forward` alone names every module.
+    let named = if g.module_forward {
+        format!("the attention in `forward` of {}", short(&g.file))
+    } else {
+        format!("`{}`", g.function)
+    };
     let mut f = Finding::new(
         Code::PT018,
         Severity::Warning,
         format!(
-            "Attention scores are materialised: `{}` holds {} of the {} live at the peak ({}) in \
+            "Attention scores are materialised: {named} holds {} of the {} live at the peak ({}) in \
              B×H×L×L score and probability tensors, spread over {} line(s) of one attention.",
-            g.function,
             fmt_bytes(g.bytes),
             fmt_bytes(g.peak_bytes),
             pct(share),
@@ -496,18 +661,39 @@ fn finding(snap: &Snapshot, a: &Analysis, g: Attention) -> Finding {
         "the softmax's output is the largest block the attention makes: B·H·L·L scores and \
          probabilities, quadratic in the context length, kept for the backward of each layer",
     ));
+    if g.module_forward {
+        f = f.evidence(Evidence::inferred(
+            "the softmax runs inline in a module's `forward` of a `modeling_*.py` file (the \
+             eager attention of transformers); the group is that file's `forward` called from \
+             the softmax's calling line, so its other modules are not counted",
+        ));
+    }
     let sim = replay_fused(snap, a, &g);
-    let mut fix = Fix::new(
-        format!(
-            "Replace the hand-written attention (`{}`) with \
-             `torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=…, \
-             is_causal=…)`: the fused kernel never writes the L×L scores to memory",
-            g.function
-        ),
-        FixKind::ScaledDotProductAttention {
-            callee: g.function.clone(),
-        },
-    )
+    let mut fix = if g.module_forward {
+        // The call is a module call (`self.self_attn(...)`): no callee to rename on its line.
+        Fix::new(
+            format!(
+                "Compute the attention in `forward` of {} with \
+                 `torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=…)`; for a \
+                 transformers model, load it with `attn_implementation=\"sdpa\"` (transformers \
+                 ≥ 4.36): the fused kernel never writes the L×L scores to memory",
+                short(&g.file)
+            ),
+            FixKind::Advice,
+        )
+    } else {
+        Fix::new(
+            format!(
+                "Replace the hand-written attention (`{}`) with \
+                 `torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=…, \
+                 is_causal=…)`: the fused kernel never writes the L×L scores to memory",
+                g.function
+            ),
+            FixKind::ScaledDotProductAttention {
+                callee: g.function.clone(),
+            },
+        )
+    }
     .cost("check the mask convention (a boolean mask is True where attention is allowed) and the scale");
     match sim {
         Some(sim) => {
@@ -673,5 +859,95 @@ mod tests {
             .map(|l| (l.line, l.via.as_str(), l.blocks, l.bytes))
             .collect();
         assert_eq!(lines, vec![(21, "u/model.py:21", 3, 12 * MIB)]);
+    }
+
+    /// An eager attention written inline in a module's `forward` of a modeling file (as
+    /// transformers' `LlamaAttention.forward` before 4.48), with the peak between the scores'
+    /// matmul and the softmax (so no softmax block is live there; as in the real
+    /// `Maphsge4__ec5be110` trace). The file's other `forward`s are every module's: a score-sized
+    /// block of its MLP, called from another line, is not counted. The same code in a file not
+    /// named `modeling_*.py` is not taken for an attention.
+    #[test]
+    fn an_attention_inline_in_a_modeling_files_forward_is_told_by_its_caller() {
+        const MIB: u64 = 1 << 20;
+        let make = |file: &str| {
+            let mut snap = Snapshot::default();
+            let call = (
+                "/v/site-packages/torch/nn/modules/module.py",
+                1527,
+                "_call_impl",
+            );
+            let main = ("/u/run.py", 5, "main");
+            let layer = (file, 408, "forward");
+            let scores = intern(&mut snap, &[(file, 330, "forward"), call, layer, main]);
+            let softmax = intern(
+                &mut snap,
+                &[
+                    ("/v/site-packages/torch/nn/functional.py", 1858, "softmax"),
+                    (file, 346, "forward"),
+                    call,
+                    layer,
+                    main,
+                ],
+            );
+            let mlp = intern(
+                &mut snap,
+                &[(file, 89, "forward"), call, (file, 416, "forward"), main],
+            );
+            let mut list = Vec::new();
+            let mut push = |a: Action, addr: u64, st: Option<u32>| {
+                let mut e = entry(a, addr, 4 * MIB);
+                e.set_stack(st);
+                list.push(e);
+            };
+            push(Action::Alloc, 0x100_0000, Some(mlp));
+            push(Action::Alloc, 0x200_0000, Some(scores));
+            push(Action::Alloc, 0x300_0000, Some(scores));
+            for addr in [0x200_0000, 0x300_0000] {
+                push(Action::FreeRequested, addr, None);
+                push(Action::FreeCompleted, addr, None);
+            }
+            push(Action::Alloc, 0x400_0000, Some(softmax));
+            for addr in [0x100_0000, 0x400_0000] {
+                push(Action::FreeRequested, addr, None);
+                push(Action::FreeCompleted, addr, None);
+            }
+            snap.device_traces = Some(vec![list]);
+            snap.segments = vec![segment(
+                0,
+                1 << 30,
+                vec![block(1 << 30, 1 << 30, BlockState::Inactive)],
+            )];
+            analyse(&snap, &AnalysisOptions::default())
+        };
+        let a = make("/u/lib/modeling_toy.py");
+        let g = a.attention.as_ref().expect("an attention group");
+        assert!(g.module_forward);
+        assert_eq!((g.blocks, g.bytes, g.peak_bytes), (2, 8 * MIB, 12 * MIB));
+        let lines: Vec<(u64, &str, u64)> = g
+            .lines
+            .iter()
+            .map(|l| (l.line, l.via.as_str(), l.blocks))
+            .collect();
+        assert_eq!(lines, vec![(330, "lib/modeling_toy.py:330", 2)]);
+        // The two score tensors and the softmax, not the MLP's block.
+        assert_eq!((g.trace_allocs, g.trace_alloc_bytes), (3, 12 * MIB));
+        let f = a
+            .findings
+            .iter()
+            .find(|f| f.code == crate::findings::Code::PT018)
+            .expect("a PT018 finding");
+        assert!(
+            f.message.starts_with(
+                "Attention scores are materialised: the attention in `forward` of \
+                 lib/modeling_toy.py holds 8.00 MiB of the 12.00 MiB live at the peak"
+            ),
+            "{}",
+            f.message
+        );
+        assert_eq!(f.location.as_ref().map(|l| l.line), Some(408));
+        assert!(f.fixes[0].title.contains("attn_implementation=\"sdpa\""));
+        assert_eq!(f.fixes[0].kind, crate::findings::FixKind::Advice);
+        assert!(make("/u/lib/toy.py").attention.is_none());
     }
 }
