@@ -447,27 +447,47 @@ fn module_forward(scope: &Scope) -> bool {
 /// A frame's file and line, to compare callers by.
 type Caller = (String, u64);
 
-/// The softmax of stack `ids` in a [`module_forward`]: that function (the first user frame
-/// outside the softmax, as for a named attention) and the user line that called it.
+/// The softmax of stack `ids` in a [`module_forward`]: that function, the first Python frame
+/// outside the softmax that is one, before the first user frame that is not (a vendored modeling
+/// file is the user's; transformers installed in `site-packages` is not), and the line that
+/// called it ([`caller_of`]).
 fn forward_softmax(
     snap: &Snapshot,
     flags: &FrameFlags,
     ids: &[FrameId],
 ) -> Option<(Scope, Caller)> {
     let at = ids.iter().position(|&f| flags.softmax(f))?;
-    let j = at
-        + 1
-        + ids[at + 1..]
-            .iter()
-            .position(|&f| flags.user(f) && !flags.softmax(f))?;
-    let fr = snap.frames.get(ids[j] as usize)?;
-    let scope = (fr.filename.clone(), fr.name.clone());
-    if !module_forward(&scope) {
-        return None;
+    for (j, &f) in ids.iter().enumerate().skip(at + 1) {
+        if flags.softmax(f) {
+            continue;
+        }
+        let fr = snap.frames.get(f as usize)?;
+        let scope = (fr.filename.clone(), fr.name.clone());
+        if module_forward(&scope) {
+            let caller = caller_of(snap, flags, ids, j, &scope.0)?;
+            return Some((scope, caller));
+        }
+        if flags.user(f) {
+            return None;
+        }
     }
-    let c = ids[j + 1..].iter().find(|&&f| flags.user(f))?;
-    let c = snap.frames.get(*c as usize)?;
-    Some((scope, (c.filename.clone(), c.line)))
+    None
+}
+
+/// The line that called the frame at `j` of `ids`: the first frame after it that is the user's
+/// or in its own `file` (a decoder layer's `self.self_attn(...)`; nn.Module's call machinery
+/// between them is neither).
+fn caller_of(
+    snap: &Snapshot,
+    flags: &FrameFlags,
+    ids: &[FrameId],
+    j: usize,
+    file: &str,
+) -> Option<Caller> {
+    ids[j + 1..].iter().find_map(|&f| {
+        let fr = snap.frames.get(f as usize)?;
+        (flags.user(f) || fr.filename == file).then(|| (fr.filename.clone(), fr.line))
+    })
 }
 
 /// Where stack `ids` passes through the function `scope` called from `caller` (the first such
@@ -479,15 +499,11 @@ fn forward_at(
     scope: &Scope,
     caller: &Caller,
 ) -> Option<usize> {
-    let same =
-        |f: FrameId, file: &str| snap.frames.get(f as usize).filter(|fr| fr.filename == file);
     (0..ids.len()).find(|&j| {
-        same(ids[j], &scope.0).is_some_and(|fr| fr.name == scope.1)
-            && ids[j + 1..]
-                .iter()
-                .find(|&&f| flags.user(f))
-                .and_then(|&f| same(f, &caller.0))
-                .is_some_and(|fr| fr.line == caller.1)
+        snap.frames
+            .get(ids[j] as usize)
+            .is_some_and(|fr| fr.filename == scope.0 && fr.name == scope.1)
+            && caller_of(snap, flags, ids, j, &scope.0).as_ref() == Some(caller)
     })
 }
 
@@ -669,7 +685,19 @@ fn finding(snap: &Snapshot, a: &Analysis, g: Attention) -> Finding {
         ));
     }
     let sim = replay_fused(snap, a, &g);
-    let mut fix = if g.module_forward {
+    let library = FrameFilter::default().classify(&g.file) != FrameKind::User;
+    let mut fix = if g.module_forward && library {
+        // Installed library code: the model is loaded with another attention, not edited.
+        Fix::new(
+            format!(
+                "Load the transformers model with `attn_implementation=\"sdpa\"` (transformers \
+                 ≥ 4.36): its eager attention (`forward` of {}) writes the L×L scores to memory, \
+                 the fused kernel never does",
+                short(&g.file)
+            ),
+            FixKind::Advice,
+        )
+    } else if g.module_forward {
         // The call is a module call (`self.self_attn(...)`): no callee to rename on its line.
         Fix::new(
             format!(
@@ -920,34 +948,54 @@ mod tests {
             )];
             analyse(&snap, &AnalysisOptions::default())
         };
-        let a = make("/u/lib/modeling_toy.py");
-        let g = a.attention.as_ref().expect("an attention group");
-        assert!(g.module_forward);
-        assert_eq!((g.blocks, g.bytes, g.peak_bytes), (2, 8 * MIB, 12 * MIB));
-        let lines: Vec<(u64, &str, u64)> = g
-            .lines
-            .iter()
-            .map(|l| (l.line, l.via.as_str(), l.blocks))
-            .collect();
-        assert_eq!(lines, vec![(330, "lib/modeling_toy.py:330", 2)]);
-        // The two score tensors and the softmax, not the MLP's block.
-        assert_eq!((g.trace_allocs, g.trace_alloc_bytes), (3, 12 * MIB));
-        let f = a
-            .findings
-            .iter()
-            .find(|f| f.code == crate::findings::Code::PT018)
-            .expect("a PT018 finding");
-        assert!(
-            f.message.starts_with(
-                "Attention scores are materialised: the attention in `forward` of \
-                 lib/modeling_toy.py holds 8.00 MiB of the 12.00 MiB live at the peak"
+        // Vendored (the user's file), then installed (library code under `site-packages`,
+        // where the first user frame is the same for every module: the caller is the line in
+        // the modeling file that calls the module).
+        for (file, short, at, fix) in [
+            (
+                "/u/lib/modeling_toy.py",
+                "lib/modeling_toy.py",
+                408,
+                "Compute the attention in `forward` of lib/modeling_toy.py",
             ),
-            "{}",
-            f.message
-        );
-        assert_eq!(f.location.as_ref().map(|l| l.line), Some(408));
-        assert!(f.fixes[0].title.contains("attn_implementation=\"sdpa\""));
-        assert_eq!(f.fixes[0].kind, crate::findings::FixKind::Advice);
+            (
+                "/v/site-packages/transformers/models/toy/modeling_toy.py",
+                "toy/modeling_toy.py",
+                5,
+                "Load the transformers model with `attn_implementation=\"sdpa\"`",
+            ),
+        ] {
+            let a = make(file);
+            let g = a.attention.as_ref().expect("an attention group");
+            assert!(g.module_forward);
+            assert_eq!(
+                (g.blocks, g.bytes, g.peak_bytes),
+                (2, 8 * MIB, 12 * MIB),
+                "{file}"
+            );
+            assert_eq!(
+                g.lines
+                    .iter()
+                    .map(|l| (l.line, l.blocks))
+                    .collect::<Vec<_>>(),
+                [(330, 2)]
+            );
+            // The two score tensors and the softmax, not the MLP's block.
+            assert_eq!((g.trace_allocs, g.trace_alloc_bytes), (3, 12 * MIB));
+            let f = a
+                .findings
+                .iter()
+                .find(|f| f.code == crate::findings::Code::PT018)
+                .expect("a PT018 finding");
+            let head = format!(
+                "Attention scores are materialised: the attention in `forward` of {short} holds \
+                 8.00 MiB of the 12.00 MiB live at the peak"
+            );
+            assert!(f.message.starts_with(&head), "{}", f.message);
+            assert_eq!(f.location.as_ref().map(|l| l.line), Some(at));
+            assert!(f.fixes[0].title.starts_with(fix), "{}", f.fixes[0].title);
+            assert_eq!(f.fixes[0].kind, crate::findings::FixKind::Advice);
+        }
         assert!(make("/u/lib/toy.py").attention.is_none());
     }
 }

@@ -1,0 +1,92 @@
+//! PT018 on an eager attention written inline in a module's `forward` of a transformers modeling
+//! file, on the real `Maphsge4__ec5be110` trace: Llama inference with a vendored
+//! `lib/transformers/models/llama/modeling_llama.py`, whose peak (entry 5317, 19.37 GiB) holds
+//! the 1 GiB `q @ k^T` scores and their scaled copy (line 330 of `LlamaAttention.forward`,
+//! called from line 408), the softmax (line 346) a few entries later.
+//!
+//! The same trace with transformers installed instead (its frames moved under `site-packages`,
+//! as an installed package records them) must give the same group, pinned to the user's line
+//! that runs the decoder layers, with the fix to load the model with SDPA.
+
+mod common;
+
+use memlsp::findings::{Code, FixKind};
+use memlsp::options::{AnalysisOptions, DecodeOptions};
+use memlsp::torch::load::load_snapshot;
+
+const GIB: u64 = 1 << 30;
+
+#[test]
+fn an_eager_attention_in_a_vendored_or_installed_modeling_file_is_found() {
+    let Some(dir) = common::shared("torch_snapshots") else {
+        return;
+    };
+    let path = dir.join("real/Maphsge4__ec5be110_snapshot.pickle");
+    let mut snap = load_snapshot(&path, &DecodeOptions::default()).expect("the real snapshot");
+
+    let a = memlsp::torch::analyse(&snap, &AnalysisOptions::default());
+    let g = a.attention.as_ref().expect("the attention group");
+    assert!(g.module_forward);
+    assert_eq!((g.blocks, g.bytes), (2, 2 * GIB));
+    assert!(
+        g.file
+            .ends_with("lib/transformers/models/llama/modeling_llama.py")
+    );
+    let f = a
+        .findings
+        .iter()
+        .find(|f| f.code == Code::PT018)
+        .expect("PT018");
+    let loc = f.location.as_ref().expect("a location");
+    assert!(
+        loc.file.ends_with("modeling_llama.py") && loc.line == 408,
+        "{loc:?}"
+    );
+    assert!(
+        f.fixes[0]
+            .title
+            .starts_with("Compute the attention in `forward`")
+    );
+    let sim = f.fixes[0]
+        .simulated
+        .as_ref()
+        .expect("the fused attention replayed");
+    assert!(sim.peak_allocated_after < sim.peak_allocated_before);
+
+    // Installed instead of vendored: the modeling file is library code.
+    for fr in &mut snap.frames {
+        if let Some(rest) = fr
+            .filename
+            .strip_prefix("/mnt/mcx/select_n/lib/transformers/")
+        {
+            fr.filename = format!("/opt/conda/lib/python3.10/site-packages/transformers/{rest}");
+        }
+    }
+    let a = memlsp::torch::analyse(&snap, &AnalysisOptions::default());
+    let g = a
+        .attention
+        .as_ref()
+        .expect("the attention group, installed");
+    assert!(g.module_forward);
+    assert_eq!((g.blocks, g.bytes), (2, 2 * GIB));
+    assert!(g.file.contains("/site-packages/transformers/models/llama/"));
+    let f = a
+        .findings
+        .iter()
+        .find(|f| f.code == Code::PT018)
+        .expect("PT018, installed");
+    // The first user frame under the attention: the user's loop over the decoder layers.
+    let loc = f.location.as_ref().expect("a location");
+    assert!(
+        loc.file.ends_with("/select_n/lib/select_n.py") && loc.line == 115,
+        "{loc:?}"
+    );
+    assert_eq!(f.fixes[0].kind, FixKind::Advice);
+    assert!(
+        f.fixes[0]
+            .title
+            .starts_with("Load the transformers model with `attn_implementation=\"sdpa\"`"),
+        "{}",
+        f.fixes[0].title
+    );
+}
