@@ -52,6 +52,16 @@ fn an_eager_attention_in_a_vendored_or_installed_modeling_file_is_found() {
         .as_ref()
         .expect("the fused attention replayed");
     assert!(sim.peak_allocated_after < sim.peak_allocated_before);
+    // Inference: each layer's scores are freed by its own lines, not kept for a backward.
+    let texts: Vec<&str> = f.evidence.iter().map(|e| e.text.as_str()).collect();
+    assert!(
+        texts.contains(
+            &"freed after the peak by Python lines, none by autograd (their free stacks): 2 of 2 \
+              block(s), the running call's temporaries"
+        ),
+        "{texts:?}"
+    );
+    assert!(!texts.iter().any(|t| t.contains("backward")), "{texts:?}");
 
     // Installed instead of vendored: the modeling file is library code.
     for fr in &mut snap.frames {
@@ -88,5 +98,37 @@ fn an_eager_attention_in_a_vendored_or_installed_modeling_file_is_found() {
             .starts_with("Load the transformers model with `attn_implementation=\"sdpa\"`"),
         "{}",
         f.fixes[0].title
+    );
+}
+
+/// A training forward's scores (`Wedsonlin__results_medium_1024_training`): the 47 score-sized
+/// blocks live at the peak are freed by autograd in the backward (their free stacks), so they
+/// were kept for it.
+#[test]
+fn a_training_attentions_scores_are_freed_by_autograd() {
+    let Some(dir) = common::shared("torch_snapshots") else {
+        return;
+    };
+    let path = dir.join("real/Wedsonlin__results_medium_1024_training_memory_snapshot.pickle");
+    let snap = load_snapshot(&path, &DecodeOptions::default()).expect("the real snapshot");
+    let a = memlsp::torch::analyse(&snap, &AnalysisOptions::default());
+    let f = a
+        .findings
+        .iter()
+        .find(|f| f.code == Code::PT018)
+        .expect("PT018");
+    let texts: Vec<&str> = f.evidence.iter().map(|e| e.text.as_str()).collect();
+    assert!(
+        texts.contains(
+            &"freed after the peak by autograd (a graph released, or inside backward; their free \
+              stacks): 47 of 47 block(s)"
+        ),
+        "{texts:?}"
+    );
+    assert!(
+        texts
+            .iter()
+            .any(|t| t.ends_with("kept for the backward of each layer")),
+        "{texts:?}"
     );
 }

@@ -28,6 +28,7 @@ use crate::frames::{FrameFilter, FrameKind};
 use crate::torch::Analysis;
 use crate::torch::memo::Memo;
 use crate::torch::model::{Action, FrameId, Snapshot, StackId, TraceEntry};
+use crate::torch::release::Cause;
 use crate::torch::replay::Change;
 use crate::torch::sites::percent;
 use crate::torch::stacks::culprit;
@@ -125,6 +126,9 @@ pub struct Attention {
     caller: Option<(FrameId, Option<StackId>)>,
     #[serde(skip)]
     allocs: Vec<usize>,
+    /// The `alloc` entries of the blocks live at the peak.
+    #[serde(skip)]
+    held: Vec<usize>,
 }
 
 /// One line of an attention's score-sized blocks at the peak.
@@ -255,7 +259,7 @@ fn group_at_peak(
         };
         for &(c, at) in passes_of(&mut passes, snap, &cand_of, st) {
             if score_sized(e.size, candidates[c].1) {
-                groups[c].add(snap, flags, ids, at, e);
+                groups[c].add(snap, flags, ids, at, (i, e));
             }
         }
     }
@@ -352,18 +356,22 @@ struct Group {
     /// once per frame when the group is done, not once per block.
     lines: FxHashMap<(u64, Option<FrameId>), (u64, u64)>,
     callers: FxHashMap<FrameId, (u64, Option<StackId>)>,
+    /// The blocks' `alloc` entries.
+    held: Vec<usize>,
 }
 
 impl Group {
-    /// Block `e`, whose stack `ids` passes through the function at position `at`.
+    /// Block `e` (allocated at entry `i`), whose stack `ids` passes through the function at
+    /// position `at`.
     fn add(
         &mut self,
         snap: &Snapshot,
         flags: &FrameFlags,
         ids: &[FrameId],
         at: usize,
-        e: &TraceEntry,
+        (i, e): (usize, &TraceEntry),
     ) {
+        self.held.push(i);
         self.bytes = self.bytes.saturating_add(e.size);
         self.blocks += 1;
         let line = snap.frames.get(ids[at] as usize).map_or(0, |f| f.line);
@@ -432,6 +440,7 @@ impl Group {
                 .max_by_key(|(f, (b, _))| (*b, std::cmp::Reverse(*f)))
                 .map(|(f, (_, st))| (f, st)),
             allocs: Vec::new(),
+            held: self.held,
         }
     }
 }
@@ -564,7 +573,7 @@ fn forward_group_at_peak(
                 continue;
             };
             if let (Some(j), Some(ids)) = (at_of(st), snap.stacks.get(st as usize)) {
-                group.add(snap, flags, ids, j, e);
+                group.add(snap, flags, ids, j, (i, e));
             }
         }
         let mut g = group.attention(snap, device, k, peak, &scope, largest);
@@ -617,6 +626,35 @@ fn passes_of<'m>(
 fn short(path: &str) -> String {
     let parts: Vec<&str> = path.rsplit(['/', '\\']).take(2).collect();
     parts.into_iter().rev().collect::<Vec<_>>().join("/")
+}
+
+/// How the group's blocks live at the peak were freed after it, read from their free stacks:
+/// (by autograd — a graph released, or inside backward —, by a Python line, otherwise or
+/// never).
+fn freed_after(snap: &Snapshot, a: &Analysis, g: &Attention) -> (u64, u64, u64) {
+    let trace = snap.trace(g.device);
+    let mut want: FxHashMap<u64, ()> = g
+        .held
+        .iter()
+        .filter_map(|&i| trace.get(i))
+        .map(|e| (e.addr, ()))
+        .collect();
+    let n = want.len() as u64;
+    let (mut graph, mut line) = (0, 0);
+    for e in trace.iter().skip(g.peak_index as usize) {
+        if want.is_empty() {
+            break;
+        }
+        let free = matches!(e.action, Action::FreeRequested | Action::FreeCompleted);
+        if free && want.remove(&e.addr).is_some() {
+            match a.releases.cause(e.stack()) {
+                c if c.is_graph() || c == Cause::Backward => graph += 1,
+                Cause::UserLine => line += 1,
+                _ => {}
+            }
+        }
+    }
+    (graph, line, n - graph - line)
 }
 
 fn finding(snap: &Snapshot, a: &Analysis, g: Attention) -> Finding {
@@ -672,11 +710,32 @@ fn finding(snap: &Snapshot, a: &Analysis, g: Attention) -> Finding {
         g.function,
         short(&g.file),
         fmt_bytes(g.largest_softmax_bytes),
-    )))
-    .evidence(Evidence::inferred(
+    )));
+    // Why they went away, from their free stacks: a graph kept them for the backward, or the
+    // running call dropped them (inference, or a forward without autograd).
+    let (graph, line, _) = freed_after(snap, a, &g);
+    let temporaries = graph == 0 && line > 0 && line == g.blocks;
+    if graph > 0 {
+        f = f.evidence(Evidence::measured(format!(
+            "freed after the peak by autograd (a graph released, or inside backward; their free \
+             stacks): {graph} of {} block(s)",
+            g.blocks
+        )));
+    } else if temporaries {
+        f = f.evidence(Evidence::measured(format!(
+            "freed after the peak by Python lines, none by autograd (their free stacks): {line} \
+             of {line} block(s), the running call's temporaries"
+        )));
+    }
+    let kept = if temporaries {
+        ""
+    } else {
+        ", kept for the backward of each layer"
+    };
+    f = f.evidence(Evidence::inferred(format!(
         "the softmax's output is the largest block the attention makes: B·H·L·L scores and \
-         probabilities, quadratic in the context length, kept for the backward of each layer",
-    ));
+         probabilities, quadratic in the context length{kept}"
+    )));
     if g.module_forward {
         f = f.evidence(Evidence::inferred(
             "the softmax runs inline in a module's `forward` of a `modeling_*.py` file (the \
