@@ -61,41 +61,25 @@ pub fn scores(
         return None;
     }
     let flags = FrameFlags::of(snap, &FrameFilter::default(), softmax);
-    let mut best: Option<Attention> = None;
-    for t in &timeline.devices {
-        let Some(set) = &t.peak_set else {
-            continue;
-        };
-        if let Some(g) = group_at_peak(
-            snap,
-            peak_live,
-            &flags,
-            t.device,
-            set.index as usize,
-            set.bytes,
-        ) && best.as_ref().is_none_or(|b| g.bytes > b.bytes)
-        {
-            best = Some(g);
-        }
-    }
-    let held =
-        |g: &Attention| g.bytes.saturating_mul(100) >= g.peak_bytes.saturating_mul(MIN_SHARE);
-    best.filter(held).or_else(|| {
-        // No attention named as one: one written inline in a module's `forward`.
+    type Grouping = fn(&Snapshot, &PeakLive, &FrameFlags, i64, usize, u64) -> Option<Attention>;
+    // The group of the device whose peak it holds the most of, if it holds enough of it.
+    let best = |group: Grouping| {
         let mut best: Option<Attention> = None;
         for t in &timeline.devices {
             let Some(set) = &t.peak_set else {
                 continue;
             };
             let k = set.index as usize;
-            if let Some(g) = forward_group_at_peak(snap, peak_live, &flags, t.device, k, set.bytes)
+            if let Some(g) = group(snap, peak_live, &flags, t.device, k, set.bytes)
                 && best.as_ref().is_none_or(|b| g.bytes > b.bytes)
             {
                 best = Some(g);
             }
         }
-        best.filter(held)
-    })
+        best.filter(|g| g.bytes.saturating_mul(100) >= g.peak_bytes.saturating_mul(MIN_SHARE))
+    };
+    // Without an attention named as one, one written inline in a module's `forward`.
+    best(group_at_peak).or_else(|| best(forward_group_at_peak))
 }
 
 /// One attention's score-sized blocks live at a device's peak (all measured from the trace).
