@@ -78,8 +78,14 @@ pub fn scores(
         }
         best.filter(|g| g.bytes.saturating_mul(100) >= g.peak_bytes.saturating_mul(MIN_SHARE))
     };
-    // Without an attention named as one, one written inline in a module's `forward`.
-    best(group_at_peak).or_else(|| best(forward_group_at_peak))
+    // Without an attention named as one, one written inline in a module's `forward` (only
+    // where such a function is on some stack: no walk over a trace that has none).
+    let forwards = || {
+        snap.frames
+            .iter()
+            .any(|f| module_forward(&f.filename, &f.name))
+    };
+    best(group_at_peak).or_else(|| forwards().then(|| best(forward_group_at_peak)).flatten())
 }
 
 /// One attention's score-sized blocks live at a device's peak (all measured from the trace).
@@ -432,9 +438,9 @@ impl Group {
 /// A module's `forward` in a transformers-style modeling file (`modeling_llama.py`), where the
 /// eager attention of transformers before 4.48 runs its softmax inline (later versions name it
 /// `eager_attention_forward`, which [`names_attention`] takes).
-fn module_forward(scope: &Scope) -> bool {
-    let file = scope.0.rsplit(['/', '\\']).next().unwrap_or("");
-    scope.1 == "forward" && file.starts_with("modeling_") && file.ends_with(".py")
+fn module_forward(path: &str, name: &str) -> bool {
+    let file = path.rsplit(['/', '\\']).next().unwrap_or("");
+    name == "forward" && file.starts_with("modeling_") && file.ends_with(".py")
 }
 
 /// A frame's file and line, to compare callers by.
@@ -455,10 +461,9 @@ fn forward_softmax(
             continue;
         }
         let fr = snap.frames.get(f as usize)?;
-        let scope = (fr.filename.clone(), fr.name.clone());
-        if module_forward(&scope) {
-            let caller = caller_of(snap, flags, ids, j, &scope.0)?;
-            return Some((scope, caller));
+        if module_forward(&fr.filename, &fr.name) {
+            let caller = caller_of(snap, flags, ids, j, &fr.filename)?;
+            return Some(((fr.filename.clone(), fr.name.clone()), caller));
         }
         if flags.user(f) {
             return None;
