@@ -14,7 +14,9 @@
 //!
 //! Where no attention named as one holds enough of a peak, one written inline in a module's
 //! `forward` of a `modeling_*.py` file (transformers' eager attention) is grouped the same way,
-//! that `forward` told from the file's others by the user line that calls it.
+//! that `forward` told from the file's others by the line that calls it. The group's free
+//! stacks after the peak say whether autograd kept the scores for a backward or the running
+//! call dropped them.
 
 use std::sync::Arc;
 
