@@ -123,6 +123,27 @@ pub struct Attention {
     held: Vec<usize>,
 }
 
+impl Attention {
+    /// Every score-sized allocation the attention makes in the trace (the forward of every
+    /// step), `through` it by its stack: what the fused replacement never makes.
+    fn take_trace_allocs(
+        &mut self,
+        trace: &[TraceEntry],
+        mut through: impl FnMut(StackId) -> bool,
+    ) {
+        for (i, e) in trace.iter().enumerate() {
+            if e.action == Action::Alloc
+                && score_sized(e.size, self.largest_softmax_bytes)
+                && e.stack().is_some_and(&mut through)
+            {
+                self.allocs.push(i);
+                self.trace_alloc_bytes = self.trace_alloc_bytes.saturating_add(e.size);
+            }
+        }
+        self.trace_allocs = self.allocs.len() as u64;
+    }
+}
+
 /// One line of an attention's score-sized blocks at the peak.
 #[derive(Clone, Debug, Serialize)]
 pub struct AttentionLine {
@@ -264,21 +285,11 @@ fn group_at_peak(
         }
     }
     let (c, mut g) = best?;
-    // Every score-sized allocation the attention makes in the trace (forward of every step).
-    for (i, e) in trace.iter().enumerate() {
-        if e.action == Action::Alloc
-            && score_sized(e.size, g.largest_softmax_bytes)
-            && e.stack().is_some_and(|st| {
-                passes_of(&mut passes, snap, &cand_of, st)
-                    .iter()
-                    .any(|h| h.0 == c)
-            })
-        {
-            g.allocs.push(i);
-            g.trace_alloc_bytes = g.trace_alloc_bytes.saturating_add(e.size);
-        }
-    }
-    g.trace_allocs = g.allocs.len() as u64;
+    g.take_trace_allocs(trace, |st| {
+        passes_of(&mut passes, snap, &cand_of, st)
+            .iter()
+            .any(|h| h.0 == c)
+    });
     Some(g)
 }
 
@@ -569,16 +580,7 @@ fn forward_group_at_peak(
         }
         let mut g = group.attention(snap, device, k, peak, &scope, largest);
         g.module_forward = true;
-        for (i, e) in trace.iter().enumerate() {
-            if e.action == Action::Alloc
-                && score_sized(e.size, largest)
-                && e.stack().is_some_and(|st| at_of(st).is_some())
-            {
-                g.allocs.push(i);
-                g.trace_alloc_bytes = g.trace_alloc_bytes.saturating_add(e.size);
-            }
-        }
-        g.trace_allocs = g.allocs.len() as u64;
+        g.take_trace_allocs(trace, |st| at_of(st).is_some());
         if best.as_ref().is_none_or(|b| g.bytes > b.bytes) {
             best = Some(g);
         }
