@@ -621,35 +621,6 @@ fn short(path: &str) -> String {
     parts.into_iter().rev().collect::<Vec<_>>().join("/")
 }
 
-/// How the group's blocks live at the peak were freed after it, read from their free stacks:
-/// (by autograd — a graph released, or inside backward —, by a Python line, otherwise or
-/// never).
-fn freed_after(snap: &Snapshot, a: &Analysis, g: &Attention) -> (u64, u64, u64) {
-    let trace = snap.trace(g.device);
-    let mut want: FxHashMap<u64, ()> = g
-        .held
-        .iter()
-        .filter_map(|&i| trace.get(i))
-        .map(|e| (e.addr, ()))
-        .collect();
-    let n = want.len() as u64;
-    let (mut graph, mut line) = (0, 0);
-    for e in trace.iter().skip(g.peak_index as usize) {
-        if want.is_empty() {
-            break;
-        }
-        let free = matches!(e.action, Action::FreeRequested | Action::FreeCompleted);
-        if free && want.remove(&e.addr).is_some() {
-            match a.releases.cause(e.stack()) {
-                c if c.is_graph() || c == Cause::Backward => graph += 1,
-                Cause::UserLine => line += 1,
-                _ => {}
-            }
-        }
-    }
-    (graph, line, n - graph - line)
-}
-
 fn finding(snap: &Snapshot, a: &Analysis, g: Attention) -> Finding {
     let share = percent(g.bytes, g.peak_bytes);
     let (key, stack) = g.caller.map_or((None, None), |(f, st)| (Some(f), st));
@@ -706,7 +677,15 @@ fn finding(snap: &Snapshot, a: &Analysis, g: Attention) -> Finding {
     )));
     // Why they went away, from their free stacks: a graph kept them for the backward, or the
     // running call dropped them (inference, or a forward without autograd).
-    let (graph, line, _) = freed_after(snap, a, &g);
+    let freed = a
+        .releases
+        .released_after(snap, g.device, g.peak_index, &g.held);
+    let graph: u64 = Cause::ALL
+        .iter()
+        .filter(|c| c.is_graph() || **c == Cause::Backward)
+        .map(|&c| freed.get(c).count)
+        .sum();
+    let line = freed.get(Cause::UserLine).count;
     let temporaries = graph == 0 && line > 0 && line == g.blocks;
     if graph > 0 {
         f = f.evidence(Evidence::measured(format!(

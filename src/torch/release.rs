@@ -10,7 +10,7 @@
 //! part; without it the graph cannot be seen, and [`Releases::native_frames`] says so: claims
 //! that rest on it stay inferences.
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::torch::model::{Action, Snapshot, StackId};
 use crate::torch::stacks::{Role, StackIndex};
@@ -506,6 +506,38 @@ impl Releases {
             .collect()
     }
 
+    /// What released the blocks allocated at the entries `allocs` of `device`'s trace: each
+    /// block's first release from entry `index` on (the event [`Releases::held_at`] reads),
+    /// classified by its stack. Blocks not released after `index` are not counted.
+    pub fn released_after(
+        &self,
+        snap: &Snapshot,
+        device: i64,
+        index: u64,
+        allocs: &[usize],
+    ) -> ByCause {
+        let list = snap.trace(device);
+        let free = release_action(list);
+        let mut want: FxHashSet<u64> = allocs
+            .iter()
+            .filter_map(|&i| list.get(i))
+            .map(|e| e.addr)
+            .collect();
+        let mut out = ByCause::default();
+        for e in list
+            .iter()
+            .skip(usize::try_from(index).unwrap_or(usize::MAX))
+        {
+            if want.is_empty() {
+                break;
+            }
+            if e.action == free && want.remove(&e.addr) {
+                out.add(self.cause(e.stack()), e.size);
+            }
+        }
+        out
+    }
+
     /// The walk of `device` at `index`, from the memo. Roles come from the snapshot's frames
     /// alone (not the frame filter), so any `StackIndex` of this snapshot gives the same walk.
     fn held_walk(
@@ -524,12 +556,7 @@ impl Releases {
     /// were made with, and the graph drops after it.
     fn walk_held(&self, snap: &Snapshot, stacks: &StackIndex, device: i64, index: u64) -> HeldWalk {
         let list = snap.trace(device);
-        let requests = list.iter().any(|e| e.action == Action::FreeRequested);
-        let free = if requests {
-            Action::FreeRequested
-        } else {
-            Action::FreeCompleted
-        };
+        let free = release_action(list);
         // address → alloc index (its role and size are read from the trace when needed: the
         // map stays small per entry, and on a trace that frees little it holds every block)
         let mut live: FxHashMap<u64, u64> = FxHashMap::default();
@@ -591,6 +618,16 @@ impl Releases {
             }
         }
         out
+    }
+}
+
+/// The event whose stack says why a block was released: `free_requested` (the program's line
+/// that dropped it) where the trace records it, else `free_completed`.
+fn release_action(list: &[crate::torch::model::TraceEntry]) -> Action {
+    if list.iter().any(|e| e.action == Action::FreeRequested) {
+        Action::FreeRequested
+    } else {
+        Action::FreeCompleted
     }
 }
 
