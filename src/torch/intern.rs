@@ -514,13 +514,37 @@ pub(crate) struct Pipeline {
     runs: Option<FxHashMap<u64, (u64, u32)>>,
     run_bytes: usize,
     /// The runs recorded, by the hash of their first [`RUN_PREFIX`] bytes: up to
-    /// [`RUN_PREFIX_WAYS`] each, as (offset in `run_store`, length, memo generation, list).
-    prefix_runs: FxHashMap<u64, Vec<(u32, u32, u64, u32)>>,
+    /// [`RUN_PREFIX_WAYS`] each, as indices of `ways`.
+    prefix_runs: FxHashMap<u64, Vec<u32>>,
+    /// The runs `prefix_runs` names.
+    ways: Vec<Way>,
+    /// The way [`Pipeline::known_run_at`] found last (`NO_WAY`: none, or the last call found
+    /// nothing): the way found next is tried first after it the next time.
+    last_way: u32,
     /// The bytes of the runs in `prefix_runs` (within [`RUN_CACHE_BYTES`] with `run_bytes`).
     run_store: Vec<u8>,
     /// Lists filled by [`Pipeline::known_run_at`] (a count for `MEMLSP_TIMINGS`).
     runs_at: u64,
+    /// Of those, found where `last_way` predicted them.
+    runs_predicted: u64,
 }
+
+/// A run recorded for [`Pipeline::known_run_at`].
+#[derive(Clone, Copy, Debug)]
+struct Way {
+    /// Offset of its bytes in `run_store`, and their length.
+    at: u32,
+    len: u32,
+    /// The memo generation it was read under, and the list it filled.
+    generation: u64,
+    list: u32,
+    /// The way found right after this one the last time (`NO_WAY`: none yet). A trace repeats
+    /// its steps, so the frames list after a known one is most often the one after it before:
+    /// tried first, it is found with one comparison and no hash.
+    next: u32,
+}
+
+const NO_WAY: u32 = u32::MAX;
 
 /// Runs at least this long are found by their first bytes ([`Pipeline::known_run_at`]); shorter
 /// ones (under 4 to 16 frames) are scanned, which costs little.
@@ -614,8 +638,11 @@ impl Pipeline {
             runs: runs.then(FxHashMap::default),
             run_bytes: 0,
             prefix_runs: FxHashMap::default(),
+            ways: Vec::new(),
+            last_way: NO_WAY,
             run_store: Vec::new(),
             runs_at: 0,
+            runs_predicted: 0,
         }
     }
 
@@ -696,7 +723,13 @@ impl Pipeline {
             self.batch.msgs.push(Msg::Run { list, len });
             self.batch.raw.extend_from_slice(raw);
             if self.run_store.len() + raw.len() <= RUN_CACHE_BYTES {
-                let way = (self.run_store.len() as u32, len, generation, list);
+                let way = Way {
+                    at: self.run_store.len() as u32,
+                    len,
+                    generation,
+                    list,
+                    next: NO_WAY,
+                };
                 for n in RUN_LEVELS {
                     if raw.len() < n {
                         break;
@@ -706,13 +739,20 @@ impl Pipeline {
                     {
                         break;
                     }
-                    let ways = self.prefix_runs.entry(h).or_default();
+                    let ids = self.prefix_runs.entry(h).or_default();
                     // Full: a run recorded under an older memo generation can never match
                     // again; with none, the next level (this one stays full for lookups).
-                    let stale = ways.iter().position(|w| w.2 != generation);
+                    let stale = ids
+                        .iter()
+                        .position(|&i| self.ways[i as usize].generation != generation);
                     match stale {
-                        _ if ways.len() < RUN_PREFIX_WAYS => ways.push(way),
-                        Some(i) => ways[i] = way,
+                        _ if ids.len() < RUN_PREFIX_WAYS => {
+                            ids.push(self.ways.len() as u32);
+                            self.ways.push(way);
+                        }
+                        // The stale run's place: a way that predicted it now predicts a run
+                        // that is compared before it is taken, like any other.
+                        Some(i) => self.ways[ids[i] as usize] = way,
                         None => continue,
                     }
                     self.run_store.extend_from_slice(raw);
@@ -735,23 +775,47 @@ impl Pipeline {
         generation: u64,
     ) -> Option<usize> {
         self.runs.as_ref()?;
+        let last = std::mem::replace(&mut self.last_way, NO_WAY);
+        let predicted = self.ways.get(last as usize).map_or(NO_WAY, |w| w.next);
+        let found = if predicted != NO_WAY && self.way_fits(predicted, rest, generation) {
+            self.runs_predicted += 1;
+            predicted
+        } else {
+            let found = self.find_way(rest, generation)?;
+            if let Some(w) = self.ways.get_mut(last as usize) {
+                w.next = found;
+            }
+            found
+        };
+        let Way { len, list: of, .. } = self.ways[found as usize];
+        self.last_way = found;
+        self.batch.msgs.push(Msg::Same { list, of });
+        test_and_set(&mut self.filled, list);
+        self.runs_at += 1;
+        Some(len as usize)
+    }
+
+    /// Whether way `id`'s run is what `rest` starts with, followed by `APPENDS`, under memo
+    /// generation `generation`, and its list was filled in one batch.
+    #[inline]
+    fn way_fits(&self, id: u32, rest: &[u8], generation: u64) -> bool {
+        let w = self.ways[id as usize];
+        let (at, len) = (w.at as usize, w.len as usize);
+        w.generation == generation
+            && rest.get(len) == Some(&crate::pickle::opcodes::APPENDS)
+            && rest[..len] == self.run_store[at..at + len]
+            && !self.extended.contains(&w.list)
+    }
+
+    /// The way [`Pipeline::way_fits`] `rest`, looked up by the hash of its first bytes.
+    fn find_way(&self, rest: &[u8], generation: u64) -> Option<u32> {
         for n in RUN_LEVELS {
             // A run is under a deeper level only when this one's slot is full.
-            let ways = self.prefix_runs.get(&prefix_hash(rest.get(..n)?, n))?;
-            for &(at, len, g, of) in ways {
-                let (at, len) = (at as usize, len as usize);
-                if g == generation
-                    && rest.get(len) == Some(&crate::pickle::opcodes::APPENDS)
-                    && rest[..len] == self.run_store[at..at + len]
-                    && !self.extended.contains(&of)
-                {
-                    self.batch.msgs.push(Msg::Same { list, of });
-                    test_and_set(&mut self.filled, list);
-                    self.runs_at += 1;
-                    return Some(len);
-                }
+            let ids = self.prefix_runs.get(&prefix_hash(rest.get(..n)?, n))?;
+            if let Some(&id) = ids.iter().find(|&&id| self.way_fits(id, rest, generation)) {
+                return Some(id);
             }
-            if ways.len() < RUN_PREFIX_WAYS {
+            if ids.len() < RUN_PREFIX_WAYS {
                 return None;
             }
         }
@@ -831,6 +895,7 @@ impl Pipeline {
     pub(crate) fn finish(mut self) -> Result<(StackTable, TraceLists), String> {
         self.flush()?;
         crate::timings::count("frames lists known by their first bytes", self.runs_at);
+        crate::timings::count("of those, the one after the last", self.runs_predicted);
         let w = match self.mode {
             Mode::Inline(w) => *w,
             Mode::Thread { tx, handle, .. } => {
@@ -938,6 +1003,63 @@ mod tests {
         let list = p.new_list().unwrap();
         assert_eq!(p.known_run_at(list, &other, 0), None);
         assert_eq!(p.runs_at, runs.len() as u64);
+    }
+
+    /// The run after a known one is tried first where it came last time; what is taken is
+    /// still the one run that matches, under the memo generation, from a list filled once.
+    #[test]
+    fn the_run_predicted_after_a_known_one_is_taken_only_when_it_matches() {
+        let op = |i: u32| {
+            let mut op = vec![crate::pickle::opcodes::LONG_BINGET];
+            op.extend_from_slice(&i.to_le_bytes());
+            op
+        };
+        let run = |r: u32| -> Vec<u8> { (0..8).flat_map(|i| op(100 * r + i)).collect() };
+        let appends = crate::pickle::opcodes::APPENDS;
+        let rest = |r: u32| [&run(r)[..], &[appends, b'u']].concat();
+        let (t, frames) = tree_with_frames();
+        let mut interner = Interner::default();
+        let mut p = Pipeline::new(false, None, 16, true);
+        // Runs 1, 2 and 3 fill lists 0, 1 and 2.
+        for r in 1..=3 {
+            let list = p.new_list().unwrap();
+            assert!(!p.known_run(list, &run(r), 0));
+        }
+        // Which recorded list each lookup of `rs` aliased, under generation `g`.
+        let looked = |p: &mut Pipeline, rs: &[u32], g: u64| -> Vec<Option<u32>> {
+            rs.iter()
+                .map(|&r| {
+                    let list = p.new_list().unwrap();
+                    p.known_run_at(list, &rest(r), g)?;
+                    match p.batch.msgs.last() {
+                        Some(&Msg::Same { list: l, of }) if l == list => Some(of),
+                        _ => panic!("no alias recorded for list {list}"),
+                    }
+                })
+                .collect()
+        };
+        // 1 then 2 (2 predicted after 1 from then on); after 1, run 3 is not taken for 2.
+        assert_eq!(
+            looked(&mut p, &[1, 2, 1, 3], 0),
+            [Some(0), Some(1), Some(0), Some(2)]
+        );
+        assert_eq!(p.runs_predicted, 0);
+        // 3 after 1 now: predicted (and 1 after 3, learnt on the way); 2 after 1 again is
+        // found by its bytes.
+        assert_eq!(
+            looked(&mut p, &[1, 3, 1, 2], 0),
+            [Some(0), Some(2), Some(0), Some(1)]
+        );
+        assert_eq!(p.runs_predicted, 2);
+        assert_eq!(looked(&mut p, &[1, 2, 1], 0), [Some(0), Some(1), Some(0)]);
+        assert_eq!(p.runs_predicted, 5);
+        // Another memo generation: the predicted run no longer stands for its list.
+        assert_eq!(looked(&mut p, &[2], 1), [None]);
+        assert_eq!(p.runs_predicted, 5);
+        // List 1 received items in two batches: run 2 no longer says what it holds.
+        p.list(&t, &mut interner, 1, &frames).unwrap();
+        p.list(&t, &mut interner, 1, &frames).unwrap();
+        assert_eq!(looked(&mut p, &[1, 2], 0), [Some(0), None]);
     }
 
     #[test]
