@@ -69,16 +69,19 @@ impl Bar<'_> {
             .await;
         // The share of the file read, then the analysis at 100 %.
         let mut last = (0, "reading");
+        let now = || {
+            if self.simulating.load(std::sync::atomic::Ordering::Relaxed) {
+                (100, "simulating")
+            } else {
+                read_share(read.read(), total)
+            }
+        };
         let mut tick = tokio::time::interval(PROGRESS_REDRAW);
         let r = loop {
             tokio::select! {
                 r = &mut job => break r,
                 _ = tick.tick() => {
-                    let now = if self.simulating.load(std::sync::atomic::Ordering::Relaxed) {
-                        (100, "simulating")
-                    } else {
-                        read_share(read.read(), total)
-                    };
+                    let now = now();
                     if now != last {
                         bar.report_with_message(now.1, now.0).await;
                         last = now;
@@ -86,6 +89,12 @@ impl Bar<'_> {
                 }
             }
         };
+        // A job that ends between two redraws: its last state still shows before the bar ends
+        // (else a bar could end at "reading 95 %" though the whole file was read).
+        let end = now();
+        if end != last {
+            bar.report_with_message(end.1, end.0).await;
+        }
         bar.finish().await;
         r
     }
