@@ -274,6 +274,48 @@ fn a_capture_rewritten_in_place_while_being_read_does_not_kill_the_server() {
     lsp.shutdown();
 }
 
+/// An analysis that ends between two redraws of its bar (here: redrawn every ten minutes, so
+/// once, at its start) still shows its last state, 100 %, before the bar ends.
+#[test]
+fn a_bar_whose_analysis_ends_between_redraws_still_ends_at_100() {
+    let (tmp, ws) = tempdir();
+    std::fs::write(ws.join("train.py"), "x = 1\n").unwrap();
+    let mut lsp = Lsp::start_with_env(
+        &ws,
+        json!({}),
+        &[("MEMLSP_TEST_PROGRESS_REDRAW_MS", "600000")],
+    );
+    lsp.idle(Duration::from_millis(300));
+    let cap = ws.join("memory_snapshot.json");
+    big_json_snapshot(&cap, 40);
+    let from = lsp.seen.len();
+    let ended = lsp.wait_for(from, Duration::from_secs(120), |m| is_progress(m, "end"));
+    assert!(ended.is_some(), "the analysis never ended");
+    let values = progress_since(&lsp, from);
+    assert_eq!(values[0]["kind"], "begin", "{values:?}");
+    let reports: Vec<(u64, &str)> = values
+        .iter()
+        .filter(|v| v["kind"] == "report")
+        .map(|v| {
+            (
+                v["percentage"].as_u64().unwrap(),
+                v["message"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    // At most the redraw at its start came while the file was read.
+    assert!(
+        reports.iter().skip(1).all(|&(_, m)| m != "reading"),
+        "one redraw, at the start: {reports:?}"
+    );
+    assert!(
+        matches!(reports.last(), Some(&(100, "analysing" | "simulating"))),
+        "{reports:?}"
+    );
+    lsp.shutdown();
+    drop(tmp);
+}
+
 /// A large snapshot's progress bar says how much of the file was read, rising, then that the
 /// analysis runs (100 %), then ends; the editor never sees a bar stuck at nothing.
 #[test]

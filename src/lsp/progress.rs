@@ -76,7 +76,11 @@ impl Bar<'_> {
                 read_share(read.read(), total)
             }
         };
-        let mut tick = tokio::time::interval(PROGRESS_REDRAW);
+        #[cfg(feature = "test-hooks")]
+        let redraw = super::test_hooks::progress_redraw().unwrap_or(PROGRESS_REDRAW);
+        #[cfg(not(feature = "test-hooks"))]
+        let redraw = PROGRESS_REDRAW;
+        let mut tick = tokio::time::interval(redraw);
         let r = loop {
             tokio::select! {
                 r = &mut job => break r,

@@ -42,3 +42,10 @@ pub fn hold_on(path: &Path, cancel: &Cancel) {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// `MEMLSP_TEST_PROGRESS_REDRAW_MS=<ms>` sets how often a progress bar is redrawn, so a test can
+/// make an analysis end between two redraws (`tests/lsp_robustness.rs`).
+pub fn progress_redraw() -> Option<Duration> {
+    let ms = std::env::var("MEMLSP_TEST_PROGRESS_REDRAW_MS").ok()?;
+    ms.trim().parse().ok().map(Duration::from_millis)
+}
