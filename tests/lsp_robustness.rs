@@ -236,6 +236,20 @@ fn is_progress(m: &Value, kind: &str) -> bool {
     m["method"] == "$/progress" && m["params"]["value"]["kind"] == kind
 }
 
+/// The `report`s among progress values: (percentage, message) each.
+fn reports_of(values: &[Value]) -> Vec<(u64, &str)> {
+    values
+        .iter()
+        .filter(|v| v["kind"] == "report")
+        .map(|v| {
+            (
+                v["percentage"].as_u64().unwrap(),
+                v["message"].as_str().unwrap(),
+            )
+        })
+        .collect()
+}
+
 /// The values of the `$/progress` messages seen from `from` on.
 fn progress_since(lsp: &Lsp, from: usize) -> Vec<Value> {
     lsp.seen[from..]
@@ -293,16 +307,7 @@ fn a_bar_whose_analysis_ends_between_redraws_still_ends_at_100() {
     assert!(ended.is_some(), "the analysis never ended");
     let values = progress_since(&lsp, from);
     assert_eq!(values[0]["kind"], "begin", "{values:?}");
-    let reports: Vec<(u64, &str)> = values
-        .iter()
-        .filter(|v| v["kind"] == "report")
-        .map(|v| {
-            (
-                v["percentage"].as_u64().unwrap(),
-                v["message"].as_str().unwrap(),
-            )
-        })
-        .collect();
+    let reports = reports_of(&values);
     // At most the redraw at its start came while the file was read.
     assert!(
         reports.iter().skip(1).all(|&(_, m)| m != "reading"),
@@ -331,16 +336,7 @@ fn a_large_snapshot_shows_how_far_it_was_read() {
         (begin["percentage"].as_u64(), begin["message"].as_str()),
         (Some(0), Some("reading"))
     );
-    let reports: Vec<(u64, &str)> = values
-        .iter()
-        .filter(|v| v["kind"] == "report")
-        .map(|v| {
-            (
-                v["percentage"].as_u64().unwrap(),
-                v["message"].as_str().unwrap(),
-            )
-        })
-        .collect();
+    let reports = reports_of(&values);
     // Rising; at 100 % "analysing" may give way to "simulating" (what the capture records is
     // published, the replay and what-ifs run).
     assert!(
