@@ -46,7 +46,7 @@ pub fn detect_kind(path: &Path) -> Option<CaptureKind> {
 
 /// Analyse and locate: what `report` and `--check` show.
 pub fn run(path: &Path, opts: &Options) -> Result<Vec<CaptureReport>, CaptureError> {
-    let workspace = WorkspaceIndex::start(opts);
+    let workspace = WorkspaceWalk::start(opts);
     let mut reports = analyze_path(path, opts)?;
     crate::timings::time("locate", || {
         locate_with(&mut reports, workspace.locator(opts))
@@ -56,7 +56,7 @@ pub fn run(path: &Path, opts: &Options) -> Result<Vec<CaptureReport>, CaptureErr
 
 /// One capture file, analysed and located.
 pub fn run_file(path: &Path, opts: &Options) -> Result<CaptureReport, CaptureError> {
-    let workspace = WorkspaceIndex::start(opts);
+    let workspace = WorkspaceWalk::start(opts);
     let mut report = analyze_file(path, opts)?;
     locate_with(std::slice::from_mut(&mut report), workspace.locator(opts));
     Ok(report)
@@ -68,7 +68,7 @@ pub fn run_diff(
     later: &Path,
     opts: &Options,
 ) -> Result<CaptureReport, CaptureError> {
-    let workspace = WorkspaceIndex::start(opts);
+    let workspace = WorkspaceWalk::start(opts);
     let mut report = analyze_diff(earlier, later, opts)?;
     locate_with(std::slice::from_mut(&mut report), workspace.locator(opts));
     Ok(report)
@@ -87,7 +87,7 @@ pub fn run_trend(
         _ => (1..=paths.len() as u64).collect(),
     };
     let series: Vec<(u64, &std::path::PathBuf)> = steps.into_iter().zip(paths).collect();
-    let workspace = WorkspaceIndex::start(opts);
+    let workspace = WorkspaceWalk::start(opts);
     let mut report = analyze_series(&series, opts)?;
     locate_with(std::slice::from_mut(&mut report), workspace.locator(opts));
     Ok(report)
@@ -111,7 +111,7 @@ fn locate_with(reports: &mut [CaptureReport], locator: Locator) {
 /// reports (ranks compared among the good ones) and the errors. `Err` only when `path` itself
 /// cannot be read or holds no capture.
 pub fn run_partial(path: &Path, opts: &Options) -> Result<Partial, CaptureError> {
-    let workspace = WorkspaceIndex::start(opts);
+    let workspace = WorkspaceWalk::start(opts);
     let mut partial = analyze_path_partial(path, opts)?;
     crate::timings::time("locate", || {
         locate_with(&mut partial.reports, workspace.locator(opts))
@@ -119,15 +119,16 @@ pub fn run_partial(path: &Path, opts: &Options) -> Result<Partial, CaptureError>
     Ok(partial)
 }
 
-/// The workspace's Python files, indexed on another thread while the capture is analysed (by
-/// every `run…` here; [`locate`] walks it on the spot, for callers that analyse first): the
-/// walk of a large working directory (up to `MAX_SCAN_ENTRIES` entries per root) can take as
-/// long as the analysis, and the decoder leaves the second core mostly idle meanwhile. If the
-/// analysis fails, the walk is left to finish on its own (it is bounded) and nothing waits.
-struct WorkspaceIndex(Option<std::thread::JoinHandle<crate::source::paths::Resolver>>);
+/// The workspace's Python files, indexed on another thread while the captures are analysed (by
+/// every `run…` here, `--check` and the MCP baseline check; [`locate`] walks it on the spot):
+/// the walk of a large working directory (up to `MAX_SCAN_ENTRIES` entries per root) can take
+/// as long as the analysis, and the decoder leaves the second core mostly idle meanwhile. If
+/// the analysis fails, the walk is left to finish on its own (it is bounded) and nothing waits.
+pub struct WorkspaceWalk(Option<std::thread::JoinHandle<crate::source::paths::Resolver>>);
 
-impl WorkspaceIndex {
-    fn start(opts: &Options) -> WorkspaceIndex {
+impl WorkspaceWalk {
+    /// Start walking `opts.locate`'s workspace.
+    pub fn start(opts: &Options) -> WorkspaceWalk {
         let (roots, mappings) = (
             opts.locate.workspace.clone(),
             opts.locate.path_mappings.clone(),
@@ -137,7 +138,12 @@ impl WorkspaceIndex {
             .name("memlsp-workspace".into())
             .spawn(walk)
             .ok();
-        WorkspaceIndex(handle)
+        WorkspaceWalk(handle)
+    }
+
+    /// [`locate`] `reports` over the walked index.
+    pub fn locate(self, reports: &mut [CaptureReport], opts: &Options) {
+        locate_with(reports, self.locator(opts));
     }
 
     /// The locator over the index (walked here, as [`locate`] does, if the thread could not

@@ -61,6 +61,7 @@ pub(super) fn run(args: CheckArgs) -> i32 {
     let mut errors: Vec<CaptureError> = Vec::new();
     let files = collect(&paths, &mut errors);
     let opts = args.common.options(workspace.clone());
+    let walk = crate::analyze::WorkspaceWalk::start(&opts);
     let mut reports = analyse_all(&files, &opts, &mut errors);
     if let Some((base, b)) = &base {
         let o = crate::baseline::compare(&mut reports, base, &b.options);
@@ -81,7 +82,7 @@ pub(super) fn run(args: CheckArgs) -> i32 {
             eprintln!("memlsp: {k}: in the baseline, but no capture of this run has that key");
         }
     }
-    crate::analyze::locate(&mut reports, &opts);
+    walk.locate(&mut reports, &opts);
     emit_with(|w| {
         let built = match args.format {
             // A capture at a time, as `report` writes it.

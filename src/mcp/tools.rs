@@ -632,6 +632,7 @@ fn check_baseline(a: CheckBaselineArgs, ctx: &Ctx) -> Result<Output, String> {
     let opts = ctx.options(&ws);
     let (found, mut errors) = analyze::collect_captures(&paths);
     let (files, refused, mut cut) = ctx.scan(found);
+    let walk = analyze::WorkspaceWalk::start(&opts);
     let (mut reports, failed) = analyze::analyze_files(&files, &opts, |_| {});
     if ctx.meter.expired() {
         // What the time budget stopped is not unreadable: said once, as the cut.
@@ -649,7 +650,7 @@ fn check_baseline(a: CheckBaselineArgs, ctx: &Ctx) -> Result<Output, String> {
         timing: a.timing,
     };
     let outcome = baseline::compare(&mut reports, &base, &compare);
-    analyze::locate(&mut reports, &opts);
+    walk.locate(&mut reports, &opts);
     let verdict = analyze::verdict(&reports, !errors.is_empty(), fail_on);
     let mut bl001 = Vec::new();
     for r in &reports {
