@@ -12,6 +12,7 @@ use crate::present::capacity::{self, Capacity, DEFAULT_CONTEXT_RESERVE};
 use crate::present::fit::{self, FitCapture, PredictInputs};
 use crate::torch::replay::Replays;
 use crate::torch::replay::fit::FitOptions;
+use crate::torch::replay::fit_sites;
 use crate::torch::replay::predict::Point;
 
 #[derive(Args, Debug)]
@@ -87,12 +88,12 @@ pub(super) fn run_fit(args: FitArgs) -> i32 {
         capacity: cap.as_ref().map(|c| c.bytes),
         ..FitOptions::default()
     };
-    let devices = crate::torch::fit::capture_fit(&snap, &Replays::new(), &frames, &opts);
+    let devices = fit_sites::capture_fit(&snap, &Replays::new(), &frames, &opts);
     let file = args.file.display().to_string();
     let shown = cap.as_ref().map(|c| c.shown.as_str());
-    let entries: Vec<crate::torch::fit::FitEntry> = devices
+    let entries: Vec<fit_sites::FitEntry> = devices
         .iter()
-        .map(|d| crate::torch::fit::FitEntry::of(d, shown))
+        .map(|d| fit_sites::FitEntry::of(d, shown))
         .collect();
     let captures = [FitCapture {
         file: &file,
@@ -166,7 +167,7 @@ pub(super) fn run_predict(args: PredictArgs) -> i32 {
         settings_trials: false,
         samples: 8,
     };
-    let report = match crate::torch::fit::predict_report(&points, &name, at, &frames, &opts) {
+    let report = match fit_sites::predict_report(&points, &name, at, &frames, &opts) {
         Ok(r) => r,
         Err(m) => {
             eprintln!("memlsp: cannot predict: {}", m.0);

@@ -23,6 +23,7 @@ use crate::present::json as doc;
 use crate::present::mcp_text;
 use crate::report::{CaptureReport, Engine};
 use crate::source::locate::Locator;
+use crate::torch::replay::fit_sites;
 
 /// The tools, in the order `tools/list` gives them.
 pub(super) const NAMES: &[&str] = &[
@@ -416,7 +417,7 @@ fn fit(a: FitArgs, ctx: &Ctx) -> Result<Output, String> {
         capacity: cap.as_ref().map(|c| c.bytes),
         ..Default::default()
     };
-    let devices = crate::torch::fit::capture_fit(
+    let devices = fit_sites::capture_fit(
         &snap,
         &crate::torch::replay::Replays::new(),
         &opts.analysis.frames,
@@ -424,9 +425,9 @@ fn fit(a: FitArgs, ctx: &Ctx) -> Result<Output, String> {
     );
     let file = path.display().to_string();
     let shown = cap.as_ref().map(|c| c.shown.as_str());
-    let entries: Vec<crate::torch::fit::FitEntry> = devices
+    let entries: Vec<fit_sites::FitEntry> = devices
         .iter()
-        .map(|d| crate::torch::fit::FitEntry::of(d, shown))
+        .map(|d| fit_sites::FitEntry::of(d, shown))
         .collect();
     let captures = [show::FitCapture {
         file: &file,

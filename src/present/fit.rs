@@ -5,7 +5,9 @@
 use serde_json::{Value, json};
 
 use crate::findings::fmt_bytes;
-use crate::torch::fit::{FailureEntry, FitEntry, OnEntry, PredictionReport, SiteEntry};
+use crate::torch::replay::fit_sites::{
+    FailureEntry, FitEntry, OnEntry, PredictionReport, SiteEntry,
+};
 use crate::torch::replay::predict::show_value;
 
 /// One capture's fit, as `memlsp fit` shows it.

@@ -45,7 +45,7 @@ pub mod trend;
 pub mod worth;
 
 // The simulations' room is `replay`; these paths stay for the front ends that use them.
-pub use replay::{fit_sites as fit, whatif};
+pub use replay::whatif;
 
 use crate::findings::{self, Code, Finding, Label};
 use crate::options::AnalysisOptions;
@@ -243,7 +243,9 @@ pub fn analyse_staged(
         a.simulated = true;
         time("what-if", || whatif::simulate(snap, &a, &mut found));
         if let Some(c) = opts.capacity {
-            let more = time("fit", || fit::capacity_findings(snap, &a, c, &mut found));
+            let more = time("fit", || {
+                replay::fit_sites::capacity_findings(snap, &a, c, &mut found)
+            });
             found.extend(more);
         }
         worth::calibrate(&a, &mut found);
@@ -344,9 +346,9 @@ pub fn output(snap: &Snapshot, a: &Analysis, opts: &AnalysisOptions) -> Output {
             ..Default::default()
         };
         summary.fit = Some(time("fit", || {
-            fit::capture_fit(snap, &a.replays, &opts.frames, &fit_opts)
+            replay::fit_sites::capture_fit(snap, &a.replays, &opts.frames, &fit_opts)
                 .iter()
-                .map(|d| fit::FitEntry::of(d, None))
+                .map(|d| replay::fit_sites::FitEntry::of(d, None))
                 .collect()
         }));
     }

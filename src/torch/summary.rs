@@ -67,7 +67,7 @@ pub struct Summary {
     pub replay: CaptureReplay,
     /// Will it fit (`report --on CAPACITY`; docs/FITS.md): one entry per traced device.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub fit: Option<Vec<crate::torch::fit::FitEntry>>,
+    pub fit: Option<Vec<crate::torch::replay::fit_sites::FitEntry>>,
     /// Why memory was released, from the release stacks (absent without a trace).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub releases: Option<crate::torch::release_summary::ReleaseSummary>,
