@@ -48,9 +48,7 @@ pub fn detect_kind(path: &Path) -> Option<CaptureKind> {
 pub fn run(path: &Path, opts: &Options) -> Result<Vec<CaptureReport>, CaptureError> {
     let workspace = WorkspaceWalk::start(opts);
     let mut reports = analyze_path(path, opts)?;
-    crate::timings::time("locate", || {
-        locate_with(&mut reports, workspace.locator(opts))
-    });
+    crate::timings::time("locate", || workspace.locate(&mut reports, opts));
     Ok(reports)
 }
 
@@ -58,7 +56,7 @@ pub fn run(path: &Path, opts: &Options) -> Result<Vec<CaptureReport>, CaptureErr
 pub fn run_file(path: &Path, opts: &Options) -> Result<CaptureReport, CaptureError> {
     let workspace = WorkspaceWalk::start(opts);
     let mut report = analyze_file(path, opts)?;
-    locate_with(std::slice::from_mut(&mut report), workspace.locator(opts));
+    workspace.locate(std::slice::from_mut(&mut report), opts);
     Ok(report)
 }
 
@@ -70,7 +68,7 @@ pub fn run_diff(
 ) -> Result<CaptureReport, CaptureError> {
     let workspace = WorkspaceWalk::start(opts);
     let mut report = analyze_diff(earlier, later, opts)?;
-    locate_with(std::slice::from_mut(&mut report), workspace.locator(opts));
+    workspace.locate(std::slice::from_mut(&mut report), opts);
     Ok(report)
 }
 
@@ -89,7 +87,7 @@ pub fn run_trend(
     let series: Vec<(u64, &std::path::PathBuf)> = steps.into_iter().zip(paths).collect();
     let workspace = WorkspaceWalk::start(opts);
     let mut report = analyze_series(&series, opts)?;
-    locate_with(std::slice::from_mut(&mut report), workspace.locator(opts));
+    workspace.locate(std::slice::from_mut(&mut report), opts);
     Ok(report)
 }
 
@@ -113,9 +111,7 @@ fn locate_with(reports: &mut [CaptureReport], locator: Locator) {
 pub fn run_partial(path: &Path, opts: &Options) -> Result<Partial, CaptureError> {
     let workspace = WorkspaceWalk::start(opts);
     let mut partial = analyze_path_partial(path, opts)?;
-    crate::timings::time("locate", || {
-        locate_with(&mut partial.reports, workspace.locator(opts))
-    });
+    crate::timings::time("locate", || workspace.locate(&mut partial.reports, opts));
     Ok(partial)
 }
 
@@ -141,19 +137,15 @@ impl WorkspaceWalk {
         WorkspaceWalk(handle)
     }
 
-    /// [`locate`] `reports` over the walked index.
+    /// [`locate`] `reports` over the walked index (walked here, as [`locate`] does, if the
+    /// thread could not start or failed).
     pub fn locate(self, reports: &mut [CaptureReport], opts: &Options) {
-        locate_with(reports, self.locator(opts));
-    }
-
-    /// The locator over the index (walked here, as [`locate`] does, if the thread could not
-    /// start or failed).
-    fn locator(self, opts: &Options) -> Locator {
         let frames = opts.analysis.frames.clone();
-        match self.0.map(|h| h.join()) {
+        let locator = match self.0.map(|h| h.join()) {
             Some(Ok(r)) => Locator::with_resolver(std::sync::Arc::new(r), frames),
             _ => Locator::new(&opts.locate, frames),
-        }
+        };
+        locate_with(reports, locator);
     }
 }
 
