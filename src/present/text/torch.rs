@@ -173,9 +173,14 @@ fn totals(s: &mut String, t: &Summary) {
             let _ = writeln!(
                 s,
                 "  allocator replay                  reproduces all {} recorded segment events {M} and the \
-                 final reserved {} [simulated]: the fixes below are replayed on it",
+                 final reserved {} [simulated]{}",
                 r.segment_events_recorded,
-                fmt_bytes(r.reserved_end_bytes_replayed)
+                fmt_bytes(r.reserved_end_bytes_replayed),
+                match (&r.note, r.fixes_replayed) {
+                    (_, true) => ": the fixes below are replayed on it".to_string(),
+                    (Some(n), false) => format!("; {n}"),
+                    (None, false) => "; the fixes below are not replayed on it".to_string(),
+                }
             );
         } else if !r.validated {
             let _ = writeln!(

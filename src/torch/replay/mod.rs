@@ -64,6 +64,10 @@ pub struct DeviceReplay {
     pub peak_allocated_bytes: u64,
     pub peak_reserved_bytes: u64,
     pub note: Option<String>,
+    /// Changes (fixes, settings) are replayed on this device: it validates and its recorded
+    /// run can be replayed without the recorded device answers (see the note otherwise).
+    #[serde(skip)]
+    pub fixes_replayed: bool,
 }
 
 /// The replay of one capture (every device with a trace).
@@ -76,6 +80,9 @@ pub struct CaptureReplay {
     pub reserved_end_bytes_replayed: u64,
     pub note: Option<String>,
     pub devices: Vec<DeviceReplay>,
+    /// Every device replays changes ([`DeviceReplay::fixes_replayed`]).
+    #[serde(skip)]
+    pub fixes_replayed: bool,
 }
 
 impl CaptureReplay {
@@ -90,6 +97,7 @@ impl CaptureReplay {
             reserved_end_bytes_replayed: 0,
             note: Some("simulating: the allocator replay has not finished yet".into()),
             devices: Vec::new(),
+            fixes_replayed: false,
         }
     }
 }
@@ -298,6 +306,23 @@ fn join_note(parts: Vec<String>) -> Option<String> {
     (!parts.is_empty()).then(|| parts.join("; "))
 }
 
+/// Why no change can be replayed on a device that validates, if none can: its validation
+/// replay ran mallocs through the OOM path (the device refused a new segment, cached ones were
+/// released and the malloc retried) and no OOM is recorded. The device's capacity is then
+/// unknown: a replay of the program's requests never knows when the device would refuse, so
+/// even unchanged it does not reproduce the recorded run (on real captures its reserved peak
+/// came out up to 8 GB higher than the recorded one), and a saving read from it would be wrong.
+fn fixes_not_replayable(p: &Prepared, validation: &run::Outcome) -> Option<String> {
+    let refused = validation.refused_probes;
+    (!p.has_oom && refused > 0).then(|| {
+        format!(
+            "fixes not replayed: the device refused memory {refused} time(s) (cached segments \
+             released and the request retried) and no OOM is recorded, so its capacity, and when \
+             a changed run would be refused, is unknown"
+        )
+    })
+}
+
 /// The validation replay (recorded order, recorded device answers, no change), checked as it
 /// runs (`check::Checker`): it stops at the first step whose segment events differ from the
 /// recorded ones, and the note names that trace entry and the difference.
@@ -393,9 +418,14 @@ fn validate(
                 .into(),
         );
     }
+    let not_replayable = fixes_not_replayable(p, &out);
+    if validated && let Some(why) = &not_replayable {
+        notes.push(why.clone());
+    }
     let r = DeviceReplay {
         device: p.device,
         trace_entries: trace.len() as u64,
+        fixes_replayed: validated && not_replayable.is_none(),
         validated,
         segment_events_recorded: recorded,
         segment_events_matched: matched,
@@ -689,6 +719,7 @@ fn capture_of(snap: &Snapshot, devices: Vec<DeviceReplay>) -> CaptureReplay {
         reserved_end_bytes_recorded: sum(|d| d.reserved_end_bytes_recorded),
         reserved_end_bytes_replayed: sum(|d| d.reserved_end_bytes_replayed),
         note,
+        fixes_replayed: !devices.is_empty() && devices.iter().all(|d| d.fixes_replayed),
         devices,
     }
 }
@@ -723,7 +754,11 @@ fn what_if_prepared(
     changes: &[Change],
 ) -> WhatIf {
     let mut settings = p.settings.clone();
-    let mut edits = Edits::default();
+    // Unchanged, the what-if is the recorded run: recorded segment addresses where free.
+    let mut edits = Edits {
+        recorded_addresses: true,
+        ..Edits::default()
+    };
     let mut notes = Vec::new();
     for c in changes {
         match c {
@@ -781,7 +816,7 @@ fn what_if_prepared(
         note: None,
     };
     // A replay that stops when the device turns out not to validate (it would not be offered).
-    let run_after = |capacity: Option<u64>| {
+    let run_after = |capacity: Option<u64>, edits: &Edits| {
         run::replay(
             trace,
             &p.plan,
@@ -789,7 +824,7 @@ fn what_if_prepared(
             settings.clone(),
             false,
             capacity,
-            &edits,
+            edits,
             &mut run::Unless(invalid),
         )
     };
@@ -797,7 +832,9 @@ fn what_if_prepared(
     // A trace that contradicts its rebuilt state rarely validates: its what-if waits for the
     // validation rather than competing with it for the cores.
     let doubtful = p.init.problems > 0 || p.plan.unmatched_frees > 0 || p.blocker.is_some();
-    let early = (!p.has_oom && !doubtful).then(|| run_after(None));
+    // Probes are read by the validation (OOM path or `empty_cache()`): with any, the what-if
+    // waits for it.
+    let early = (!p.has_oom && !doubtful && p.plan.probes() == 0).then(|| run_after(None, &edits));
     let v = validation();
     let (base, out0) = (&v.replay, &v.out);
     if !base.validated {
@@ -811,10 +848,16 @@ fn what_if_prepared(
         w.note = join_note(notes);
         return w;
     }
+    if let Some(why) = fixes_not_replayable(p, out0) {
+        notes.insert(0, format!("not simulated: {why}"));
+        w.note = join_note(notes);
+        return w;
+    }
+    edits.empty_cache_probes = out0.empty_cache_probes.clone();
     let capacity = capacity_of(trace, out0);
     let after = match early {
         Some(after) => after,
-        None => run_after(capacity),
+        None => run_after(capacity, &edits),
     };
     w.simulated = true;
     w.capacity_bytes = capacity;

@@ -87,11 +87,14 @@ pub(crate) struct Plan {
 
 impl Plan {
     /// The ops in the recorded order (`as_recorded`) or the request order, for the trace the
-    /// plan was made from.
+    /// plan was made from. In the request order a probe is no op, except those at the positions
+    /// of `empty_cache_probes` (sorted): releases the validation read as an `empty_cache()`
+    /// call, which the program makes whatever the allocator does.
     pub fn ops<'a>(
         &'a self,
         trace: &'a [TraceEntry],
         as_recorded: bool,
+        empty_cache_probes: &'a [u32],
     ) -> impl Iterator<Item = Op> + 'a {
         let mut side = self.side.iter().peekable();
         let mut i = 0usize;
@@ -103,10 +106,18 @@ impl Plan {
                     // Side ops sit on release entries, where the trace makes no op of its own.
                     if let Some(sop) = side.next_if(|o| o.pos as usize <= i) {
                         match sop.probe {
-                            Some(releases) => {
-                                if !as_recorded {
+                            Some(_) if !as_recorded => {
+                                if empty_cache_probes.binary_search(&sop.pos).is_err() {
                                     continue;
                                 }
+                                return Some(Op {
+                                    pos: sop.pos as usize,
+                                    step: sop.step as usize,
+                                    kind: OpKind::EmptyCache,
+                                    aref: NONE,
+                                });
+                            }
+                            Some(releases) => {
                                 return Some(Op {
                                     pos: sop.pos as usize,
                                     step: sop.step as usize,
@@ -156,6 +167,13 @@ impl Plan {
                 }
             },
         )
+    }
+
+    /// Probes: releases recorded just before a malloc that needed a new segment. Each is the
+    /// malloc's OOM path (the device refused a segment, cached ones were released and the
+    /// malloc retried) or an `empty_cache()` call; the validation replay tells them apart.
+    pub fn probes(&self) -> usize {
+        self.side.iter().filter(|o| o.probe.is_some()).count()
     }
 
     /// The aref of the `alloc` at trace entry `entry`.
@@ -408,6 +426,25 @@ impl Device for Recorded<'_> {
     }
 }
 
+/// The device as a capacity whose new segments take the addresses the recorded run gave the
+/// same request's segments (where it made one of that size and the range is free; else a fresh
+/// one): unchanged, the requests then replay as recorded, address order included (best fit
+/// breaks ties between equal blocks by address, so fresh addresses above every segment made
+/// a run that releases and makes segments choose other blocks than the recorded one did).
+struct CapacityAt<'a> {
+    capacity: Capacity,
+    recorded: Recorded<'a>,
+}
+
+impl Device for CapacityAt<'_> {
+    fn grant(&mut self, reserved: u64, bytes: u64, attempt: u8, released: u64) -> bool {
+        self.capacity.grant(reserved, bytes, attempt, released)
+    }
+    fn segment_address(&mut self, size: u64, expandable: bool) -> Option<u64> {
+        self.recorded.segment_address(size, expandable)
+    }
+}
+
 /// The device as a capacity: a new segment fits when reserved + its size ≤ capacity.
 pub(crate) struct Capacity(pub Option<u64>);
 
@@ -457,6 +494,10 @@ pub(crate) struct Outcome {
     pub init_failures: u64,
     /// The observer stopped the replay before this op's position.
     pub stopped_at: Option<usize>,
+    /// Probes (recorded order) that ran their malloc through the OOM path: the device refused
+    /// a new segment. Those read as `empty_cache()` calls instead, by position (ascending).
+    pub refused_probes: u64,
+    pub empty_cache_probes: Vec<u32>,
 }
 
 /// How a what-if changes the requests.
@@ -471,6 +512,12 @@ pub(crate) struct Edits {
     /// On a device of a capacity smaller than the memory reserved at the first entry, release
     /// the cached segments first (the OOM path would have released them before the trace).
     pub release_at_start: bool,
+    /// Not a change: the probes the validation read as `empty_cache()` calls (positions,
+    /// ascending), run as such in the request order (see [`Plan::ops`]).
+    pub empty_cache_probes: Vec<u32>,
+    /// Not a change: in the request order, new segments take the recorded addresses where
+    /// they can ([`CapacityAt`]).
+    pub recorded_addresses: bool,
 }
 
 /// What one request did, for an [`Observer`].
@@ -538,7 +585,7 @@ pub(crate) fn replay<O: Observer + ?Sized>(
         m.release_cached_blocks();
     }
     let mut out = Outcome::default();
-    let ops = plan.ops(trace, as_recorded);
+    let ops = plan.ops(trace, as_recorded, &edits.empty_cache_probes);
     // Recorded growth events by step, for recorded addresses.
     let (growth, mut growth_by_step) = growth_by_step(plan);
     // Early frees (and rematerialisation drops) sorted by position, then the re-allocations.
@@ -591,9 +638,11 @@ pub(crate) fn replay<O: Observer + ?Sized>(
                     m.settings.round_size(e.size)
                 };
                 if m.would_find(size, e.stream) {
+                    out.empty_cache_probes.push(op.pos as u32);
                     m.release_cached_blocks();
                     Done::EmptyCache { events }
                 } else {
+                    out.refused_probes += 1;
                     ran_early.insert(entry, ());
                     let (lo, hi) = growth_by_step.range(op.step);
                     let g: &[SegEvent] = if lo <= hi { &growth[lo..=hi] } else { &[] };
@@ -639,25 +688,24 @@ pub(crate) fn replay<O: Observer + ?Sized>(
                     continue; // never allocated
                 }
                 let e = &trace[entry];
-                let result = if as_recorded {
+                let result = if as_recorded || edits.recorded_addresses {
                     let (lo, hi) = growth_by_step.range(op.step);
                     let g: &[SegEvent] = if lo <= hi { &growth[lo..=hi] } else { &[] };
-                    let mut dev = Recorded {
+                    let recorded = Recorded {
                         refused,
                         oom,
                         releases,
                         growth: g,
                         used: vec![false; g.len()],
                     };
-                    if oom {
-                        m.malloc_rounded(e.size, e.stream, &mut dev)
+                    if as_recorded {
+                        malloc_on(&mut m, e, oom, &mut { recorded })
                     } else {
-                        m.malloc(e.size, e.stream, &mut dev)
+                        let capacity = Capacity(capacity);
+                        malloc_on(&mut m, e, oom, &mut CapacityAt { capacity, recorded })
                     }
-                } else if oom {
-                    m.malloc_rounded(e.size, e.stream, &mut capacity_dev)
                 } else {
-                    m.malloc(e.size, e.stream, &mut capacity_dev)
+                    malloc_on(&mut m, e, oom, &mut capacity_dev)
                 };
                 settle(
                     &mut out,
@@ -715,6 +763,15 @@ pub(crate) fn replay<O: Observer + ?Sized>(
     }
     out.init_failures = init_failures;
     finish(out, m)
+}
+
+/// The malloc of trace entry `e` on `dev` (an `oom` entry records the rounded size).
+fn malloc_on(m: &mut Model, e: &TraceEntry, oom: bool, dev: &mut dyn Device) -> Malloc {
+    if oom {
+        m.malloc_rounded(e.size, e.stream, dev)
+    } else {
+        m.malloc(e.size, e.stream, dev)
+    }
 }
 
 /// What a finished replay leaves: the model's totals, the live blocks and its segment events.

@@ -86,7 +86,7 @@ pub fn state_after(snap: &Snapshot, device: i64, entry: usize) -> Option<Vec<Seg
 /// release of its OOM path) or its own entry.
 fn request_start(trace: &[TraceEntry], p: &Prepared, entry: usize) -> usize {
     p.plan
-        .ops(trace, true)
+        .ops(trace, true, &[])
         .filter(|op| match op.kind {
             OpKind::Malloc { entry: e, .. } | OpKind::Probe { entry: e, .. } => e == entry,
             _ => false,
