@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use memlsp::options::DecodeOptions;
 use memlsp::torch::load::load_snapshot;
 use memlsp::torch::model::Action;
+use memlsp::torch::replay::fit::{FitOptions, fit_device};
 use memlsp::torch::replay::{advise_settings_for_oom, replay_snapshot, what_if};
 
 fn shared_real() -> Option<PathBuf> {
@@ -102,6 +103,30 @@ fn real_snapshots_replay_and_validate() {
                     "{name} device {}: the unchanged replay of the requests differs from the validated one",
                     d.device
                 );
+                // "Will it fit" replays the same requests: without a limit it is the recorded
+                // run (where no OOM ended it), and on a device as large as its reserved peak
+                // they fit.
+                let oom = snap.trace(d.device).iter().any(|e| e.action == Action::Oom);
+                if !oom {
+                    let at = FitOptions {
+                        capacity: Some(d.peak_reserved_bytes),
+                        settings_trials: false,
+                        samples: 0,
+                    };
+                    let fit = fit_device(&snap, d.device, &at);
+                    let needs = fit.needs.as_ref().expect("needs");
+                    assert_eq!(
+                        (needs.peak_allocated_bytes, needs.peak_reserved_bytes),
+                        (d.peak_allocated_bytes, d.peak_reserved_bytes),
+                        "{name} device {}: fit's unlimited run",
+                        d.device
+                    );
+                    assert!(
+                        needs.needs_bytes <= d.peak_reserved_bytes,
+                        "{name}: {fit:?}"
+                    );
+                    assert_eq!(fit.on.map(|o| o.fits), Some(true), "{name}");
+                }
             } else {
                 not_replayed += 1;
                 let note = d.note.as_deref().unwrap_or_default();

@@ -34,6 +34,11 @@ pub(crate) struct Requests<'a> {
     pub plan: &'a Plan,
     pub init: &'a InitialState,
     pub settings: Settings,
+    /// The probes the validation read as `empty_cache()` calls, which the program makes on
+    /// any device, and whether new segments take the recorded addresses (see `Edits`): a
+    /// recorded trace's requests then replay, unchanged and with room, as the recorded run.
+    pub empty_cache_probes: &'a [u32],
+    pub recorded_addresses: bool,
 }
 
 /// Live bytes at a failure, grouped by the stack that allocated them.
@@ -194,6 +199,8 @@ pub(crate) fn attempt(
 ) -> Attempt {
     let edits = Edits {
         release_at_start: true,
+        empty_cache_probes: req.empty_cache_probes.to_vec(),
+        recorded_addresses: req.recorded_addresses,
         ..Edits::default()
     };
     let mut obs = FirstFailure {
@@ -403,6 +410,8 @@ pub(crate) fn fit_requests(
             plan: req.plan,
             init: req.init,
             settings: s,
+            empty_cache_probes: req.empty_cache_probes,
+            recorded_addresses: req.recorded_addresses,
         })
     };
     let mut expandable = None;
@@ -493,6 +502,8 @@ impl super::Replays {
             plan: &p.plan,
             init: &p.init,
             settings: p.settings.clone(),
+            empty_cache_probes: &v.out.empty_cache_probes,
+            recorded_addresses: true,
         };
         let (base, exp, splits, on) = fit_requests(&req, &stacks, opts);
         let best = splits

@@ -681,10 +681,16 @@ impl Replays {
         device: i64,
         capacity: u64,
     ) -> Option<Snapshot> {
-        if !self.validation(snap, device).replay.validated {
+        let v = self.validation(snap, device);
+        if !v.replay.validated {
             return None;
         }
-        state::state_at_capacity_prepared(snap, &self.prepared(snap, device), capacity)
+        state::state_at_capacity_prepared(
+            snap,
+            &self.prepared(snap, device),
+            capacity,
+            &v.out.empty_cache_probes,
+        )
     }
 }
 

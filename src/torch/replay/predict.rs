@@ -698,6 +698,8 @@ pub fn predict(
             plan: &plan,
             init: &init,
             settings: m.settings.clone(),
+            empty_cache_probes: &[],
+            recorded_addresses: false,
         };
         let st: Vec<Option<StackId>> = if stacks {
             let mut st = vec![None; plan.arefs];
@@ -718,6 +720,8 @@ pub fn predict(
         plan: &plan,
         init: &init,
         settings: m.settings.clone(),
+        empty_cache_probes: &[],
+        recorded_addresses: false,
     };
     let stacks: Vec<Option<StackId>> = {
         let mut st = vec![None; plan.arefs];

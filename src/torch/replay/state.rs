@@ -141,6 +141,7 @@ pub(super) fn state_at_capacity_prepared(
     snap: &Snapshot,
     p: &Prepared,
     capacity: u64,
+    empty_cache_probes: &[u32],
 ) -> Option<Snapshot> {
     let device = p.device;
     let trace = snap.trace(device);
@@ -161,7 +162,13 @@ pub(super) fn state_at_capacity_prepared(
         p.settings.clone(),
         false,
         Some(capacity),
-        &super::run::Edits::default(),
+        // The program's `empty_cache()` calls and the recorded addresses: until the capacity
+        // refuses, the recorded run.
+        &super::run::Edits {
+            empty_cache_probes: empty_cache_probes.to_vec(),
+            recorded_addresses: true,
+            ..super::run::Edits::default()
+        },
         &mut run,
     );
     if outcome.init_failures > 0 || run.over {
