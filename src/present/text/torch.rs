@@ -176,10 +176,11 @@ fn totals(s: &mut String, t: &Summary) {
                  final reserved {} [simulated]{}",
                 r.segment_events_recorded,
                 fmt_bytes(r.reserved_end_bytes_replayed),
-                match (&r.note, r.fixes_replayed) {
-                    (_, true) => ": the fixes below are replayed on it".to_string(),
-                    (Some(n), false) => format!("; {n}"),
-                    (None, false) => "; the fixes below are not replayed on it".to_string(),
+                // A validated device whose fixes are not replayed says why in its note.
+                if r.fixes_replayed {
+                    ": the fixes below are replayed on it".to_string()
+                } else {
+                    format!("; {}", r.note.as_deref().unwrap_or_default())
                 }
             );
         } else if !r.validated {
