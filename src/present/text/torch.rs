@@ -178,7 +178,7 @@ fn totals(s: &mut String, t: &Summary) {
                 fmt_bytes(r.reserved_end_bytes_replayed),
                 // A validated device whose fixes are not replayed says why in its note.
                 if r.fixes_replayed {
-                    ": the fixes below are replayed on it".to_string()
+                    format!(": the fixes below are replayed on it{}", capacities_read(r))
                 } else {
                     format!("; {}", r.note.as_deref().unwrap_or_default())
                 }
@@ -214,6 +214,26 @@ fn totals(s: &mut String, t: &Summary) {
         }
     }
     s.push('\n');
+}
+
+/// Where a device's capacity is read from its refusals (no OOM recorded): the range its
+/// fixes are replayed at.
+fn capacities_read(r: &crate::torch::replay::CaptureReplay) -> String {
+    r.devices
+        .iter()
+        .filter_map(|d| {
+            d.capacity_read.map(|(lo, hi)| {
+                format!(
+                    " at both ends of the capacity device {}'s refusals show ({} to {}; no OOM \
+                     recorded) {I}, the smaller saving shown",
+                    d.device,
+                    fmt_bytes(lo),
+                    fmt_bytes(hi)
+                )
+            })
+        })
+        .collect::<Vec<_>>()
+        .join(";")
 }
 
 fn ranks(s: &mut String, t: &Summary, first_of_group: bool) {

@@ -22,6 +22,7 @@ mod free;
 mod initial;
 mod model;
 pub mod predict;
+mod refusals;
 mod run;
 mod settings;
 pub mod sim_checkpoint;
@@ -68,6 +69,10 @@ pub struct DeviceReplay {
     /// run can be replayed without the recorded device answers (see the note otherwise).
     #[serde(skip)]
     pub fixes_replayed: bool,
+    /// Where no OOM is recorded but the device refused memory: its capacity range read from
+    /// the refusals (lowest, highest), at both ends of which the changes are replayed.
+    #[serde(skip)]
+    pub capacity_read: Option<(u64, u64)>,
 }
 
 /// The replay of one capture (every device with a trace).
@@ -146,7 +151,8 @@ pub struct WhatIf {
     pub peak_reserved_before: u64,
     pub peak_reserved_after: u64,
     /// Device memory the replay may reserve (smallest reserved + device_free over the recorded
-    /// OOMs); `None`: unknown, new segments always succeed.
+    /// OOMs, or the end of the range read from refusals the numbers are told at); `None`:
+    /// unknown, new segments always succeed.
     pub capacity_bytes: Option<u64>,
     pub ooms: Vec<OomOutcome>,
     /// Allocations that succeeded in the recorded run but fail under the change.
@@ -306,21 +312,55 @@ fn join_note(parts: Vec<String>) -> Option<String> {
     (!parts.is_empty()).then(|| parts.join("; "))
 }
 
-/// Why no change can be replayed on a device that validates, if none can: its validation
-/// replay ran mallocs through the OOM path (the device refused a new segment, cached ones were
-/// released and the malloc retried) and no OOM is recorded. The device's capacity is then
-/// unknown: a replay of the program's requests never knows when the device would refuse, so
-/// even unchanged it does not reproduce the recorded run (on real captures its reserved peak
-/// came out up to 8 GB higher than the recorded one), and a saving read from it would be wrong.
-fn fixes_not_replayable(p: &Prepared, validation: &run::Outcome) -> Option<String> {
-    let refused = validation.refused_probes;
-    (!p.has_oom && refused > 0).then(|| {
-        format!(
-            "fixes not replayed: the device refused memory {refused} time(s) (cached segments \
-             released and the request retried) and no OOM is recorded, so its capacity, and when \
-             a changed run would be refused, is unknown"
-        )
-    })
+/// Whether changes can be replayed on a device that validates, from its validation replay.
+/// Where that replay ran mallocs through the OOM path (the device refused a new segment, cached
+/// ones were released and the malloc retried) and no OOM is recorded, the device's capacity is
+/// not read from an OOM: a replay of the program's requests must know when the device would
+/// refuse, or even unchanged it does not reproduce the recorded run (on real captures its
+/// reserved peak came out up to 8 GB higher than the recorded one). The refusals and grants
+/// then bound the capacity ([`refusals::read`]); where the unchanged requests replay as
+/// recorded at both ends of that range, the changes are replayed at both, else at none.
+fn fixes_on(trace: &[TraceEntry], p: &Prepared, out: &run::Outcome, least: Option<u64>) -> Fixes {
+    if p.has_oom || out.refused_probes == 0 {
+        return Fixes::Replayed;
+    }
+    match refusals::read(trace, p, out, least) {
+        refusals::Read::Range(r) => Fixes::AtCapacities(r),
+        refusals::Read::No(why) => Fixes::NotReplayed(format!(
+            "fixes not replayed: the device refused memory {} time(s) (cached segments released \
+             and the request retried) and no OOM is recorded; {why}",
+            out.refused_probes
+        )),
+    }
+}
+
+/// Whether, and how, a validated device's changes are replayed.
+#[derive(Clone, Debug)]
+enum Fixes {
+    /// On the capacity its OOMs show, or none (new segments always succeed).
+    Replayed,
+    /// At both ends of the capacity range its refusals show.
+    AtCapacities(refusals::Inferred),
+    /// Not: the words say why.
+    NotReplayed(String),
+}
+
+impl Fixes {
+    fn note(&self) -> Option<String> {
+        match self {
+            Fixes::Replayed => None,
+            Fixes::AtCapacities(r) => Some(format!(
+                "the device refused memory {} time(s) and no OOM is recorded: by those refusals \
+                 and what it granted, its capacity is between {} and {} (unchanged, the requests \
+                 replay as recorded at both); fixes are replayed at both ends and the smaller \
+                 saving is shown",
+                r.refusals,
+                crate::findings::fmt_bytes(r.low),
+                crate::findings::fmt_bytes(r.high)
+            )),
+            Fixes::NotReplayed(why) => Some(why.clone()),
+        }
+    }
 }
 
 /// The validation replay (recorded order, recorded device answers, no change), checked as it
@@ -332,12 +372,13 @@ fn validate(
     trace: &[TraceEntry],
     p: &Prepared,
     invalid: &AtomicBool,
-) -> (DeviceReplay, run::Outcome) {
+) -> (DeviceReplay, run::Outcome, Fixes) {
     if p.blocker.is_some() || trace.is_empty() {
         invalid.store(true, Ordering::Relaxed);
     }
     let mut checker = check::Checker::new(&p.plan.recorded, invalid);
     let skipped = p.init.contradicted_at.is_some();
+    let mut demands = refusals::Demands::new(&mut checker);
     let out = if skipped {
         run::Outcome::default()
     } else {
@@ -349,9 +390,10 @@ fn validate(
             true,
             None,
             &Edits::default(),
-            &mut checker,
+            &mut demands,
         )
     };
+    let least = demands.least;
     run::add_visits(checker.visits);
     let (matched, first) = (checker.matched, checker.first);
     let recorded = if skipped {
@@ -418,14 +460,22 @@ fn validate(
                 .into(),
         );
     }
-    let not_replayable = fixes_not_replayable(p, &out);
-    if validated && let Some(why) = &not_replayable {
-        notes.push(why.clone());
+    let fixes = if validated {
+        fixes_on(trace, p, &out, least)
+    } else {
+        Fixes::Replayed
+    };
+    if validated && let Some(why) = fixes.note() {
+        notes.push(why);
     }
     let r = DeviceReplay {
         device: p.device,
         trace_entries: trace.len() as u64,
-        fixes_replayed: validated && not_replayable.is_none(),
+        fixes_replayed: validated && !matches!(fixes, Fixes::NotReplayed(_)),
+        capacity_read: match &fixes {
+            Fixes::AtCapacities(r) => Some((r.low, r.high)),
+            _ => None,
+        },
         validated,
         segment_events_recorded: recorded,
         segment_events_matched: matched,
@@ -443,7 +493,7 @@ fn validate(
     if !validated {
         invalid.store(true, Ordering::Relaxed);
     }
-    (r, out)
+    (r, out, fixes)
 }
 
 /// One device's validation replay: its report, and of its outcome what the what-ifs compare
@@ -451,6 +501,8 @@ fn validate(
 struct Validation {
     replay: DeviceReplay,
     out: run::Outcome,
+    /// Whether, and how, changes are replayed (when it validated).
+    fixes: Fixes,
 }
 
 /// One device's allocator-setting trials (PT008): the advice, and each trial's what-if for the
@@ -535,12 +587,12 @@ impl Replays {
         cache
             .validation
             .get_or_init(|| {
-                let (replay, mut out) = crate::timings::time("replay: validation", || {
+                let (replay, mut out, fixes) = crate::timings::time("replay: validation", || {
                     validate(snap.trace(device), &p, &cache.invalid)
                 });
                 out.events = Vec::new();
                 out.live_end = Vec::new();
-                Arc::new(Validation { replay, out })
+                Arc::new(Validation { replay, out, fixes })
             })
             .clone()
     }
@@ -854,16 +906,33 @@ fn what_if_prepared(
         w.note = join_note(notes);
         return w;
     }
-    if let Some(why) = fixes_not_replayable(p, out0) {
-        notes.insert(0, format!("not simulated: {why}"));
-        w.note = join_note(notes);
-        return w;
-    }
     edits.empty_cache_probes = out0.empty_cache_probes.clone();
-    let capacity = capacity_of(trace, out0);
-    let after = match early {
-        Some(after) => after,
-        None => run_after(capacity, &edits),
+    let (capacity, after) = match (&v.fixes, early) {
+        (Fixes::NotReplayed(why), _) => {
+            notes.insert(0, format!("not simulated: {why}"));
+            w.note = join_note(notes);
+            return w;
+        }
+        (Fixes::AtCapacities(r), _) => {
+            // Each end of the range reproduces the recorded run; the change is told by the
+            // end where it saves the least.
+            let (low, high) = (
+                run_after(Some(r.low), &edits),
+                run_after(Some(r.high), &edits),
+            );
+            notes.extend(v.fixes.note());
+            let key = |o: &run::Outcome| (o.unexpected_ooms, o.peak_reserved, o.peak_allocated);
+            if key(&high) > key(&low) {
+                (Some(r.high), high)
+            } else {
+                (Some(r.low), low)
+            }
+        }
+        (Fixes::Replayed, Some(after)) => (None, after),
+        (Fixes::Replayed, None) => {
+            let capacity = capacity_of(trace, out0);
+            (capacity, run_after(capacity, &edits))
+        }
     };
     w.simulated = true;
     w.capacity_bytes = capacity;

@@ -834,3 +834,95 @@ fn linked_blocks_answer_as_ordered_blocks_do() {
         );
     }
 }
+
+/// A device that refused memory once with no OOM recorded: a 60 MiB segment is cached when an
+/// 80 MiB request comes, the allocator releases it and retries. The refusal says the capacity
+/// is below 60 + 80 MiB, the grants that it is at least 80 MiB. `then`: trace entries after it.
+fn refused_once(then: &[(u64, u64)]) -> Snapshot {
+    use BlockState::*;
+    let s3 = 0x7f00_2000_0000;
+    let mut t = vec![
+        e(SegmentAlloc, S1, 60 * MB),
+        e(Alloc, S1, 60 * MB),
+        e(FreeRequested, S1, 60 * MB),
+        e(FreeCompleted, S1, 60 * MB),
+        e(SegmentFree, S1, 60 * MB),
+        e(SegmentAlloc, S2, 80 * MB),
+        e(Alloc, S2, 80 * MB),
+    ];
+    let mut segments = vec![seg(S2, 80 * MB, &[(80 * MB, ActiveAllocated)])];
+    let mut at = s3;
+    for &(size, _) in then {
+        t.push(e(SegmentAlloc, at, size));
+        t.push(e(Alloc, at, size));
+        segments.push(seg(at, size, &[(size, ActiveAllocated)]));
+        at += 0x1000_0000;
+    }
+    Snapshot {
+        segments,
+        device_traces: Some(vec![t]),
+        ..Snapshot::default()
+    }
+}
+
+#[test]
+fn a_refusal_without_an_oom_bounds_the_capacity_the_fixes_are_replayed_at() {
+    let snap = refused_once(&[(40 * MB, 0)]);
+    let r = replay_snapshot(&snap);
+    let d = &r.devices[0];
+    assert!(d.validated && d.fixes_replayed, "{r:?}");
+    // Granted 80 + 40 MiB; refused 60 + 80 MiB.
+    assert_eq!(d.capacity_read, Some((120 * MB, 140 * MB - 1)), "{d:?}");
+    assert!(
+        d.note.as_deref().unwrap_or_default().contains(
+            "refused memory 1 time(s) and no OOM is recorded: by those refusals and what it \
+             granted, its capacity is between 120.00 MiB and 140.00 MiB"
+        ),
+        "{d:?}"
+    );
+    // Unchanged: the recorded run, at either end.
+    let w = what_if(&snap, 0, &[]);
+    assert!(w.simulated, "{w:?}");
+    assert_eq!(
+        (w.peak_allocated_after, w.peak_reserved_after),
+        (d.peak_allocated_bytes, d.peak_reserved_bytes)
+    );
+    // The 60 MiB tensor never made: no refusal, and 60 MiB less at the peak.
+    let w = what_if(
+        &snap,
+        0,
+        &[Change::FreeEarly {
+            allocs: vec![1],
+            at: 0,
+        }],
+    );
+    assert!(w.simulated, "{w:?}");
+    assert_eq!(w.peak_allocated_after, 120 * MB);
+    assert_eq!(w.new_ooms, 0);
+}
+
+#[test]
+fn a_capacity_that_changed_during_the_run_replays_no_fix() {
+    // After the refusal at 140 MiB the device grants 180 MiB: something else on it let go of
+    // memory (another process), so no constant capacity explains the run.
+    let snap = refused_once(&[(100 * MB, 0)]);
+    let r = replay_snapshot(&snap);
+    let d = &r.devices[0];
+    assert!(d.validated && !d.fixes_replayed, "{r:?}");
+    assert_eq!(d.capacity_read, None);
+    let note = d.note.as_deref().unwrap_or_default();
+    assert!(
+        note.starts_with(
+            "fixes not replayed: the device refused memory 1 time(s) (cached segments released \
+             and the request retried) and no OOM is recorded; it granted 180.00 MiB reserved but \
+             refused 140.00 MiB"
+        ),
+        "{note}"
+    );
+    let w = what_if(&snap, 0, &[]);
+    assert!(!w.simulated);
+    assert!(
+        w.note.as_deref().unwrap_or_default().contains(note),
+        "{w:?}"
+    );
+}
