@@ -50,6 +50,44 @@ fn fit_json_names_the_constructor_sun_oom_at_its_recorded_capacity() {
     assert!(d0["on"]["spare_bytes"].as_u64().unwrap() > 0);
 }
 
+/// No OOM is recorded on Maphsge4's `ec5be110`, but the device refused memory 39 times: the
+/// capacity it ran on lies between the most reserved it granted and the least it refused, and
+/// what the program needs is below it.
+#[test]
+fn fit_states_the_capacity_a_device_that_refused_memory_had() {
+    let Some(f) = common::shared("torch_snapshots/real/Maphsge4__ec5be110_snapshot.pickle") else {
+        return;
+    };
+    let f = f.to_string_lossy().into_owned();
+    let r = common::memlsp(&["fit", &f, "--format", "json"], cwd());
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let d = &r.json()["captures"][0]["torch"]["fit"][0];
+    assert_eq!(d["recorded_capacity_bytes"], serde_json::Value::Null);
+    assert_eq!(
+        d["recorded_capacity_range_bytes"],
+        serde_json::json!([22_519_218_176u64, 22_556_966_911u64])
+    );
+    assert!(d["needs_bytes"].as_u64().unwrap() < 22_519_218_176, "{d}");
+    let r = common::memlsp(&["fit", &f], cwd());
+    assert!(
+        r.stdout.contains(
+            "  the recorded device had 20.97 GiB to 21.01 GiB (no OOM recorded: the most it \
+             granted and the least it refused)  [inferred]\n"
+        ),
+        "{}",
+        r.stdout
+    );
+    // A device with a recorded OOM has no range.
+    let Some(c) = common::shared("torch_snapshots/real/Constructor-Sun__memory_snapshot.pickle")
+    else {
+        return;
+    };
+    let r = common::memlsp(&["fit", &c.to_string_lossy(), "--format", "json"], cwd());
+    for d in r.json()["captures"][0]["torch"]["fit"].as_array().unwrap() {
+        assert!(d.get("recorded_capacity_range_bytes").is_none(), "{d}");
+    }
+}
+
 #[test]
 fn fit_text_on_a_named_gpu_states_the_context_reserve_and_labels() {
     let Some(f) =

@@ -144,6 +144,14 @@ pub fn device_text(out: &mut String, f: &FitEntry) {
             fmt_bytes(cap)
         ));
     }
+    if let Some([low, high]) = f.recorded_capacity_range_bytes {
+        out.push_str(&format!(
+            "  the recorded device had {} to {} (no OOM recorded: the most it granted and the \
+             least it refused)  [inferred]\n",
+            fmt_bytes(low),
+            fmt_bytes(high)
+        ));
+    }
     if let Some(o) = &f.on {
         on_text(out, o, needs);
     }

@@ -383,6 +383,9 @@ pub struct DeviceFit {
     pub needs_bytes_max_split: Option<u64>,
     /// Device memory of the recorded run: the smallest reserved + free over its `oom` entries.
     pub recorded_capacity_bytes: Option<u64>,
+    /// Where no OOM is recorded but the device refused memory: the range its capacity lies in
+    /// by those refusals (see `DeviceReplay::capacity_read`).
+    pub recorded_capacity_range_bytes: Option<(u64, u64)>,
     pub on: Option<AtCapacity>,
     pub note: Option<String>,
 }
@@ -482,6 +485,7 @@ impl super::Replays {
             best_max_split_size_mb: None,
             needs_bytes_max_split: None,
             recorded_capacity_bytes: super::capacity_of(snap.trace(device), &v.out),
+            recorded_capacity_range_bytes: v.replay.capacity_read,
             on: None,
             note: None,
         };

@@ -348,6 +348,10 @@ pub struct FitEntry {
     pub capacities_checked: Option<u32>,
     /// Reserved + free at the recorded OOM (read from the capture).
     pub recorded_capacity_bytes: Option<u64>,
+    /// No OOM recorded, but the device refused memory: [lowest, highest] its capacity can be by
+    /// those refusals and what it granted (inferred).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recorded_capacity_range_bytes: Option<[u64; 2]>,
     pub note: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub on: Option<OnEntry>,
@@ -375,6 +379,7 @@ impl FitEntry {
             monotonic: n.map(|n| n.monotonic),
             capacities_checked: n.map(|n| n.capacities_checked),
             recorded_capacity_bytes: f.recorded_capacity_bytes,
+            recorded_capacity_range_bytes: f.recorded_capacity_range_bytes.map(|(l, h)| [l, h]),
             note: f.note.clone(),
             on: f
                 .on
