@@ -71,6 +71,21 @@ fn real_snapshots_raise_warnings_only_where_memory_went_wrong() {
         } else if name == "HugePandaCoder__e024498d_inference2_peso_oct.pickle" {
             // The allocator's OOM-retry path released 9.30 GiB of cache for one request.
             assert_eq!(loud, vec![("PT013", Severity::Warning)], "{name}");
+            // No OOM is recorded, but the refusal and what the device granted bound what it
+            // gave this process.
+            let f = r
+                .findings
+                .iter()
+                .find(|f| f.code.as_str() == "PT013")
+                .unwrap();
+            assert!(
+                f.evidence.iter().any(|e| e.text
+                    == "the device gave this process between 22.69 GiB and 25.14 GiB: the most \
+                        reserved it granted and the least it refused (the allocator replay \
+                        reproduces the run at both)"),
+                "{:?}",
+                f.evidence
+            );
         } else if matches!(
             name.as_str(),
             "LilySu__332ffce2_memory_snapshot_large_forward_ctx128_mp.pickle"

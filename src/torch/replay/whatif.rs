@@ -17,7 +17,7 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use crate::findings::{Code, Finding, FixKind, Simulated};
+use crate::findings::{Code, Evidence, Finding, FixKind, Simulated, fmt_bytes};
 use crate::torch::Analysis;
 use crate::torch::model::{Action, FrameId, Snapshot, TraceEntry};
 use crate::torch::replay::{self, Change, WhatIf};
@@ -298,8 +298,28 @@ fn changes_for(
     }
 }
 
-/// Simulate the fixes of `findings` (PT002, PT003, PT005, PT008, PT010).
+/// PT013 on a device whose capacity is read from its refusals (no OOM recorded): the range
+/// its capacity lies in, beside the retry.
+fn near_oom_capacity(snap: &Snapshot, a: &Analysis, findings: &mut [Finding]) {
+    for f in findings.iter_mut().filter(|f| f.code == Code::PT013) {
+        let Some(device) = device_of(f, snap) else {
+            continue;
+        };
+        if let Some((low, high)) = a.replays.device(snap, device).capacity_read {
+            f.evidence.push(Evidence::inferred(format!(
+                "the device gave this process between {} and {}: the most reserved it granted \
+                 and the least it refused (the allocator replay reproduces the run at both)",
+                fmt_bytes(low),
+                fmt_bytes(high)
+            )));
+        }
+    }
+}
+
+/// Simulate the fixes of `findings` (PT002, PT003, PT005, PT008, PT010), and give PT013 the
+/// capacity a device's refusals show.
 pub fn simulate(snap: &Snapshot, a: &Analysis, findings: &mut [Finding]) {
+    near_oom_capacity(snap, a, findings);
     let wanted = [
         Code::PT002,
         Code::PT003,
