@@ -86,6 +86,24 @@ fn real_snapshots_raise_warnings_only_where_memory_went_wrong() {
                 "{:?}",
                 f.evidence
             );
+            // The setting its advice named, replayed on that device: the OOM path is taken
+            // more often, not less (freed pages stay mapped), so the advice no longer names it.
+            assert!(
+                f.evidence.iter().any(|e| e.text.starts_with(
+                    "with `expandable_segments:True`, on a device of 22.69 GiB and of 25.14 GiB: \
+                     the allocator takes the OOM path at most 3 time(s) (1 in the recorded run)"
+                )),
+                "{:?}",
+                f.evidence
+            );
+            assert!(
+                f.fixes[0].title.ends_with(
+                    "`expandable_segments:True` does not avoid the OOM path here (replayed: see \
+                     the evidence)"
+                ),
+                "{}",
+                f.fixes[0].title
+            );
         } else if matches!(
             name.as_str(),
             "LilySu__332ffce2_memory_snapshot_large_forward_ctx128_mp.pickle"

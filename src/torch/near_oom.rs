@@ -13,6 +13,14 @@ use crate::torch::model::Snapshot;
 use crate::torch::stacks::culprit;
 use crate::torch::stacks::site_string;
 
+/// The fix's first advice.
+pub const LOWER_LIVE: &str = "Lower what is live when this line runs (a smaller batch or chunk, \
+                              free large tensors before it)";
+/// Its second, unless a replay shows the setting does not avoid the OOM path.
+const EXPANDABLE: &str = "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` lets the cache grow \
+                          and be reused across sizes instead of being released and re-made (each \
+                          retry's cudaFree synchronizes the device)";
+
 /// PT013 for each device whose trace shows the OOM-retry path and no OOM event.
 pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
     for d in &a.releases.devices {
@@ -77,12 +85,7 @@ pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
                 "the device was full when the request came: a slightly larger input, batch or \
                  another process on the GPU turns this into an OOM",
             ))
-            .fix(Fix::advice(
-                "Lower what is live when this line runs (a smaller batch or chunk, free large \
-                 tensors before it); `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` lets the \
-                 cache grow and be reused across sizes instead of being released and re-made \
-                 (each retry's cudaFree synchronizes the device)",
-            ));
+            .fix(Fix::advice(format!("{LOWER_LIVE}; {EXPANDABLE}")));
         f.scope = Some(format!("device {}", d.device));
         out.push(f);
     }

@@ -157,6 +157,12 @@ pub struct WhatIf {
     pub ooms: Vec<OomOutcome>,
     /// Allocations that succeeded in the recorded run but fail under the change.
     pub new_ooms: u64,
+    /// Mallocs that took the OOM path (the device refused their first segment), unchanged and
+    /// changed (at a capacity range read from refusals: the most at either end).
+    #[serde(skip)]
+    pub retries_before: u64,
+    #[serde(skip)]
+    pub retries_after: u64,
     pub note: Option<String>,
 }
 
@@ -871,6 +877,8 @@ fn what_if_prepared(
         capacity_bytes: None,
         ooms: Vec::new(),
         new_ooms: 0,
+        retries_before: 0,
+        retries_after: 0,
         note: None,
     };
     // A replay that stops when the device turns out not to validate (it would not be offered).
@@ -922,6 +930,7 @@ fn what_if_prepared(
             );
             notes.extend(v.fixes.note());
             let key = |o: &run::Outcome| (o.unexpected_ooms, o.peak_reserved, o.peak_allocated);
+            w.retries_after = low.retries.max(high.retries);
             if key(&high) > key(&low) {
                 (Some(r.high), high)
             } else {
@@ -941,6 +950,8 @@ fn what_if_prepared(
     w.peak_allocated_after = after.peak_allocated;
     w.peak_reserved_after = after.peak_reserved;
     w.new_ooms = after.unexpected_ooms;
+    w.retries_before = out0.retries;
+    w.retries_after = w.retries_after.max(after.retries);
     w.ooms = after
         .ooms
         .iter()

@@ -142,6 +142,8 @@ pub(crate) struct Model {
     pub allocated: u64,
     pub peak_reserved: u64,
     pub peak_allocated: u64,
+    /// Mallocs that took the OOM path: the device refused their first segment.
+    pub retries: u64,
     pub events: Vec<SegEvent>,
     /// The step new events are tagged with.
     pub step: usize,
@@ -173,6 +175,7 @@ impl Model {
             allocated: 0,
             peak_reserved: 0,
             peak_allocated: 0,
+            retries: 0,
             events: Vec::new(),
             step: 0,
             next_synthetic: SYNTHETIC_BASE,
@@ -608,6 +611,7 @@ impl Model {
         let mut found = self.get_free_block(small, stream, size);
         if found.is_none() {
             let mut block = self.alloc_block(small, stream, size, alloc_size, dev, 0);
+            self.retries += u64::from(block.is_none());
             if block.is_none() && self.release_available_cached_blocks(small, stream, size) {
                 block = self.alloc_block(small, stream, size, alloc_size, dev, 1);
             }

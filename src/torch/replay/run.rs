@@ -480,6 +480,8 @@ pub(crate) struct Outcome {
     pub reserved_end: u64,
     pub peak_allocated: u64,
     pub peak_reserved: u64,
+    /// Mallocs that took the OOM path (the device refused their first segment).
+    pub retries: u64,
     pub allocations: u64,
     pub addresses_matched: u64,
     pub first_address_mismatch: Option<usize>,
@@ -780,6 +782,7 @@ fn finish(mut out: Outcome, mut m: Model) -> Outcome {
     out.reserved_end = m.reserved;
     out.peak_allocated = m.peak_allocated;
     out.peak_reserved = m.peak_reserved;
+    out.retries = m.retries;
     out.live_end = m
         .blocks
         .iter()

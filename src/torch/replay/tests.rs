@@ -887,6 +887,7 @@ fn a_refusal_without_an_oom_bounds_the_capacity_the_fixes_are_replayed_at() {
         (w.peak_allocated_after, w.peak_reserved_after),
         (d.peak_allocated_bytes, d.peak_reserved_bytes)
     );
+    assert_eq!((w.retries_before, w.retries_after), (1, 1));
     // The 60 MiB tensor never made: no refusal, and 60 MiB less at the peak.
     let w = what_if(
         &snap,
@@ -899,6 +900,7 @@ fn a_refusal_without_an_oom_bounds_the_capacity_the_fixes_are_replayed_at() {
     assert!(w.simulated, "{w:?}");
     assert_eq!(w.peak_allocated_after, 120 * MB);
     assert_eq!(w.new_ooms, 0);
+    assert_eq!((w.retries_before, w.retries_after), (1, 0));
 }
 
 #[test]

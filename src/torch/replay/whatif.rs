@@ -17,7 +17,7 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use crate::findings::{Code, Evidence, Finding, FixKind, Simulated, fmt_bytes};
+use crate::findings::{Code, Evidence, Finding, FixKind, Label, Simulated, fmt_bytes};
 use crate::torch::Analysis;
 use crate::torch::model::{Action, FrameId, Snapshot, TraceEntry};
 use crate::torch::replay::{self, Change, WhatIf};
@@ -305,13 +305,46 @@ fn near_oom_capacity(snap: &Snapshot, a: &Analysis, findings: &mut [Finding]) {
         let Some(device) = device_of(f, snap) else {
             continue;
         };
-        if let Some((low, high)) = a.replays.device(snap, device).capacity_read {
-            f.evidence.push(Evidence::inferred(format!(
-                "the device gave this process between {} and {}: the most reserved it granted \
-                 and the least it refused (the allocator replay reproduces the run at both)",
-                fmt_bytes(low),
-                fmt_bytes(high)
-            )));
+        let Some((low, high)) = a.replays.device(snap, device).capacity_read else {
+            continue;
+        };
+        f.evidence.push(Evidence::inferred(format!(
+            "the device gave this process between {} and {}: the most reserved it granted and \
+             the least it refused (the allocator replay reproduces the run at both)",
+            fmt_bytes(low),
+            fmt_bytes(high)
+        )));
+        // The setting the advice names, replayed at both ends of that range.
+        let w = a
+            .replays
+            .what_if(snap, device, &[Change::ExpandableSegments(true)]);
+        if w.simulated {
+            f.evidence.push(Evidence::new(
+                Label::Simulated,
+                format!(
+                    "with `expandable_segments:True`, on a device of {} and of {}: the allocator \
+                     takes the OOM path at most {} time(s) ({} in the recorded run), {} new \
+                     OOM(s); peak reserved {} → up to {}",
+                    fmt_bytes(low),
+                    fmt_bytes(high),
+                    w.retries_after,
+                    w.retries_before,
+                    w.new_ooms,
+                    fmt_bytes(w.peak_reserved_before),
+                    fmt_bytes(w.peak_reserved_after)
+                ),
+            ));
+            // The advice names the setting to avoid the OOM path: not where the replay takes
+            // it as often or more.
+            if w.retries_after >= w.retries_before
+                && let Some(fix) = f.fixes.first_mut()
+            {
+                fix.title = format!(
+                    "{}; `expandable_segments:True` does not avoid the OOM path here (replayed: \
+                     see the evidence)",
+                    crate::torch::near_oom::LOWER_LIVE
+                );
+            }
         }
     }
 }
