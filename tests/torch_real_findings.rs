@@ -104,6 +104,10 @@ fn real_snapshots_raise_warnings_only_where_memory_went_wrong() {
                 "{}",
                 f.fixes[0].title
             );
+        } else if name == "Maphsge4__ec5be110_snapshot.pickle" {
+            // Its releases carry no stack, but the replay reads the OOM-retry path: 39 times a
+            // layer loaded at select_n.py:140 needed a segment the device refused.
+            assert_eq!(loud, vec![("PT013", Severity::Warning)], "{name}");
         } else if matches!(
             name.as_str(),
             "LilySu__332ffce2_memory_snapshot_large_forward_ctx128_mp.pickle"

@@ -10,6 +10,7 @@
 use crate::findings::{Code, Evidence, Finding, Fix, Label, Severity, fmt_bytes};
 use crate::torch::Analysis;
 use crate::torch::model::Snapshot;
+use crate::torch::release::OomRetry;
 use crate::torch::stacks::culprit;
 use crate::torch::stacks::site_string;
 
@@ -24,69 +25,104 @@ const EXPANDABLE: &str = "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` let
 /// PT013 for each device whose trace shows the OOM-retry path and no OOM event.
 pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
     for d in &a.releases.devices {
-        if d.oom_retries.is_empty() || a.totals.oom_events().any(|o| o.device == d.device) {
+        if a.totals.oom_events().any(|o| o.device == d.device) {
             continue;
         }
-        let segments: u64 = d.oom_retries.iter().map(|r| r.segments).sum();
-        let bytes: u64 = d.oom_retries.iter().map(|r| r.bytes).sum();
-        let Some(big) = d
-            .oom_retries
-            .iter()
-            .max_by_key(|r| (r.bytes, std::cmp::Reverse(r.index)))
-        else {
-            continue;
-        };
-        let request = big.request.map(|(index, size, stack)| {
-            let (key, _) = a.stacks.site(stack);
-            (index, size, key, stack)
-        });
-        let (key, stack) = request.map_or((None, None), |(_, _, k, s)| (k, s));
-        let (loc, st) = culprit(snap, key, stack);
-        let what = match request {
-            Some((_, size, k, _)) => format!(
-                "to serve a request of {} at {}",
-                fmt_bytes(size),
-                site_string(snap, k)
-            ),
-            None => "to serve a request the trace does not show".to_string(),
-        };
-        let mut f = Finding::new(
-            Code::PT013,
-            Severity::Warning,
-            format!(
-                "Near out of memory on device {}: cudaMalloc failed and the allocator released {} \
-                 of cached segments {what}, then succeeded.",
-                d.device,
-                fmt_bytes(big.bytes),
-            ),
-        )
-        .at(loc, st)
-        .bytes(big.bytes, None, Label::Measured)
-        .evidence(Evidence::measured(format!(
-            "{segments} segment releases ({}) in {} episode(s) carry \
-             DeviceCachingAllocator::malloc on their stack: the allocator's OOM-retry path, not \
-             empty_cache()",
-            fmt_bytes(bytes),
-            d.oom_retries.len()
-        )));
-        if let Some((index, size, _, _)) = request {
-            f = f.evidence(Evidence::measured(format!(
-                "the largest episode starts at entry #{} of device {}: {} segments ({}) released, \
-                 then the {} allocation at entry #{index}",
-                big.index,
-                d.device,
-                big.segments,
-                fmt_bytes(big.bytes),
-                fmt_bytes(size),
-            )));
-        }
-        f = f
-            .evidence(Evidence::inferred(
-                "the device was full when the request came: a slightly larger input, batch or \
-                 another process on the GPU turns this into an OOM",
-            ))
-            .fix(Fix::advice(format!("{LOWER_LIVE}; {EXPANDABLE}")));
-        f.scope = Some(format!("device {}", d.device));
-        out.push(f);
+        out.extend(retry_finding(snap, a, d.device, &d.oom_retries, None));
     }
+}
+
+/// PT013 from the allocator replay, on a device whose releases carry no stack: the validation
+/// replay ran these mallocs through the OOM path (no cached block could serve them), and the
+/// device's grants and refusals fit one capacity, `low` to `high` (see
+/// `DeviceReplay::capacity_read`).
+pub fn from_replay(
+    snap: &Snapshot,
+    a: &Analysis,
+    device: i64,
+    retries: &[OomRetry],
+    (low, high): (u64, u64),
+) -> Option<Finding> {
+    retry_finding(snap, a, device, retries, Some((low, high)))
+}
+
+/// The finding of one device's retries; `replayed`: read from the replay (with the capacity
+/// range), not from the releases' own stacks.
+fn retry_finding(
+    snap: &Snapshot,
+    a: &Analysis,
+    device: i64,
+    retries: &[OomRetry],
+    replayed: Option<(u64, u64)>,
+) -> Option<Finding> {
+    let segments: u64 = retries.iter().map(|r| r.segments).sum();
+    let bytes: u64 = retries.iter().map(|r| r.bytes).sum();
+    let big = retries
+        .iter()
+        .max_by_key(|r| (r.bytes, std::cmp::Reverse(r.index)))?;
+    let request = big.request.map(|(index, size, stack)| {
+        let (key, _) = a.stacks.site(stack);
+        (index, size, key, stack)
+    });
+    let (key, stack) = request.map_or((None, None), |(_, _, k, s)| (k, s));
+    let (loc, st) = culprit(snap, key, stack);
+    let what = match request {
+        Some((_, size, k, _)) => format!(
+            "to serve a request of {} at {}",
+            fmt_bytes(size),
+            site_string(snap, k)
+        ),
+        None => "to serve a request the trace does not show".to_string(),
+    };
+    let mut f = Finding::new(
+        Code::PT013,
+        Severity::Warning,
+        format!(
+            "Near out of memory on device {}: cudaMalloc failed and the allocator released {} \
+                 of cached segments {what}, then succeeded.",
+            device,
+            fmt_bytes(big.bytes),
+        ),
+    )
+    .at(loc, st)
+    .bytes(big.bytes, None, Label::Measured);
+    f = f.evidence(match replayed {
+        None => Evidence::measured(format!(
+            "{segments} segment releases ({}) in {} episode(s) carry \
+                 DeviceCachingAllocator::malloc on their stack: the allocator's OOM-retry path, \
+                 not empty_cache()",
+            fmt_bytes(bytes),
+            retries.len()
+        )),
+        Some((low, high)) => Evidence::inferred(format!(
+            "{segments} segment releases ({}) in {} episode(s), with no stack: each came just \
+                 before a request no cached block could serve (the validated allocator replay), \
+                 whose new segment would have taken reserved memory above the most the device \
+                 ever granted; one capacity between {} and {} explains them all, so they are \
+                 the allocator's OOM-retry path, not empty_cache()",
+            fmt_bytes(bytes),
+            retries.len(),
+            fmt_bytes(low),
+            fmt_bytes(high)
+        )),
+    });
+    if let Some((index, size, _, _)) = request {
+        f = f.evidence(Evidence::measured(format!(
+            "the largest episode starts at entry #{} of device {}: {} segments ({}) released, \
+                 then the {} allocation at entry #{index}",
+            big.index,
+            device,
+            big.segments,
+            fmt_bytes(big.bytes),
+            fmt_bytes(size),
+        )));
+    }
+    f = f
+        .evidence(Evidence::inferred(
+            "the device was full when the request came: a slightly larger input, batch or \
+                 another process on the GPU turns this into an OOM",
+        ))
+        .fix(Fix::advice(format!("{LOWER_LIVE}; {EXPANDABLE}")));
+    f.scope = Some(format!("device {device}"));
+    Some(f)
 }

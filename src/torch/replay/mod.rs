@@ -73,6 +73,10 @@ pub struct DeviceReplay {
     /// the refusals (lowest, highest), at both ends of which the changes are replayed.
     #[serde(skip)]
     pub capacity_read: Option<(u64, u64)>,
+    /// With `capacity_read`: each malloc the device refused (its OOM-retry path), as the
+    /// validation replayed it (the releases, and the request that followed).
+    #[serde(skip)]
+    pub refusals: Vec<crate::torch::release::OomRetry>,
 }
 
 /// The replay of one capture (every device with a trace).
@@ -399,7 +403,7 @@ fn validate(
             &mut demands,
         )
     };
-    let least = demands.least;
+    let (least, episodes) = (demands.least, std::mem::take(&mut demands.episodes));
     run::add_visits(checker.visits);
     let (matched, first) = (checker.matched, checker.first);
     let recorded = if skipped {
@@ -481,6 +485,10 @@ fn validate(
         capacity_read: match &fixes {
             Fixes::AtCapacities(r) => Some((r.low, r.high)),
             _ => None,
+        },
+        refusals: match &fixes {
+            Fixes::AtCapacities(_) => refusals::episodes(trace, &episodes),
+            _ => Vec::new(),
         },
         validated,
         segment_events_recorded: recorded,

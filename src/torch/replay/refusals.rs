@@ -22,6 +22,9 @@ pub(super) struct Demands<'a, O: Observer> {
     reserved_before: u64,
     /// The least refused reserved + segment.
     pub least: Option<u64>,
+    /// Each refusal: (first release's position, segments released, bytes released, the
+    /// malloc's trace entry).
+    pub episodes: Vec<(usize, u64, u64, usize)>,
 }
 
 impl<'a, O: Observer> Demands<'a, O> {
@@ -30,6 +33,7 @@ impl<'a, O: Observer> Demands<'a, O> {
             inner,
             reserved_before: 0,
             least: None,
+            episodes: Vec::new(),
         }
     }
 }
@@ -43,12 +47,15 @@ impl<O: Observer> Observer for Demands<'_, O> {
     }
 
     fn after(&mut self, op: &Op, done: Done, m: &Model, addr_of: &AddrOf) -> bool {
-        if let (OpKind::Probe { .. }, Done::Malloc { events, .. }) = (op.kind, done) {
+        if let (OpKind::Probe { .. }, Done::Malloc { events, entry, .. }) = (op.kind, done) {
+            let new = m.events.get(events..).unwrap_or_default();
+            let (segments, bytes) = new
+                .iter()
+                .filter(|e| matches!(e.kind, SegKind::SegmentFree | SegKind::SegmentUnmap))
+                .fold((0u64, 0u64), |(n, b), e| (n + 1, b.saturating_add(e.size)));
+            self.episodes.push((op.pos, segments, bytes, entry));
             // The retry asks for the segment the refused attempt asked for.
-            let grown = m
-                .events
-                .get(events..)
-                .unwrap_or_default()
+            let grown = new
                 .iter()
                 .find(|e| matches!(e.kind, SegKind::SegmentAlloc | SegKind::SegmentMap));
             if let Some(g) = grown {
@@ -168,3 +175,21 @@ fn differs_at(
 
 struct NoWatch;
 impl Observer for NoWatch {}
+
+/// The refusals a validation replay ran (see [`Demands::episodes`]), as OOM-retry episodes.
+pub(super) fn episodes(
+    trace: &[TraceEntry],
+    episodes: &[(usize, u64, u64, usize)],
+) -> Vec<crate::torch::release::OomRetry> {
+    episodes
+        .iter()
+        .map(
+            |&(at, segments, bytes, entry)| crate::torch::release::OomRetry {
+                index: at as u64,
+                segments,
+                bytes,
+                request: trace.get(entry).map(|e| (entry as u64, e.size, e.stack())),
+            },
+        )
+        .collect()
+}

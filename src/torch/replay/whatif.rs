@@ -123,6 +123,16 @@ fn sites_read(f: &Finding, snap: &Snapshot, a: &Analysis, device: i64) -> Option
 }
 
 /// The device a finding is about (`device N` scope), else the first with a trace.
+/// Devices with trace entries.
+fn traced(snap: &Snapshot) -> Vec<i64> {
+    snap.device_traces.as_deref().map_or(Vec::new(), |t| {
+        (0..t.len())
+            .filter(|&d| !t[d].is_empty())
+            .map(|d| d as i64)
+            .collect()
+    })
+}
+
 fn device_of(f: &Finding, snap: &Snapshot) -> Option<i64> {
     if let Some(d) = f
         .scope
@@ -299,8 +309,27 @@ fn changes_for(
 }
 
 /// PT013 on a device whose capacity is read from its refusals (no OOM recorded): the range
-/// its capacity lies in, beside the retry.
-fn near_oom_capacity(snap: &Snapshot, a: &Analysis, findings: &mut [Finding]) {
+/// its capacity lies in, beside the retry. Where the releases carry no stack (PT013 cannot
+/// read the retry path from them), the validated replay's refusals make the finding.
+fn near_oom_capacity(snap: &Snapshot, a: &Analysis, findings: &mut Vec<Finding>) {
+    for device in traced(snap) {
+        if findings
+            .iter()
+            .any(|f| f.code == Code::PT013 && device_of(f, snap) == Some(device))
+        {
+            continue;
+        }
+        let r = a.replays.device(snap, device);
+        if let Some(range) = r.capacity_read {
+            findings.extend(crate::torch::near_oom::from_replay(
+                snap,
+                a,
+                device,
+                &r.refusals,
+                range,
+            ));
+        }
+    }
     for f in findings.iter_mut().filter(|f| f.code == Code::PT013) {
         let Some(device) = device_of(f, snap) else {
             continue;
@@ -351,7 +380,7 @@ fn near_oom_capacity(snap: &Snapshot, a: &Analysis, findings: &mut [Finding]) {
 
 /// Simulate the fixes of `findings` (PT002, PT003, PT005, PT008, PT010), and give PT013 the
 /// capacity a device's refusals show.
-pub fn simulate(snap: &Snapshot, a: &Analysis, findings: &mut [Finding]) {
+pub fn simulate(snap: &Snapshot, a: &Analysis, findings: &mut Vec<Finding>) {
     near_oom_capacity(snap, a, findings);
     let wanted = [
         Code::PT002,
