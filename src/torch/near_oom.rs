@@ -74,6 +74,12 @@ fn retry_finding(
         ),
         None => "to serve a request the trace does not show".to_string(),
     };
+    // Episodes the replay read are its reasoning about which recorded releases were retries.
+    let label = if replayed.is_some() {
+        Label::Inferred
+    } else {
+        Label::Measured
+    };
     let mut f = Finding::new(
         Code::PT013,
         Severity::Warning,
@@ -85,7 +91,7 @@ fn retry_finding(
         ),
     )
     .at(loc, st)
-    .bytes(big.bytes, None, Label::Measured);
+    .bytes(big.bytes, None, label);
     f = f.evidence(match replayed {
         None => Evidence::measured(format!(
             "{segments} segment releases ({}) in {} episode(s) carry \
@@ -107,15 +113,18 @@ fn retry_finding(
         )),
     });
     if let Some((index, size, _, _)) = request {
-        f = f.evidence(Evidence::measured(format!(
-            "the largest episode starts at entry #{} of device {}: {} segments ({}) released, \
+        f = f.evidence(Evidence::new(
+            label,
+            format!(
+                "the largest episode starts at entry #{} of device {}: {} segments ({}) released, \
                  then the {} allocation at entry #{index}",
-            big.index,
-            device,
-            big.segments,
-            fmt_bytes(big.bytes),
-            fmt_bytes(size),
-        )));
+                big.index,
+                device,
+                big.segments,
+                fmt_bytes(big.bytes),
+                fmt_bytes(size),
+            ),
+        ));
     }
     f = f
         .evidence(Evidence::inferred(
