@@ -11,7 +11,7 @@
 use super::Prepared;
 use super::addr_of::AddrOf;
 use super::model::{Model, SegKind};
-use super::run::{self, Done, Edits, Observer, Op, OpKind};
+use super::run::{self, Done, Observer, Op, OpKind};
 use crate::findings::fmt_bytes;
 use crate::torch::model::TraceEntry;
 
@@ -138,21 +138,7 @@ fn differs_at(
     out: &run::Outcome,
     capacity: u64,
 ) -> Option<String> {
-    let edits = Edits {
-        recorded_addresses: true,
-        empty_cache_probes: out.empty_cache_probes.clone(),
-        ..Edits::default()
-    };
-    let r = run::replay(
-        trace,
-        &p.plan,
-        &p.init,
-        p.settings.clone(),
-        false,
-        Some(capacity),
-        &edits,
-        &mut NoWatch,
-    );
+    let r = super::state::requests_at(trace, p, capacity, &out.empty_cache_probes, &mut NoWatch);
     let same = |a: &[super::model::SegEvent], b: &[super::model::SegEvent]| {
         a.len() == b.len()
             && a.iter()

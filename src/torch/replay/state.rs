@@ -155,27 +155,38 @@ pub(super) fn state_at_capacity_prepared(
         started: false,
         over: false,
     };
-    let outcome = super::run::replay(
+    let outcome = requests_at(trace, p, capacity, empty_cache_probes, &mut run);
+    if outcome.init_failures > 0 || run.over {
+        return None;
+    }
+    let segments = run.failed?;
+    Some(snapshot(snap, device, segments, run.out))
+}
+
+/// The program's requests replayed unchanged on a device of `capacity`, with its `empty_cache()`
+/// calls (the probes the validation read as such) and the recorded addresses: until the
+/// capacity refuses, the recorded run.
+pub(super) fn requests_at<O: super::run::Observer>(
+    trace: &[TraceEntry],
+    p: &Prepared,
+    capacity: u64,
+    empty_cache_probes: &[u32],
+    obs: &mut O,
+) -> super::run::Outcome {
+    super::run::replay(
         trace,
         &p.plan,
         &p.init,
         p.settings.clone(),
         false,
         Some(capacity),
-        // The program's `empty_cache()` calls and the recorded addresses: until the capacity
-        // refuses, the recorded run.
         &super::run::Edits {
             empty_cache_probes: empty_cache_probes.to_vec(),
             recorded_addresses: true,
             ..super::run::Edits::default()
         },
-        &mut run,
-    );
-    if outcome.init_failures > 0 || run.over {
-        return None;
-    }
-    let segments = run.failed?;
-    Some(snapshot(snap, device, segments, run.out))
+        obs,
+    )
 }
 
 /// Follows a capacity replay, writing the trace the model's run would have recorded, and stops
