@@ -381,7 +381,14 @@ fn near_oom_capacity(snap: &Snapshot, a: &Analysis, findings: &mut Vec<Finding>)
 /// Simulate the fixes of `findings` (PT002, PT003, PT005, PT008, PT010), and give PT013 the
 /// capacity a device's refusals show.
 pub fn simulate(snap: &Snapshot, a: &Analysis, findings: &mut Vec<Finding>) {
+    fixes(snap, a, findings);
+    // After the fixes' replays: asking for a device's validation waits for it, and the fixes'
+    // replays run beside it.
     near_oom_capacity(snap, a, findings);
+}
+
+/// The fixes' replays.
+fn fixes(snap: &Snapshot, a: &Analysis, findings: &mut [Finding]) {
     let wanted = [
         Code::PT002,
         Code::PT003,
