@@ -15,12 +15,21 @@ use crate::torch::stacks::culprit;
 use crate::torch::stacks::site_string;
 
 /// The fix's first advice.
-pub const LOWER_LIVE: &str = "Lower what is live when this line runs (a smaller batch or chunk, \
+const LOWER_LIVE: &str = "Lower what is live when this line runs (a smaller batch or chunk, \
                               free large tensors before it)";
 /// Its second, unless a replay shows the setting does not avoid the OOM path.
 const EXPANDABLE: &str = "`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` lets the cache grow \
                           and be reused across sizes instead of being released and re-made (each \
                           retry's cudaFree synchronizes the device)";
+
+/// The fix's advice where a replay of `expandable_segments:True` takes the OOM path as often or
+/// more: the first advice alone, saying why the setting is not offered.
+pub fn advice_without_the_setting() -> String {
+    format!(
+        "{LOWER_LIVE}; `expandable_segments:True` does not avoid the OOM path here (replayed: see \
+         the evidence)"
+    )
+}
 
 /// PT013 for each device whose trace shows the OOM-retry path and no OOM event.
 pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {

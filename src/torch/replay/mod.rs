@@ -563,7 +563,7 @@ impl std::fmt::Debug for Replays {
 }
 
 /// Devices with trace entries.
-fn traced_devices(snap: &Snapshot) -> Vec<i64> {
+pub(crate) fn traced_devices(snap: &Snapshot) -> Vec<i64> {
     match &snap.device_traces {
         Some(t) => (0..t.len() as i64)
             .filter(|&d| t.get(d as usize).is_some_and(|v| !v.is_empty()))

@@ -123,16 +123,6 @@ fn sites_read(f: &Finding, snap: &Snapshot, a: &Analysis, device: i64) -> Option
 }
 
 /// The device a finding is about (`device N` scope), else the first with a trace.
-/// Devices with trace entries.
-fn traced(snap: &Snapshot) -> Vec<i64> {
-    snap.device_traces.as_deref().map_or(Vec::new(), |t| {
-        (0..t.len())
-            .filter(|&d| !t[d].is_empty())
-            .map(|d| d as i64)
-            .collect()
-    })
-}
-
 fn device_of(f: &Finding, snap: &Snapshot) -> Option<i64> {
     if let Some(d) = f
         .scope
@@ -312,7 +302,7 @@ fn changes_for(
 /// its capacity lies in, beside the retry. Where the releases carry no stack (PT013 cannot
 /// read the retry path from them), the validated replay's refusals make the finding.
 fn near_oom_capacity(snap: &Snapshot, a: &Analysis, findings: &mut Vec<Finding>) {
-    for device in traced(snap) {
+    for device in replay::traced_devices(snap) {
         if findings
             .iter()
             .any(|f| f.code == Code::PT013 && device_of(f, snap) == Some(device))
@@ -368,11 +358,7 @@ fn near_oom_capacity(snap: &Snapshot, a: &Analysis, findings: &mut Vec<Finding>)
             if w.retries_after >= w.retries_before
                 && let Some(fix) = f.fixes.first_mut()
             {
-                fix.title = format!(
-                    "{}; `expandable_segments:True` does not avoid the OOM path here (replayed: \
-                     see the evidence)",
-                    crate::torch::near_oom::LOWER_LIVE
-                );
+                fix.title = crate::torch::near_oom::advice_without_the_setting();
             }
         }
     }
