@@ -552,9 +552,21 @@ pub struct Simulated {
     /// For a capture with an OOM: whether every recorded OOM's request would have been served.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub oom_avoided: Option<bool>,
+    /// Where the allocator took its OOM path (a cudaMalloc refused, the cache released, the
+    /// malloc retried) before or after the change: how often, in the recorded run replayed and
+    /// with the change. A retry costs a device synchronisation and a refill of the cache.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oom_retries: Option<OomRetries>,
     /// What the change modelled, in words (`activations dropped in the forward, made again just
     /// before their backward use`).
     pub change: String,
+}
+
+/// How many mallocs took the allocator's OOM path, before and after a change (simulated).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct OomRetries {
+    pub before: u64,
+    pub after: u64,
 }
 
 impl Simulated {
@@ -566,6 +578,16 @@ impl Simulated {
 
     /// [`Simulated::summary`] without its label, for presenters that label it their way.
     pub fn outcome(&self) -> String {
+        match self.retries_words() {
+            Some(r) => format!("{}; {r}", self.peak_words()),
+            None => self.peak_words(),
+        }
+    }
+
+    /// What became of the OOM and the peak: `the OOM would not happen; peak 78.29 GiB → 24.00
+    /// GiB` ([`Simulated::outcome`] without the retries, for a presenter that adds the reserved
+    /// peak before them).
+    pub fn peak_words(&self) -> String {
         let peak = if self.peak_allocated_after == self.peak_allocated_before {
             format!(
                 "peak unchanged at {}",
@@ -583,6 +605,16 @@ impl Simulated {
             Some(false) => format!("the OOM would still happen; {peak}"),
             None => peak,
         }
+    }
+
+    /// `OOM-path retries 39 → 20`, where either run took the allocator's OOM path.
+    pub fn retries_words(&self) -> Option<String> {
+        let r = self.oom_retries?;
+        Some(if r.before == r.after {
+            format!("OOM-path retries unchanged at {}", r.before)
+        } else {
+            format!("OOM-path retries {} → {}", r.before, r.after)
+        })
     }
 }
 

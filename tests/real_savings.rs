@@ -81,6 +81,22 @@ fn constructor_sun_checkpointing_replays_six_update_nodes_calls_and_keeps_one_ca
     let sim = fix.simulated.as_ref().expect("the checkpoint is replayed");
     assert_eq!(sim.device, 1);
     assert_eq!(sim.oom_avoided, Some(true));
+    // The recorded run took the OOM path twice: at models.py:178 (entries 413-420: six
+    // segments unmapped, 3.79 GiB, then the 4.94 GiB request mapped and served) and at the relu
+    // that ended in the OOM (entry 421, told by `oom_avoided`). Checkpointed, one call's working
+    // set never reaches the device's edge: the served retry goes too.
+    assert_eq!(
+        sim.oom_retries,
+        Some(memlsp::findings::OomRetries {
+            before: 1,
+            after: 0
+        })
+    );
+    assert!(
+        sim.outcome().ends_with("; OOM-path retries 1 → 0"),
+        "{}",
+        sim.outcome()
+    );
     assert!(
         sim.change.contains("the trace ends at the OOM"),
         "{}",

@@ -67,6 +67,18 @@ fn an_eager_attention_in_a_vendored_or_installed_modeling_file_is_found() {
         (22_519_218_176, 22_544_384_000)
     );
     assert_eq!(f.fixes[0].saving_bytes, Some(496 << 20));
+    // The 39 refusals were a layer loaded at select_n.py:140 that no cached block could serve;
+    // with the scores never made, the peak drops and the cache refills less often: 20 at the end
+    // of the capacity range where most remain.
+    assert_eq!(
+        sim.oom_retries,
+        Some(memlsp::findings::OomRetries {
+            before: 39,
+            after: 20
+        })
+    );
+    // Inference: no graph kept the scores, so no backward makes their gradients.
+    assert!(!sim.change.contains("backward"), "{}", sim.change);
     assert_eq!(f.severity, memlsp::findings::Severity::Information);
     let replay = a.replays.capture(&snap);
     assert!(replay.validated && replay.fixes_replayed);

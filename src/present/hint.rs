@@ -82,6 +82,7 @@ mod tests {
             peak_reserved_before: 1 << 30,
             peak_reserved_after: 512 << 20,
             oom_avoided: None,
+            oom_retries: None,
             change: "detached".into(),
         });
         let f = Finding::new(Code::PT002, Severity::Warning, "m")

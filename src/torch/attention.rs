@@ -715,7 +715,7 @@ fn finding(snap: &Snapshot, a: &Analysis, g: Attention) -> Finding {
              the softmax's calling line, so its other modules are not counted",
         ));
     }
-    let sim = replay_fused(snap, a, &g);
+    let sim = replay_fused(snap, a, &g, temporaries);
     let library = FrameFilter::default().classify(&g.file) != FrameKind::User;
     let mut fix = if g.module_forward && library {
         // Installed library code: the model is loaded with another attention, not edited.
@@ -793,8 +793,15 @@ fn finding(snap: &Snapshot, a: &Analysis, g: Attention) -> Finding {
     f
 }
 
-/// The fused attention replayed: the group's allocations never made.
-fn replay_fused(snap: &Snapshot, a: &Analysis, g: &Attention) -> Option<Simulated> {
+/// The fused attention replayed: the group's allocations never made. `temporaries`: the free
+/// stacks show the running call dropped the scores (no graph kept them), so no backward makes
+/// their gradients and the change has no backward part left as recorded.
+fn replay_fused(
+    snap: &Snapshot,
+    a: &Analysis,
+    g: &Attention,
+    temporaries: bool,
+) -> Option<Simulated> {
     if g.allocs.is_empty() {
         return None;
     }
@@ -806,11 +813,15 @@ fn replay_fused(snap: &Snapshot, a: &Analysis, g: &Attention) -> Option<Simulate
             at: 0,
         }],
     );
+    let backward = if temporaries {
+        ""
+    } else {
+        "; the backward's score gradients replayed as recorded, so the peak after is at most this"
+    };
     crate::torch::replay::whatif::simulated(
         &w,
         &format!(
-            "the attention's {} score-sized allocations ({}) never made (fused attention); the \
-             backward's score gradients replayed as recorded, so the peak after is at most this",
+            "the attention's {} score-sized allocations ({}) never made (fused attention){backward}",
             g.allocs.len(),
             fmt_bytes(g.trace_alloc_bytes)
         ),

@@ -146,12 +146,16 @@ fn next_steps(s: &mut String, r: &CaptureReport) {
                 one_line(&fix.title)
             );
             if let Some(sim) = &fix.simulated {
+                let retries = sim
+                    .retries_words()
+                    .map(|r| format!("; {r}"))
+                    .unwrap_or_default();
                 let _ = writeln!(
                     s,
-                    "      {} {}: {}; reserved {} → {}",
+                    "      {} {}: {}; reserved {} → {}{retries}",
                     tag(Label::Simulated),
                     sim.change,
-                    sim.outcome(),
+                    sim.peak_words(),
                     fmt_bytes(sim.peak_reserved_before),
                     fmt_bytes(sim.peak_reserved_after)
                 );

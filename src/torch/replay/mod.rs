@@ -161,8 +161,9 @@ pub struct WhatIf {
     pub ooms: Vec<OomOutcome>,
     /// Allocations that succeeded in the recorded run but fail under the change.
     pub new_ooms: u64,
-    /// Mallocs that took the OOM path (the device refused their first segment), unchanged and
-    /// changed (at a capacity range read from refusals: the most at either end).
+    /// Mallocs that took the OOM path (the device refused their first segment) and were served
+    /// by it (the ones that ended in an OOM are told by `ooms`), unchanged and changed (at a
+    /// capacity range read from refusals: the most at either end).
     #[serde(skip)]
     pub retries_before: u64,
     #[serde(skip)]
@@ -938,7 +939,7 @@ fn what_if_prepared(
             );
             notes.extend(v.fixes.note());
             let key = |o: &run::Outcome| (o.unexpected_ooms, o.peak_reserved, o.peak_allocated);
-            w.retries_after = low.retries.max(high.retries);
+            w.retries_after = low.served_retries().max(high.served_retries());
             if key(&high) > key(&low) {
                 (Some(r.high), high)
             } else {
@@ -958,8 +959,8 @@ fn what_if_prepared(
     w.peak_allocated_after = after.peak_allocated;
     w.peak_reserved_after = after.peak_reserved;
     w.new_ooms = after.unexpected_ooms;
-    w.retries_before = out0.retries;
-    w.retries_after = w.retries_after.max(after.retries);
+    w.retries_before = out0.served_retries();
+    w.retries_after = w.retries_after.max(after.served_retries());
     w.ooms = after
         .ooms
         .iter()

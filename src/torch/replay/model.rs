@@ -144,6 +144,8 @@ pub(crate) struct Model {
     pub peak_allocated: u64,
     /// Mallocs that took the OOM path: the device refused their first segment.
     pub retries: u64,
+    /// Of those, the ones the path did not serve (an OOM).
+    pub retries_failed: u64,
     pub events: Vec<SegEvent>,
     /// The step new events are tagged with.
     pub step: usize,
@@ -176,6 +178,7 @@ impl Model {
             peak_reserved: 0,
             peak_allocated: 0,
             retries: 0,
+            retries_failed: 0,
             events: Vec::new(),
             step: 0,
             next_synthetic: SYNTHETIC_BASE,
@@ -618,6 +621,7 @@ impl Model {
             if block.is_none() {
                 self.release_cached_blocks();
                 block = self.alloc_block(small, stream, size, alloc_size, dev, 2);
+                self.retries_failed += u64::from(block.is_none());
             }
             found = block.map(|a| (a, self.blocks.slot(a)));
         }

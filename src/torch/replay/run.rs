@@ -482,6 +482,8 @@ pub(crate) struct Outcome {
     pub peak_reserved: u64,
     /// Mallocs that took the OOM path (the device refused their first segment).
     pub retries: u64,
+    /// Of those, the ones that ended in an OOM.
+    pub retries_failed: u64,
     pub allocations: u64,
     pub addresses_matched: u64,
     pub first_address_mismatch: Option<usize>,
@@ -500,6 +502,13 @@ pub(crate) struct Outcome {
     /// a new segment. Those read as `empty_cache()` calls instead, by position (ascending).
     pub refused_probes: u64,
     pub empty_cache_probes: Vec<u32>,
+}
+
+impl Outcome {
+    /// The mallocs the OOM path served (a near-OOM: cache released, the retry succeeded).
+    pub fn served_retries(&self) -> u64 {
+        self.retries.saturating_sub(self.retries_failed)
+    }
 }
 
 /// How a what-if changes the requests.
@@ -783,6 +792,7 @@ fn finish(mut out: Outcome, mut m: Model) -> Outcome {
     out.peak_allocated = m.peak_allocated;
     out.peak_reserved = m.peak_reserved;
     out.retries = m.retries;
+    out.retries_failed = m.retries_failed;
     out.live_end = m
         .blocks
         .iter()

@@ -17,7 +17,7 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use crate::findings::{Code, Evidence, Finding, FixKind, Label, Simulated, fmt_bytes};
+use crate::findings::{Code, Evidence, Finding, FixKind, Label, OomRetries, Simulated, fmt_bytes};
 use crate::torch::Analysis;
 use crate::torch::model::{Action, FrameId, Snapshot, TraceEntry};
 use crate::torch::replay::{self, Change, WhatIf};
@@ -184,6 +184,10 @@ pub(crate) fn simulated(w: &WhatIf, change: &str) -> Option<Simulated> {
         peak_reserved_after: w.peak_reserved_after,
         oom_avoided: (!w.ooms.is_empty())
             .then(|| w.ooms.iter().all(|o| o.fits_after) && w.new_ooms == 0),
+        oom_retries: (w.retries_before > 0 || w.retries_after > 0).then_some(OomRetries {
+            before: w.retries_before,
+            after: w.retries_after,
+        }),
         change: change.to_string(),
     })
 }
