@@ -77,6 +77,13 @@ fn fit_states_the_capacity_a_device_that_refused_memory_had() {
         "{}",
         r.stdout
     );
+    // It needs 20.45 GiB (simulated): it ran about half a GiB below that device's edge.
+    assert!(
+        r.stdout
+            .contains("    so the run had 536.00 MiB to 572.00 MiB to spare there  [inferred]\n"),
+        "{}",
+        r.stdout
+    );
     // A device with a recorded OOM has no range.
     let Some(c) = common::shared("torch_snapshots/real/Constructor-Sun__memory_snapshot.pickle")
     else {

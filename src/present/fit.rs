@@ -151,6 +151,12 @@ pub fn device_text(out: &mut String, f: &FitEntry) {
             fmt_bytes(low),
             fmt_bytes(high)
         ));
+        // The run fit there (no OOM): how close it came, at either end of the range.
+        out.push_str(&format!(
+            "    so the run had {} to {} to spare there  [inferred]\n",
+            fmt_bytes(low.saturating_sub(needs)),
+            fmt_bytes(high.saturating_sub(needs))
+        ));
     }
     if let Some(o) = &f.on {
         on_text(out, o, needs);
