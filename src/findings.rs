@@ -552,9 +552,10 @@ pub struct Simulated {
     /// For a capture with an OOM: whether every recorded OOM's request would have been served.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub oom_avoided: Option<bool>,
-    /// Where the allocator took its OOM path (a cudaMalloc refused, the cache released, the
-    /// malloc retried) before or after the change: how often, in the recorded run replayed and
-    /// with the change. A retry costs a device synchronisation and a refill of the cache.
+    /// Where the allocator's OOM path served a malloc (a cudaMalloc refused, the cache released,
+    /// the malloc retried and served) before or after the change: how often, in the recorded run
+    /// replayed and with the change (a malloc the path could not serve is an OOM, told by
+    /// `oom_avoided`). A retry costs a device synchronisation and a refill of the cache.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub oom_retries: Option<OomRetries>,
     /// What the change modelled, in words (`activations dropped in the forward, made again just
@@ -562,7 +563,7 @@ pub struct Simulated {
     pub change: String,
 }
 
-/// How many mallocs took the allocator's OOM path, before and after a change (simulated).
+/// How many mallocs the allocator's OOM path served, before and after a change (simulated).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct OomRetries {
     pub before: u64,
