@@ -172,3 +172,48 @@ fn a_training_attentions_scores_are_freed_by_autograd() {
         "{texts:?}"
     );
 }
+
+/// A forward-only benchmark (`bolongcheng__0df6e0e9 … xl_fwd_cl512`): the 64 score-sized
+/// blocks live at the peak are freed when the graph is released because the output was dropped
+/// (`SavedVariable::reset_data` on their free stacks), and no free of the trace goes through the
+/// autograd engine. The scores were kept for a backward that never ran, so the fused-attention
+/// replay has no score gradients to keep as recorded: its peak is not an upper bound.
+#[test]
+fn a_forward_only_attentions_scores_are_kept_for_a_backward_that_never_ran() {
+    let Some(dir) = common::shared("torch_snapshots") else {
+        return;
+    };
+    let path = dir
+        .join("real/bolongcheng__0df6e0e9_memory_snapshot_xl_fwd_cl512_dtypetorch.float32.pickle");
+    let snap = load_snapshot(&path, &DecodeOptions::default()).expect("the real snapshot");
+    let a = memlsp::torch::analyse(&snap, &AnalysisOptions::default());
+    let f = a
+        .findings
+        .iter()
+        .find(|f| f.code == Code::PT018)
+        .expect("PT018");
+    let texts: Vec<&str> = f.evidence.iter().map(|e| e.text.as_str()).collect();
+    assert!(
+        texts.contains(
+            &"freed after the peak when their graph was released without a backward (its output \
+              dropped; their free stacks): 64 of 64 block(s)"
+        ),
+        "{texts:?}"
+    );
+    assert!(
+        texts
+            .iter()
+            .any(|t| t.ends_with("kept by the graph for a backward that never ran")),
+        "{texts:?}"
+    );
+    let sim = f.fixes[0]
+        .simulated
+        .as_ref()
+        .expect("the fused attention is replayed");
+    assert!(!sim.change.contains("backward"), "{}", sim.change);
+    assert_eq!(
+        (sim.peak_allocated_before - sim.peak_allocated_after) >> 30,
+        8,
+        "the 8 GiB of scores at the peak go"
+    );
+}

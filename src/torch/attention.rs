@@ -30,7 +30,7 @@ use crate::frames::{FrameFilter, FrameKind};
 use crate::torch::Analysis;
 use crate::torch::memo::Memo;
 use crate::torch::model::{Action, FrameId, Snapshot, StackId, TraceEntry};
-use crate::torch::release::Cause;
+use crate::torch::release::{Cause, GraphSeen};
 use crate::torch::replay::Change;
 use crate::torch::sites::percent;
 use crate::torch::stacks::culprit;
@@ -687,7 +687,16 @@ fn finding(snap: &Snapshot, a: &Analysis, g: Attention) -> Finding {
         .sum();
     let line = freed.get(Cause::UserLine).count;
     let temporaries = graph == 0 && line > 0 && line == g.blocks;
-    if graph > 0 {
+    // No free in the whole trace went through the autograd engine and graphs were released by
+    // dropping outputs (PT005's forward-only shape): the graph kept the scores for nothing.
+    let no_backward = a.releases.graph() == GraphSeen::DroppedWithoutBackward;
+    if graph > 0 && no_backward {
+        f = f.evidence(Evidence::measured(format!(
+            "freed after the peak when their graph was released without a backward (its output \
+             dropped; their free stacks): {graph} of {} block(s)",
+            g.blocks
+        )));
+    } else if graph > 0 {
         f = f.evidence(Evidence::measured(format!(
             "freed after the peak by autograd (a graph released, or inside backward; their free \
              stacks): {graph} of {} block(s)",
@@ -701,6 +710,8 @@ fn finding(snap: &Snapshot, a: &Analysis, g: Attention) -> Finding {
     }
     let kept = if temporaries {
         ""
+    } else if no_backward {
+        ", kept by the graph for a backward that never ran"
     } else {
         ", kept for the backward of each layer"
     };
@@ -715,7 +726,7 @@ fn finding(snap: &Snapshot, a: &Analysis, g: Attention) -> Finding {
              the softmax's calling line, so its other modules are not counted",
         ));
     }
-    let sim = replay_fused(snap, a, &g, temporaries);
+    let sim = replay_fused(snap, a, &g, temporaries || no_backward);
     let library = FrameFilter::default().classify(&g.file) != FrameKind::User;
     let mut fix = if g.module_forward && library {
         // Installed library code: the model is loaded with another attention, not edited.
@@ -793,14 +804,14 @@ fn finding(snap: &Snapshot, a: &Analysis, g: Attention) -> Finding {
     f
 }
 
-/// The fused attention replayed: the group's allocations never made. `temporaries`: the free
-/// stacks show the running call dropped the scores (no graph kept them), so no backward makes
-/// their gradients and the change has no backward part left as recorded.
+/// The fused attention replayed: the group's allocations never made. `no_gradients`: the free
+/// stacks show no backward used the scores (the running call dropped them, or the trace has no
+/// backward at all), so no score gradients are left replayed as recorded.
 fn replay_fused(
     snap: &Snapshot,
     a: &Analysis,
     g: &Attention,
-    temporaries: bool,
+    no_gradients: bool,
 ) -> Option<Simulated> {
     if g.allocs.is_empty() {
         return None;
@@ -813,7 +824,7 @@ fn replay_fused(
             at: 0,
         }],
     );
-    let backward = if temporaries {
+    let backward = if no_gradients {
         ""
     } else {
         "; the backward's score gradients replayed as recorded, so the peak after is at most this"
