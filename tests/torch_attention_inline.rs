@@ -141,22 +141,29 @@ fn an_eager_attention_in_a_vendored_or_installed_modeling_file_is_found() {
     );
 }
 
+/// PT018 of a capture under `../shared/torch_snapshots` (`None`: not there, on a local run).
+fn pt018_of(name: &str) -> Option<memlsp::findings::Finding> {
+    let dir = common::shared("torch_snapshots")?;
+    let snap =
+        load_snapshot(&dir.join(name), &DecodeOptions::default()).expect("the real snapshot");
+    let a = memlsp::torch::analyse(&snap, &AnalysisOptions::default());
+    Some(
+        a.findings
+            .into_iter()
+            .find(|f| f.code == Code::PT018)
+            .expect("PT018"),
+    )
+}
+
 /// A training forward's scores (`Wedsonlin__results_medium_1024_training`): the 47 score-sized
 /// blocks live at the peak are freed by autograd in the backward (their free stacks), so they
 /// were kept for it.
 #[test]
 fn a_training_attentions_scores_are_freed_by_autograd() {
-    let Some(dir) = common::shared("torch_snapshots") else {
+    let Some(f) = pt018_of("real/Wedsonlin__results_medium_1024_training_memory_snapshot.pickle")
+    else {
         return;
     };
-    let path = dir.join("real/Wedsonlin__results_medium_1024_training_memory_snapshot.pickle");
-    let snap = load_snapshot(&path, &DecodeOptions::default()).expect("the real snapshot");
-    let a = memlsp::torch::analyse(&snap, &AnalysisOptions::default());
-    let f = a
-        .findings
-        .iter()
-        .find(|f| f.code == Code::PT018)
-        .expect("PT018");
     let texts: Vec<&str> = f.evidence.iter().map(|e| e.text.as_str()).collect();
     assert!(
         texts.contains(
@@ -180,18 +187,11 @@ fn a_training_attentions_scores_are_freed_by_autograd() {
 /// replay has no score gradients to keep as recorded: its peak is not an upper bound.
 #[test]
 fn a_forward_only_attentions_scores_are_kept_for_a_backward_that_never_ran() {
-    let Some(dir) = common::shared("torch_snapshots") else {
+    let Some(f) = pt018_of(
+        "real/bolongcheng__0df6e0e9_memory_snapshot_xl_fwd_cl512_dtypetorch.float32.pickle",
+    ) else {
         return;
     };
-    let path = dir
-        .join("real/bolongcheng__0df6e0e9_memory_snapshot_xl_fwd_cl512_dtypetorch.float32.pickle");
-    let snap = load_snapshot(&path, &DecodeOptions::default()).expect("the real snapshot");
-    let a = memlsp::torch::analyse(&snap, &AnalysisOptions::default());
-    let f = a
-        .findings
-        .iter()
-        .find(|f| f.code == Code::PT018)
-        .expect("PT018");
     let texts: Vec<&str> = f.evidence.iter().map(|e| e.text.as_str()).collect();
     assert!(
         texts.contains(
