@@ -196,9 +196,11 @@ fn a_forward_without_backward_replays_inference_mode_or_states_a_bound() {
 
     // Hyperion-shuo: the same shape, but all 1232 graph frees (4.52 GiB) release blocks
     // allocated before the trace began (the previous iteration's graph, freed when line 101
-    // rebinds the output); the 36 layer calls in the trace are never freed in it. Nothing in
-    // the trace can be replayed as freed earlier, so the saving is a bound — "at most" the
-    // graph's 4.52 GiB — and inferred, never simulated.
+    // rebinds the output), and the 36 layer calls in the trace leave 1230 activation blocks
+    // (4.50 GiB) live at the peak that are never freed in it: this forward's own graph, alive
+    // when the trace ends. Two graphs at the peak, so the released one's 4.52 GiB is the least
+    // inference_mode saves, not the most; dropping the previous output saves it alone. Nothing
+    // in the trace can be replayed as freed earlier: inferred, never simulated.
     let Some(r) =
         report("real/Hyperion-shuo__7fe70b1d_memory_snapshot_large_cl512_fw_with_grad_bf16.pickle")
     else {
@@ -208,9 +210,20 @@ fn a_forward_without_backward_replays_inference_mode_or_states_a_bound() {
     let fix = &f.fixes[0];
     assert!(fix.simulated.is_none(), "{:?}", fix.simulated);
     assert!(
-        fix.title.contains("saves at most 4.52 GiB"),
+        fix.title.contains(
+            "saves 4.52 GiB and up to 4.50 GiB more (this forward's activations still alive)"
+        ),
         "{}",
         fix.title
+    );
+    assert!(!fix.title.contains("at most"), "{}", fix.title);
+    assert_eq!(f.fixes[1].kind, FixKind::DropOutput);
+    assert_eq!(f.fixes[1].saving_bytes, Some(4_852_099_076));
+    assert!(
+        f.evidence.iter().any(|e| e.label == Label::Inferred
+            && e.text.starts_with("two graphs were alive at the peak")),
+        "{:?}",
+        f.evidence
     );
 }
 

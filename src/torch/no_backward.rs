@@ -13,7 +13,7 @@ use rustc_hash::FxHashMap;
 use crate::torch::model::{Action, Snapshot, StackId};
 use crate::torch::release::{Cause, GraphSeen};
 use crate::torch::sites::percent;
-use crate::torch::stacks::culprit;
+use crate::torch::stacks::{Role, culprit};
 use crate::torch::stacks::{SiteKey, site_string};
 
 /// The graph must hold at least this share of the peak to be worth a finding.
@@ -97,6 +97,32 @@ pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
         set.index,
     );
     let older = (drops.len() >= 2).then(|| drops[0]);
+    // One graph released at the peak, and this forward's activations (made in the trace, live
+    // at the peak) never freed in it: its own graph was alive too, to the end of the trace.
+    let acts = a
+        .releases
+        .held_at(snap, &a.stacks, t.device, set.index, Some(Role::Activation));
+    let alive = (older.is_none()
+        && drops.len() == 1
+        && acts.released.get(Cause::GraphDropped).bytes == 0
+        && acts.kept.bytes.saturating_mul(100 / MIN_SHARE) >= set.bytes)
+        .then_some(acts.kept);
+    if let Some(alive) = alive {
+        // Inferred: which blocks are activations is read from their stacks' roles.
+        f = f
+            .evidence(Evidence::inferred(format!(
+                "none of the graph's {} released at the peak is an activation made in the \
+                 trace, and {} activation blocks ({}) made in the trace and live at the peak are \
+                 never freed in it",
+                fmt_bytes(graph.bytes),
+                alive.count,
+                fmt_bytes(alive.bytes)
+            )))
+            .evidence(Evidence::inferred(
+                "two graphs were alive at the peak: the previous iteration's, released when its \
+                 output was rebound, and this forward's own, still alive when the trace ends",
+            ));
+    }
     if older.is_some() {
         f = f.evidence(Evidence::measured(format!(
             "{} graphs were alive at the peak: the next graph release freed {} of it and a later \
@@ -108,23 +134,38 @@ pub fn detect(snap: &Snapshot, a: &Analysis, out: &mut Vec<Finding>) {
         )));
     }
     f = f
-        .evidence(Evidence::inferred(
+        .evidence(Evidence::inferred(if alive.is_some() {
             "under inference_mode nothing is saved for backward: each activation is freed at its \
-             last use, so at most the graph's bytes are saved",
-        ))
+             last use, so neither graph holds anything"
+        } else {
+            "under inference_mode nothing is saved for backward: each activation is freed at its \
+             last use, so at most the graph's bytes are saved"
+        }))
         .fix(
             Fix::new(
-                format!(
-                    "Run the forward under `with torch.inference_mode():` (or `torch.no_grad()`) — \
-                     no backward uses the graph it builds — {} {}",
-                    crate::torch::replay::sim_checkpoint::SAVES_AT_MOST,
-                    fmt_bytes(graph.bytes)
-                ),
+                match alive {
+                    // The live graph's tensors are saved too: the released one's bytes are the
+                    // least it saves, not the most.
+                    Some(alive) => format!(
+                        "Run the forward under `with torch.inference_mode():` (or \
+                         `torch.no_grad()`) — no backward uses the graphs it builds — saves {} \
+                         and up to {} more (this forward's activations still alive)",
+                        fmt_bytes(graph.bytes),
+                        fmt_bytes(alive.bytes)
+                    ),
+                    None => format!(
+                        "Run the forward under `with torch.inference_mode():` (or \
+                         `torch.no_grad()`) — no backward uses the graph it builds — {} {}",
+                        crate::torch::replay::sim_checkpoint::SAVES_AT_MOST,
+                        fmt_bytes(graph.bytes)
+                    ),
+                },
                 FixKind::InferenceMode,
             )
             .saving(graph.bytes)
             .cost("none when no gradient is needed"),
         );
+    let older = older.or(alive.map(|_| graph.bytes));
     if let Some(older) = older {
         f = f.fix(
             Fix::new(
